@@ -1,0 +1,1 @@
+"""Shipped data: the tiny model's weights, its tokenizer description, held-out prompts, corpus list."""

@@ -1,0 +1,1 @@
+"""The SGLang-compatible HTTP server in front of the engine's ranks."""

@@ -1,0 +1,57 @@
+"""The `specdecode-tune` command line: a table of subcommands, each in its own module.
+
+Engine-side commands (`serve`, `smoke`, `train-tiny`) run in a fresh interpreter as
+`python -m refengine ...`, because tuner/ never imports torch or refengine.
+This module must not do any work itself beyond dispatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from tuner import __version__
+
+# name -> (module under tuner.commands, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {}
+
+# name -> one-line help; these are forwarded to `python -m refengine NAME ...`
+ENGINE_COMMANDS: dict[str, str] = {
+    "serve": "run the reference EAGLE-3 engine as an SGLang-compatible HTTP server",
+    "smoke": "generate across CPU ranks with speculation, switching placement and steps midway",
+    "train-tiny": "train the tiny byte-level target and its EAGLE-3 head from the stdlib sources",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specdecode-tune",
+        description="Profile and tune EAGLE-3 speculative decoding on a running server.",
+    )
+    parser.add_argument("--version", action="version", version=f"specdecode-tune {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, help_text in ENGINE_COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        importlib.import_module(f"tuner.commands.{module}").add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ENGINE_COMMANDS:
+        # Replace this process so signals (Ctrl-C, SIGTERM) reach the engine directly.
+        os.execv(sys.executable, [sys.executable, "-m", "refengine", *argv])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    module = importlib.import_module(f"tuner.commands.{COMMANDS[args.command][0]}")
+    try:
+        return int(module.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130

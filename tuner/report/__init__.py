@@ -1,0 +1,1 @@
+"""Reports exported from a recording (HTML, Markdown, JSON, Perfetto, CSV). Reads only the file."""

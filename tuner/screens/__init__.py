@@ -1,0 +1,1 @@
+"""Textual screens of the TUI (help, trace analysis, py-spy, tune)."""
