@@ -15,7 +15,9 @@ import sys
 from tuner import __version__
 
 # name -> (module under tuner.commands, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {}
+COMMANDS: dict[str, tuple[str, str]] = {
+    "analyze": ("analyze", "show where decode time goes in a captured trace (a file or a directory of rank files)"),
+}
 
 # name -> one-line help; these are forwarded to `python -m refengine NAME ...`
 ENGINE_COMMANDS: dict[str, str] = {

@@ -1,0 +1,523 @@
+"""Where each decode iteration's time goes, from torch-profiler chrome traces (one file per rank).
+
+One streaming pass per file keeps only compact records (phase spans, CPU op intervals, launch
+times by correlation id, kernel intervals); the file's text is never held. Then:
+
+* the engine thread's phase spans become a timeline of disjoint segments (innermost span wins;
+  `step[DRAFT ...]` takes the phase of the span around it). Iterations are the `scheduler.run_batch`
+  / `specdecode.iteration` spans holding a `draft` span, else `draft`-to-`draft` windows (or
+  verify-to-verify with speculation off). SGLang has no verify span: inside an iteration, the gap
+  between `draft` and `step[VERIFY` is verify, from the end of `step[VERIFY` to `draft_extend` is
+  verify_sample (reference §7.3); other gaps are `other`.
+* GPU mode (the trace has kernels): kernel → correlation id (`args.correlation`, else `ac2g` flow
+  events) → launching runtime call (cudaLaunchKernel, cudaGraphLaunch: graph kernels share its id)
+  → the segment holding the launch. Comm kernels by name (NCCL, custom all-reduce).
+* CPU mode (no kernels): work is the CPU ops on the engine thread inside the segments (their union,
+  so only top-level ops count); comm is `specdecode.comm.*` spans plus gloo/c10d ops.
+
+Must not print, exit or import anything outside the standard library and probes.
+"""
+
+from __future__ import annotations
+
+import re
+from array import array
+from bisect import bisect_right
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from probes.trace_names import (
+    CONTAINER, INHERIT, PHASES, is_anchor, is_comm_cpu, is_comm_kernel, span_kind,
+)
+from probes.trace_result import IterationTimes, PhaseTime, RankAnalysis, TraceAnalysis
+from probes.trace_stream import TraceFormatError, TraceReader
+
+_KERNEL_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
+_RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "runtime", "driver"}
+_RANK_IN_NAME = re.compile(r"-TP-(\d+)")
+_GAP = "gap"
+_US_PER_MS = 1000.0
+
+
+class TraceAnalysisError(ValueError):
+    """A trace that cannot be analysed (e.g. neither kernels nor phase spans); one-line message."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Pass 1: stream the file, keep compact records
+
+
+class _Collected:
+    def __init__(self) -> None:
+        self.events = 0
+        self.spans: dict[Any, list[tuple[float, float, str, bool]]] = defaultdict(list)
+        self.work: dict[Any, array] = defaultdict(lambda: array("d"))  # ts, end, ts, end, ...
+        self.comm: dict[Any, array] = defaultdict(lambda: array("d"))
+        self.launch_ts: dict[int, float] = {}
+        self.launch_tid: dict[int, Any] = {}
+        self.flow_start: dict[int, tuple[float, Any]] = {}
+        self.flow_end: dict[tuple[Any, Any, float], int] = {}
+        self.k_ts = array("d")
+        self.k_end = array("d")
+        self.k_corr = array("q")
+        self.k_comm = bytearray()
+        self.k_unlinked: dict[int, tuple[Any, Any, float]] = {}  # kernel index -> flow key
+        self.meta: dict[str, Any] = {}
+
+
+def _collect(path: Path) -> _Collected:
+    c = _Collected()
+    comm_cpu: dict[str, bool] = {}
+    comm_kernel: dict[str, bool] = {}
+    kinds: dict[str, tuple[str | None, bool]] = {}
+    reader = TraceReader(path)
+    for ev in reader.events():
+        c.events += 1
+        ph = ev.get("ph")
+        if ph == "X":
+            cat = ev.get("cat")
+            cat = cat.lower() if isinstance(cat, str) else ""
+            try:
+                ts = float(ev["ts"])
+                end = ts + float(ev.get("dur", 0.0))
+            except (KeyError, TypeError, ValueError):
+                continue
+            name = ev.get("name", "")
+            if not isinstance(name, str):
+                name = str(name)
+            args = ev.get("args")
+            if cat == "cpu_op":
+                tid = ev.get("tid")
+                w = c.work[tid]
+                w.append(ts)
+                w.append(end)
+                is_c = comm_cpu.get(name)
+                if is_c is None:
+                    is_c = comm_cpu[name] = is_comm_cpu(name)
+                if is_c:
+                    cm = c.comm[tid]
+                    cm.append(ts)
+                    cm.append(end)
+            elif cat == "user_annotation":
+                tid = ev.get("tid")
+                k = kinds.get(name)
+                if k is None:
+                    k = kinds[name] = (span_kind(name), is_anchor(name))
+                if k[0] is not None:
+                    c.spans[tid].append((ts, end, k[0], k[1]))
+                elif is_comm_cpu(name):
+                    for store in (c.work[tid], c.comm[tid]):
+                        store.append(ts)
+                        store.append(end)
+            elif cat in _KERNEL_CATS:
+                corr = args.get("correlation") if isinstance(args, dict) else None
+                is_c = comm_kernel.get(name)
+                if is_c is None:
+                    is_c = comm_kernel[name] = is_comm_kernel(name)
+                if not isinstance(corr, int):
+                    c.k_unlinked[len(c.k_ts)] = (ev.get("pid"), ev.get("tid"), ts)
+                    corr = -1
+                c.k_ts.append(ts)
+                c.k_end.append(end)
+                c.k_corr.append(corr)
+                c.k_comm.append(1 if is_c else 0)
+            elif cat in _RUNTIME_CATS:
+                corr = args.get("correlation") if isinstance(args, dict) else None
+                if isinstance(corr, int):
+                    c.launch_ts[corr] = ts
+                    c.launch_tid[corr] = ev.get("tid")
+        elif (ph == "s" or ph == "f") and ev.get("cat") == "ac2g":
+            fid = ev.get("id")
+            try:
+                ts = float(ev["ts"])
+                fid = int(fid)
+            except (KeyError, TypeError, ValueError):
+                continue
+            if ph == "s":
+                c.flow_start[fid] = (ts, ev.get("tid"))
+            else:
+                c.flow_end[(ev.get("pid"), ev.get("tid"), ts)] = fid
+    c.meta = reader.meta
+    return c
+
+
+# ---------------------------------------------------------------------------------------------
+# Intervals
+
+
+def merge_intervals(flat: Iterable[float]) -> list[tuple[float, float]]:
+    """Disjoint sorted union of intervals given flat as (start, end, start, end, ...)."""
+    it = iter(flat)
+    pairs = sorted(zip(it, it))
+    out: list[tuple[float, float]] = []
+    for s, e in pairs:
+        if e < s:
+            continue
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
+    return out
+
+
+def overlap_per_segment(segments: list[tuple[float, float]], intervals: list[tuple[float, float]]) -> list[float]:
+    """For each of the disjoint sorted `segments`, the length covered by the disjoint sorted `intervals`."""
+    out = [0.0] * len(segments)
+    j = 0
+    n = len(intervals)
+    for i, (s0, s1) in enumerate(segments):
+        while j < n and intervals[j][1] <= s0:
+            j += 1
+        k = j
+        acc = 0.0
+        while k < n and intervals[k][0] < s1:
+            acc += min(s1, intervals[k][1]) - max(s0, intervals[k][0])
+            k += 1
+        out[i] = acc
+    return out
+
+
+def flatten_spans(spans: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """Nested spans → disjoint segments labelled by the innermost span (INHERIT takes its parent's).
+
+    Spans that overlap without nesting are clipped to their parent, as a profiler would nest them.
+    """
+    out: list[tuple[float, float, str]] = []
+    stack: list[tuple[float, str]] = []  # (end, label)
+    cursor = 0.0
+
+    def emit(upto: float) -> None:
+        nonlocal cursor
+        if stack and upto > cursor:
+            label = stack[-1][1]
+            if out and out[-1][2] == label and out[-1][1] == cursor:
+                out[-1] = (out[-1][0], upto, label)
+            else:
+                out.append((cursor, upto, label))
+        cursor = max(cursor, upto)
+
+    for ts, end, kind in sorted(spans, key=lambda s: (s[0], -s[1])):
+        while stack and stack[-1][0] <= ts:
+            emit(stack[-1][0])
+            stack.pop()
+        if stack:
+            emit(ts)
+            end = min(end, stack[-1][0])
+        else:
+            cursor = ts
+        if kind == INHERIT:
+            kind = stack[-1][1] if stack else "draft"
+        stack.append((end, kind))
+    while stack:
+        emit(stack[-1][0])
+        stack.pop()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Iterations and the labelled timeline
+
+
+def _iteration_windows(spans: list[tuple[float, float, str, bool]]) -> list[tuple[float, float]]:
+    anchors = sorted((s[0], s[1]) for s in spans if s[3])
+    if not anchors:
+        anchors = sorted((s[0], s[1]) for s in spans if s[2] == "verify")
+    if not anchors:
+        return []
+    containers = sorted((s[0], s[1]) for s in spans if s[2] == CONTAINER)
+    windows = []
+    j = 0
+    for c0, c1 in containers:
+        while j < len(anchors) and anchors[j][0] < c0:
+            j += 1
+        if j < len(anchors) and anchors[j][0] < c1:
+            windows.append((c0, c1))
+    if windows:
+        return windows
+    last_end = max(s[1] for s in spans if s[2] != CONTAINER)
+    starts = [a[0] for a in anchors]
+    return [(s, starts[i + 1] if i + 1 < len(starts) else max(last_end, anchors[i][1]))
+            for i, s in enumerate(starts)]
+
+
+def _label_window(w0: float, w1: float, segs: list[tuple[float, float, str]], derive: bool) -> list[tuple[float, float, str]]:
+    """Partition [w0, w1) into labelled segments; gaps become derived verify phases or `other`."""
+    parts: list[tuple[float, float, str]] = []
+    cursor = w0
+    for s0, s1, label in segs:
+        s0, s1 = max(s0, w0), min(s1, w1)
+        if s1 <= s0:
+            continue
+        if s0 > cursor:
+            parts.append((cursor, s0, _GAP))
+        parts.append((s0, s1, label))
+        cursor = s1
+    if cursor < w1:
+        parts.append((cursor, w1, _GAP))
+    if not derive:
+        return [(a, b, "other" if lab == _GAP else lab) for a, b, lab in parts]
+    # SGLang: verify runs from the end of draft to draft_extend; step[VERIFY is its target forward,
+    # what follows it (eagle_sample, commit) is verify_sample.
+    d_end = next((b for a, b, lab in reversed(parts) if lab == "draft"), None)
+    x_start = next((a for a, b, lab in parts if lab == "draft_extend" and (d_end is None or a >= d_end)), w1)
+    v = [(a, b) for a, b, lab in parts if lab == "verify" and d_end is not None and a >= d_end and b <= x_start]
+    out = []
+    for a, b, lab in parts:
+        if lab == _GAP:
+            lab = "other"
+            if d_end is not None and a >= d_end and b <= x_start:
+                lab = "verify" if not v or b <= v[0][0] else ("verify_sample" if a >= v[-1][1] else "verify")
+        out.append((a, b, lab))
+    return out
+
+
+class _Timeline:
+    """Disjoint labelled segments of the engine thread, each tagged with its iteration."""
+
+    def __init__(self, windows: list[tuple[float, float]], segs: list[tuple[float, float, str]], derive: bool):
+        self.windows = windows
+        self.starts: list[float] = []
+        self.segments: list[tuple[float, float]] = []
+        self.labels: list[int] = []
+        self.iters: list[int] = []
+        pidx = {p: i for i, p in enumerate(PHASES)}
+        j = 0
+        for it, (w0, w1) in enumerate(windows):
+            while j < len(segs) and segs[j][1] <= w0:
+                j += 1
+            k = j
+            inside = []
+            while k < len(segs) and segs[k][0] < w1:
+                inside.append(segs[k])
+                k += 1
+            for a, b, lab in _label_window(w0, w1, inside, derive):
+                self.starts.append(a)
+                self.segments.append((a, b))
+                self.labels.append(pidx[lab])
+                self.iters.append(it)
+
+    def locate(self, t: float) -> tuple[int, int] | None:
+        """(iteration, phase index) of the segment holding time t, or None outside iterations."""
+        i = bisect_right(self.starts, t) - 1
+        if i < 0 or t >= self.segments[i][1]:
+            return None
+        return self.iters[i], self.labels[i]
+
+
+# ---------------------------------------------------------------------------------------------
+# One rank
+
+
+def analyze_file(path: str | Path, rank: int | None = None) -> RankAnalysis:
+    """Analyse one rank's trace file. Raises TraceFormatError / TraceAnalysisError (one line)."""
+    path = Path(path)
+    c = _collect(path)
+    if rank is None:
+        rank = _rank_of(path, c.meta)
+    n_kernels = len(c.k_ts)
+    phase_threads = {tid: sum(1 for s in ss if s[2] != CONTAINER) for tid, ss in c.spans.items()}
+    phase_threads = {t: n for t, n in phase_threads.items() if n}
+    if not n_kernels and not phase_threads:
+        raise TraceAnalysisError(
+            f"{path.name}: neither GPU kernels nor phase spans (draft, step[VERIFY ...], "
+            f"specdecode.*) in {c.events} events; was the profiler running during decode?")
+    mode = "gpu" if n_kernels else "cpu"
+    thread = max(phase_threads, key=phase_threads.__getitem__) if phase_threads else None
+    spans = c.spans.get(thread, []) if thread is not None else []
+    windows = _iteration_windows(spans)
+    derive = not any(s[2] == "verify_sample" for s in spans)
+    segs = flatten_spans([(s[0], s[1], s[2]) for s in spans if s[2] != CONTAINER])
+    if not windows:
+        # No phase spans at all (a GPU trace without annotations): one window, everything `other`.
+        lo = min(c.k_ts) if n_kernels else 0.0
+        hi = max(c.k_end) if n_kernels else 0.0
+        windows = [(min(lo, min(c.launch_ts.values(), default=lo)), hi)]
+        derive = False
+    timeline = _Timeline(windows, segs, derive)
+    result = RankAnalysis(rank=rank, file=path.name, mode=mode, thread=str(thread),
+                          events=c.events, kernels=n_kernels,
+                          phase_spans=phase_threads.get(thread, 0), derived_verify=derive)
+    iters = [IterationTimes(index=i, start_us=w[0]) for i, w in enumerate(windows)]
+    _span_times(timeline, iters)
+    if mode == "cpu":
+        _cpu_work(c, thread, timeline, iters)
+    else:
+        _gpu_work(c, thread, timeline, iters, result)
+    result.iterations = iters
+    return result
+
+
+def _span_times(tl: _Timeline, iters: list[IterationTimes]) -> None:
+    for (a, b), lab, it in zip(tl.segments, tl.labels, tl.iters):
+        iters[it].phases[PHASES[lab]].span_ms += (b - a) / _US_PER_MS
+
+
+def _cpu_work(c: _Collected, thread: Any, tl: _Timeline, iters: list[IterationTimes]) -> None:
+    work = merge_intervals(c.work.get(thread, ()))
+    comm = merge_intervals(c.comm.get(thread, ()))
+    busy = overlap_per_segment(tl.segments, work)
+    comm_busy = overlap_per_segment(tl.segments, comm)
+    for i, (lab, it) in enumerate(zip(tl.labels, tl.iters)):
+        p = iters[it].phases[PHASES[lab]]
+        p.ms += busy[i] / _US_PER_MS
+        p.comm_ms += comm_busy[i] / _US_PER_MS
+        iters[it].busy_ms += busy[i] / _US_PER_MS
+        iters[it].comm_ms += comm_busy[i] / _US_PER_MS
+    for it, (w0, w1) in zip(iters, tl.windows):
+        it.wall_ms = (w1 - w0) / _US_PER_MS
+
+
+class _Union:
+    """Union length of intervals fed in start order, in O(1) memory."""
+
+    __slots__ = ("start", "end", "total")
+
+    def __init__(self) -> None:
+        self.start = self.end = float("-inf")
+        self.total = 0.0
+
+    def feed(self, s: float, e: float) -> None:
+        if s > self.end:
+            if self.end > self.start:
+                self.total += self.end - self.start
+            self.start, self.end = s, e
+        elif e > self.end:
+            self.end = e
+
+    def length(self) -> float:
+        return self.total + (self.end - self.start if self.end > self.start else 0.0)
+
+
+def _gpu_work(c: _Collected, thread: Any, tl: _Timeline, iters: list[IterationTimes], result: RankAnalysis) -> None:
+    # Flows fill in correlation ids and launch times the events themselves lack.
+    for idx, key in c.k_unlinked.items():
+        fid = c.flow_end.get(key)
+        if fid is not None:
+            c.k_corr[idx] = fid
+    for fid, (ts, tid) in c.flow_start.items():
+        if fid not in c.launch_ts:
+            c.launch_ts[fid] = ts
+            c.launch_tid[fid] = tid
+    busy: dict[tuple[int, int], _Union] = defaultdict(_Union)
+    comm: dict[tuple[int, int], _Union] = defaultdict(_Union)
+    all_busy: dict[int, _Union] = defaultdict(_Union)
+    all_comm: dict[int, _Union] = defaultdict(_Union)
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    other = PHASES.index("other")
+    k_ts, k_end, k_corr, k_comm = c.k_ts, c.k_end, c.k_corr, c.k_comm
+    for i in sorted(range(len(k_ts)), key=k_ts.__getitem__):
+        s, e = k_ts[i], k_end[i]
+        launch = c.launch_ts.get(k_corr[i])
+        where = tl.locate(launch) if launch is not None else None
+        if where is None:
+            if launch is None:
+                result.unattributed_kernels += 1
+                result.unattributed_ms += (e - s) / _US_PER_MS
+            continue
+        it, lab = where
+        if c.launch_tid.get(k_corr[i]) != thread:
+            lab = other  # launched by another thread: its iteration by time, but no phase
+        busy[(it, lab)].feed(s, e)
+        all_busy[it].feed(s, e)
+        if k_comm[i]:
+            comm[(it, lab)].feed(s, e)
+            all_comm[it].feed(s, e)
+        if it not in first:
+            first[it] = s
+        last[it] = max(last.get(it, e), e)
+    for (it, lab), u in busy.items():
+        iters[it].phases[PHASES[lab]].ms = u.length() / _US_PER_MS
+    for (it, lab), u in comm.items():
+        iters[it].phases[PHASES[lab]].comm_ms = u.length() / _US_PER_MS
+    order = sorted(first)
+    for j, it in enumerate(order):
+        # The GPU's iteration runs from its first kernel to the next iteration's first kernel, so
+        # the gaps between iterations (scheduling, sampling on the CPU) count as its idle time.
+        end = first[order[j + 1]] if j + 1 < len(order) else last[it]
+        iters[it].wall_ms = (end - first[it]) / _US_PER_MS
+        iters[it].busy_ms = all_busy[it].length() / _US_PER_MS
+        iters[it].comm_ms = all_comm[it].length() / _US_PER_MS
+
+
+def _rank_of(path: Path, meta: dict[str, Any]) -> int:
+    m = _RANK_IN_NAME.search(path.name)
+    if m:
+        return int(m.group(1))
+    info = meta.get("distributedInfo")
+    if isinstance(info, dict) and isinstance(info.get("rank"), int):
+        return info["rank"]
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Many ranks
+
+
+_TRACE_SUFFIXES = (".trace.json.gz", ".trace.json", ".json.gz", ".json")
+
+
+def find_rank_files(directory: str | Path) -> list[Path]:
+    """The rank files of the one capture in `directory` (SGLang naming `{id}-TP-{rank}...`)."""
+    directory = Path(directory)
+    files = sorted(p for p in directory.iterdir() if p.is_file() and p.name.endswith(_TRACE_SUFFIXES)
+                   and not p.name.startswith("merged-"))
+    if not files:
+        raise TraceAnalysisError(f"{directory}: no trace files (*.trace.json.gz) in this directory")
+    captures: dict[str, list[Path]] = defaultdict(list)
+    for p in files:
+        m = _RANK_IN_NAME.search(p.name)
+        captures[p.name[:m.start()] if m else p.name].append(p)
+    if len(captures) > 1:
+        names = ", ".join(sorted(captures)[:4])
+        raise TraceAnalysisError(
+            f"{directory}: holds {len(captures)} captures ({names}{', ...' if len(captures) > 4 else ''}); "
+            "pass one file or a directory with one capture")
+    return next(iter(captures.values()))
+
+
+def analyze_paths(paths: list[Path], progress: Callable[[str], None] | None = None) -> TraceAnalysis:
+    """Analyse every rank file of one capture and compare the ranks."""
+    ranks: list[RankAnalysis] = []
+    for p in paths:
+        if progress:
+            progress(f"analysing {p.name}")
+        ranks.append(analyze_file(p))
+    ranks.sort(key=lambda r: r.rank)
+    warnings: list[str] = []
+    seen: set[int] = set()
+    for r in ranks:
+        if r.rank in seen:
+            raise TraceAnalysisError(f"two files claim rank {r.rank}; pass the files of one capture")
+        seen.add(r.rank)
+        if r.unattributed_kernels:
+            warnings.append(f"rank {r.rank}: {r.unattributed_kernels} kernels "
+                            f"({r.unattributed_ms:.3f} ms) have no launching call in the trace")
+        if not r.iterations or (r.phase_spans == 0):
+            warnings.append(f"rank {r.rank}: no phase spans; all time is reported as `other`")
+    counts = {r.rank: len(r.iterations) for r in ranks}
+    if len(set(counts.values())) > 1:
+        warnings.append(f"ranks have different iteration counts {counts}; "
+                        f"compared the first {min(counts.values())} of each")
+    if len({r.mode for r in ranks}) > 1:
+        warnings.append("ranks were analysed in different modes (some traces have kernels, some not)")
+    return TraceAnalysis(ranks=ranks, warnings=warnings)
+
+
+def analyze_path(path: str | Path, progress: Callable[[str], None] | None = None) -> TraceAnalysis:
+    """Analyse a trace file or a directory of one capture's rank files."""
+    path = Path(path)
+    if path.is_dir():
+        return analyze_paths(find_rank_files(path), progress)
+    if not path.exists():
+        raise TraceAnalysisError(f"{path}: no such file or directory")
+    return analyze_paths([path], progress)
+
+
+__all__ = [
+    "TraceAnalysisError", "TraceFormatError", "analyze_file", "analyze_path", "analyze_paths",
+    "find_rank_files", "flatten_spans", "merge_intervals", "overlap_per_segment", "PhaseTime",
+]

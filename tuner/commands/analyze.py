@@ -1,0 +1,89 @@
+"""`specdecode-tune analyze PATH [--json]`: where decode time goes, from a captured trace.
+
+PATH is one rank's chrome trace (.json or .json.gz) or a directory holding one capture's rank files
+(`{profile_id}-TP-{rank}.trace.json.gz`). Prints a table per rank and a cross-rank summary, or the
+analysis dict (probes.trace_result) as JSON. Bad input is one line on stderr and exit status 1;
+this module must not let a traceback reach the user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+MODE_TEXT = {
+    "gpu": "gpu (kernels attributed through their launching calls to the enclosing phase span)",
+    "cpu": "cpu (no kernels: CPU ops inside the phase spans of the engine thread)",
+    "mixed": "mixed (some ranks have kernels, some not)",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", metavar="PATH", help="a trace file, or a directory of one capture's rank files")
+    parser.add_argument("--json", action="store_true", help="print the analysis as JSON instead of a table")
+
+
+def run(args: argparse.Namespace) -> int:
+    from probes.trace_analysis import TraceAnalysisError, analyze_path
+    from probes.trace_stream import TraceFormatError
+
+    try:
+        analysis = analyze_path(args.path)
+    except (TraceFormatError, TraceAnalysisError) as e:
+        print(f"specdecode-tune analyze: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"specdecode-tune analyze: {args.path}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    data = analysis.to_dict()
+    text = json.dumps(data, indent=1) + "\n" if args.json else format_table(data)
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `analyze ... | head`: the reader left; that is not an error worth a traceback.
+        sys.stdout = open(os.devnull, "w")
+    return 0
+
+
+def format_table(d: dict[str, Any]) -> str:
+    """The human view of an analysis dict: mean per iteration for every rank, then across ranks."""
+    lines = [f"mode: {MODE_TEXT.get(d['mode'], d['mode'])}"]
+    for r in d["ranks"]:
+        n = len(r["iterations"])
+        m = r["mean"]
+        wall = m["wall_ms"] or float("nan")
+        lines += [
+            "",
+            f"rank {r['rank']}  {r['file']}  {n} iterations"
+            + ("  (verify / verify_sample derived from SGLang's spans)" if r["derived_verify"] and n else ""),
+            f"  per iteration: wall {m['wall_ms']:.3f} ms  busy {m['busy_ms']:.3f} ms  "
+            f"comm {m['comm_ms']:.3f} ms  idle {m['idle_ms']:.3f} ms ({100 * m['idle_ms'] / wall:.1f}% of wall)",
+            f"  {'phase':<14}{'ms/iter':>10}{'comm ms':>10}{'span ms':>10}{'% wall':>9}",
+        ]
+        for p in d["phases"]:
+            t = m["phases"][p]
+            lines.append(f"  {p:<14}{t['ms']:>10.3f}{t['comm_ms']:>10.3f}{t['span_ms']:>10.3f}"
+                         f"{100 * t['ms'] / wall:>9.1f}")
+        if r["unattributed_kernels"]:
+            lines.append(f"  {r['unattributed_kernels']} kernels ({r['unattributed_ms']:.3f} ms) without a launching call")
+    a = d.get("across")
+    if a:
+        n = a["aligned_iterations"] or 1
+        lines += [
+            "",
+            f"across ranks {a['ranks']}: {a['aligned_iterations']} iterations aligned by the n-th draft span",
+            f"  slowest rank {a['slowest_rank']} (most compute); skew {a['skew_ms'] / n:.3f} ms/iter "
+            f"(max - min compute); wall {a['wall_ms']['min'] / n:.3f}..{a['wall_ms']['max'] / n:.3f} ms/iter",
+            f"  {'phase':<14}{'max ms/it':>11}{'min ms/it':>11}{'skew/it':>10}{'slowest':>9}",
+        ]
+        for p in d["phases"]:
+            t = a["phases"][p]
+            lines.append(f"  {p:<14}{t['max_ms'] / n:>11.3f}{t['min_ms'] / n:>11.3f}{t['skew_ms'] / n:>10.3f}"
+                         f"{t['slowest_rank']:>9}")
+    for w in d["warnings"]:
+        lines.append(f"warning: {w}")
+    return "\n".join(lines) + "\n"
