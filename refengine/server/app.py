@@ -1,0 +1,393 @@
+"""The `serve` process: the engine client, the HTTP server, and the threads that watch them.
+
+Owns the lifecycle (bind, start ranks, warm up, print the ready line, follow the phase stream for
+metrics and the decode log, supervise the ranks, shut down on SIGINT/SIGTERM or a dead rank with no
+child left). Must not parse HTTP (handlers.py) or compute statistics itself (phase_stats.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from http.server import ThreadingHTTPServer
+from typing import Any
+
+from refengine.server import decode_log
+from refengine.server.generation import Generation
+from refengine.server.handlers import Handler
+from refengine.server.inputs import BadRequest, GenerateInput
+from refengine.server.metrics import Metrics
+from refengine.server.options import OptionsError, ServerOptions, parse_options
+from refengine.server.outputs import RequestOutput
+from refengine.server.phase_stats import PhaseStats
+from refengine.server.profiles import ProfileRequest, TraceFiles
+
+log = logging.getLogger("refengine.server")
+
+READY_LINE = "The server is fired up and ready to roll!"
+WARMUP_PROMPT = "The capital city of France is"
+FOLLOW_PERIOD_S = 0.05
+SUPERVISE_PERIOD_S = 0.25
+
+
+def say(message: str, tp_size: int = 1) -> None:
+    """One log line in SGLang's `[time TPn] message` format on stdout."""
+    print(decode_log.log_line(message, tp_size), flush=True)
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, addr: tuple[str, int], handler: type, family: int) -> None:
+        self.address_family = family
+        super().__init__(addr, handler)
+
+
+def engine_options(opts: ServerOptions) -> Any:
+    """Map `serve` flags onto the engine's EngineOptions (fields follow SGLang's names)."""
+    from refengine.config import EngineOptions
+
+    defaults = EngineOptions()
+    kw: dict[str, Any] = {
+        "load_format": opts.load_format, "tp_size": opts.tp_size, "device": opts.device,
+        "dtype": opts.dtype, "speculative_draft_placement": opts.speculative_draft_placement,
+        "speculative_simulate_accept": opts.speculative_simulate_accept,
+        "emulate_comm_latency": opts.emulate_comm_latency, "random_seed": opts.random_seed,
+        "speculative_draft_model_path": opts.speculative_draft_model_path,
+    }
+    if opts.model_path is not None:
+        kw["model_path"] = opts.model_path
+    if opts.max_running_requests is not None:
+        kw["max_running_requests"] = opts.max_running_requests
+    if opts.speculative_algorithm == "NONE":
+        kw["speculative_num_steps"] = 0
+    else:
+        for k in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"):
+            if getattr(opts, k) is not None:
+                kw[k] = getattr(opts, k)
+    kw = {k: v for k, v in kw.items() if hasattr(defaults, k)}
+    return EngineOptions(**kw)
+
+
+class ServerApp:
+    def __init__(self, opts: ServerOptions) -> None:
+        self.opts = opts
+        self.client: Any = None
+        self.tokenizer: Any = None
+        self.ready = threading.Event()
+        self.stopping = threading.Event()
+        self.exit_code = 0
+        self.startup_time = time.time()
+        self.launch_config: dict[str, Any] = {}
+        self.phase_stats = PhaseStats(interval=opts.decode_log_interval)
+        self.traces = TraceFiles()
+        self.metrics = Metrics(opts.model_name, self.metrics_snapshot)
+        self._profile_lock = threading.Lock()
+        self._inflight = 0
+        self._inflight_lock = threading.Lock()
+        self.httpd: _HTTPServer | None = None
+
+    # ----- lifecycle ------------------------------------------------------------------------------
+
+    def bind(self) -> None:
+        family = socket.AF_INET6 if ":" in self.opts.host else socket.AF_INET
+        handler = type("BoundHandler", (Handler,), {"app": self})
+        self.httpd = _HTTPServer((self.opts.host, self.opts.port), handler, family)
+
+    @property
+    def url(self) -> str:
+        assert self.httpd is not None
+        host, port = self.httpd.server_address[:2]
+        host = f"[{host}]" if ":" in str(host) else host
+        return f"http://{host}:{port}"
+
+    def start_engine(self) -> None:
+        from refengine.client import EngineClient
+
+        self.client = EngineClient.start(engine_options(self.opts))
+        self.tokenizer = self.client.tokenizer
+        self.launch_config = dict(self.client.active_config())
+        self.startup_time = time.time()
+
+    def warmup(self) -> None:
+        # SGLang sends one 8-token /generate before announcing readiness; so do we (greedy).
+        from refengine.server.inputs import parse_generate
+
+        item = parse_generate({"text": WARMUP_PROMPT, "sampling_params": {
+            "max_new_tokens": 8, "temperature": 0}}).items[0]
+        from refengine.server.generation import run_all
+        out = run_all([self.new_generation(item, count=False)], deadline_s=300.0)[0]
+        if (out.finish_reason or {}).get("type") == "abort":
+            raise RuntimeError(f"warmup request failed: {out.finish_reason.get('message')}")
+
+    def serve(self) -> int:
+        assert self.httpd is not None
+        threads = [threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2},
+                                    name="http", daemon=True)]
+        threads[0].start()
+        try:
+            self.start_engine()
+            if not self.opts.skip_server_warmup:
+                self.warmup()
+        except Exception as e:  # noqa: BLE001 - report why the engine did not start, then clean up
+            say(f"the engine failed to start: {type(e).__name__}: {e}", self.opts.tp_size)
+            self.exit_code = 1
+            self.stopping.set()
+        if not self.stopping.is_set():
+            for target, name in ((self._follow_phases, "phase-follower"), (self._supervise, "supervisor")):
+                t = threading.Thread(target=target, name=name, daemon=True)
+                t.start()
+                threads.append(t)
+            self.ready.set()
+            say(f"{READY_LINE} Serving at {self.url}", self.opts.tp_size)
+        while not self.stopping.wait(0.5):
+            pass
+        self.shutdown()
+        return self.exit_code
+
+    def request_stop(self, code: int = 0) -> None:
+        if not self.stopping.is_set():
+            self.exit_code = code
+            self.stopping.set()
+
+    def shutdown(self) -> None:
+        self.ready.clear()
+        if self.httpd is not None:
+            self.httpd.shutdown()
+            self.httpd.server_close()
+        if self.client is not None:
+            self.client.close()
+
+    def _supervise(self) -> None:
+        while not self.stopping.wait(SUPERVISE_PERIOD_S):
+            if not self.client.alive():
+                reason = getattr(self.client, "death_reason", None) or "a rank process exited"
+                say(f"Shutting down: the engine died ({reason}).", self.opts.tp_size)
+                self.request_stop(1)
+                return
+
+    def _follow_phases(self) -> None:
+        after = 0
+        while not self.stopping.wait(FOLLOW_PERIOD_S):
+            try:
+                after, records = self.client.phase_records(after, 4096)
+            except Exception:  # noqa: BLE001 - the supervisor reports a dead engine
+                continue
+            for w in self.phase_stats.feed(records):
+                self._log_window(w)
+
+    def _log_window(self, w: Any) -> None:
+        st = self._engine_stats()
+        say(decode_log.decode_line(
+            running=int(st.get("num_running_reqs", 0)), tokens=int(st.get("num_used_tokens", 0)),
+            token_usage=float(st.get("token_usage", 0.0)), speculative=self.opts.speculative,
+            accept_len=w.accept_len, accept_rate=w.accept_rate, device=self.opts.device,
+            gen_throughput=w.gen_throughput, queued=int(st.get("num_queue_reqs", 0))),
+            self.opts.tp_size)
+
+    # ----- engine facade used by the handlers ----------------------------------------------------
+
+    def engine_alive(self) -> bool:
+        return self.client is not None and self.client.alive()
+
+    def vocab_size(self) -> int | None:
+        return getattr(self.client, "vocab_size", None)
+
+    def context_length(self) -> int | None:
+        return getattr(self.client, "context_length", None)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def busy(self) -> bool:
+        st = self._engine_stats()
+        return bool(self._inflight or st.get("num_running_reqs") or st.get("num_queue_reqs"))
+
+    def new_generation(self, item: GenerateInput, count: bool = True) -> Generation:
+        if self.stopping.is_set():
+            raise BadRequest("the server is shutting down", 503, "ServiceUnavailable")
+        with self._inflight_lock:
+            self._inflight += 1
+
+        def finished(out: RequestOutput) -> None:
+            with self._inflight_lock:
+                self._inflight -= 1
+            if count:
+                e2e = (out.finished_at or time.time()) - out.created
+                ttft = out.first_token_at - out.created if out.first_token_at else None
+                verify = out.spec.spec_verify_ct if out.spec else 0
+                self.metrics.request_finished(out.prompt_tokens, len(out.output_ids), verify, e2e, ttft)
+
+        try:
+            return Generation(self.client, self.tokenizer, item, speculative=self.opts.speculative,
+                              context_length=self.context_length(), on_finish=finished)
+        except BaseException:
+            with self._inflight_lock:
+                self._inflight -= 1
+            raise
+
+    def set_config(self, changes: dict[str, Any]) -> dict[str, Any]:
+        from refengine.config import ConfigError
+
+        try:
+            return self.client.set_config(changes)
+        except ConfigError as e:
+            raise BadRequest(str(e)) from None
+
+    def start_profile(self, req: ProfileRequest) -> None:
+        with self._profile_lock:
+            try:
+                os.makedirs(req.output_dir, exist_ok=True)
+            except OSError as e:
+                raise BadRequest(f"output_dir {req.output_dir!r}: {e.strerror}") from None
+            self.traces.add_dir(req.output_dir)
+            try:
+                self.client.start_profile(req.output_dir, req.num_steps, list(req.activities),
+                                          req.with_stack, req.record_shapes, req.profile_id)
+            except RuntimeError as e:
+                raise BadRequest(str(e)) from None
+
+    def stop_profile(self) -> list[str]:
+        with self._profile_lock:
+            try:
+                return self.client.stop_profile()
+            except RuntimeError as e:
+                raise BadRequest(str(e)) from None
+
+    def phase_page(self, after: int, limit: int) -> dict[str, Any]:
+        nxt, records = self.client.phase_records(after, limit)
+        first = records[0]["seq"] if records else nxt + 1
+        return {"next": nxt, "dropped": max(0, first - after - 1) if records else 0, "records": records}
+
+    # ----- information ---------------------------------------------------------------------------
+
+    def _engine_stats(self) -> dict[str, Any]:
+        try:
+            return dict(self.client.stats()) if self.client is not None else {}
+        except Exception:  # noqa: BLE001 - a scrape during shutdown sees no engine, not a crash
+            return {}
+
+    def metrics_snapshot(self) -> dict[str, Any]:
+        if self.client is None or not self.ready.is_set():
+            return {}
+        snap: dict[str, Any] = {}
+        st = self._engine_stats()
+        for k in ("num_running_reqs", "num_queue_reqs", "token_usage", "num_used_tokens",
+                  "phase_seconds", "phase_comm_seconds", "phase_comm_calls"):
+            if k in st:
+                snap[k] = st[k]
+        ps = self.phase_stats.snapshot()
+        for k in ("decode_tokens", "forward_seconds", "accept_position", "accept_len", "accept_rate",
+                  "gen_throughput"):
+            snap[k] = ps[k]
+        try:
+            cfg = self.client.active_config()
+            snap.update(spec_num_steps=cfg["steps"], spec_eagle_topk=cfg["topk"],
+                        spec_num_draft_tokens=cfg["num_draft_tokens"], placement=cfg["placement"],
+                        epoch=cfg["epoch"])
+            snap["rank_info"] = self.client.rank_info()
+        except Exception:  # noqa: BLE001
+            pass
+        snap["emulated_comm"] = self.opts.emulate_comm_latency is not None
+        snap["simulated_accept"] = self.opts.speculative_simulate_accept is not None
+        return snap
+
+    def _launch_args(self) -> dict[str, Any]:
+        d = self.opts.resolved_dict()
+        lc = self.launch_config
+        if lc:
+            d.update(speculative_num_steps=lc.get("steps"), speculative_eagle_topk=lc.get("topk"),
+                     speculative_num_draft_tokens=lc.get("num_draft_tokens"),
+                     speculative_draft_placement=lc.get("placement"))
+        d["max_running_requests"] = getattr(self.client, "max_running_requests", d["max_running_requests"])
+        d["context_length"] = self.context_length()
+        return d
+
+    def server_info(self) -> dict[str, Any]:
+        launch = self._launch_args()
+        state = dict(launch)
+        cfg = self.client.active_config()
+        ps = self.phase_stats.snapshot()
+        state.update(
+            speculative_num_steps=cfg["steps"], speculative_eagle_topk=cfg["topk"],
+            speculative_num_draft_tokens=cfg["num_draft_tokens"],
+            speculative_draft_placement=cfg["placement"], config_epoch=cfg["epoch"],
+            world_size=self.opts.tp_size, startup_time=self.startup_time,
+            effective_max_running_requests_per_dp=launch["max_running_requests"],
+            last_gen_throughput=ps["gen_throughput"],
+            avg_spec_accept_length=ps["avg_spec_accept_length"],
+            emulated_comm=self.opts.emulate_comm_latency is not None,
+            simulated_accept=self.opts.speculative_simulate_accept is not None,
+        )
+        return {
+            **launch,
+            "status": "ready" if self.ready.is_set() else "starting",
+            "startup_time": self.startup_time,
+            "max_total_num_tokens": getattr(self.client, "max_total_num_tokens", None),
+            "max_req_input_len": self.context_length(),
+            "internal_states": [state],
+            "version": _version(),
+            "engine": "refengine",
+            "frontend": "python",
+        }
+
+    def model_info(self) -> dict[str, Any]:
+        return {
+            "model_path": self.opts.model_path or self.launch_args_model_path(),
+            "served_model_name": self.opts.model_name,
+            "tokenizer_path": self.opts.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "load_format": self.opts.load_format,
+            "reasoning_parser": None,
+            "tool_call_parser": None,
+            "disaggregation_mode": "null",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": "llama",
+            "architectures": ["LlamaForCausalLM"],
+        }
+
+    def launch_args_model_path(self) -> str | None:
+        return getattr(self.client, "model_path", None)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("specdecode-tune")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%Y-%m-%d %H:%M:%S")
+    try:
+        opts = parse_options(argv)
+    except OptionsError as e:
+        print(f"specdecode-tune serve: error: {e}", file=sys.stderr)
+        return 2
+    app = ServerApp(opts)
+    try:
+        app.bind()
+    except OSError as e:
+        print(f"specdecode-tune serve: error: cannot listen on {opts.host}:{opts.port}: {e.strerror or e}",
+              file=sys.stderr)
+        return 2
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        say(f"Received {signal.Signals(signum).name}; shutting down.", opts.tp_size)
+        app.request_stop(0)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    return app.serve()

@@ -1,0 +1,352 @@
+"""HTTP routes of the server, shaped as SGLang 0.5.23's, on the standard library's http.server.
+
+Each route is a small function taking (app, request) and returning a Reply, or writing a stream.
+Must not hold engine state (that is ServerApp's) and must not let one bad request hurt the server:
+every failure becomes a 4xx/5xx reply with a message.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
+from typing import TYPE_CHECKING, Any, Callable
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from refengine.server import auth, sse
+from refengine.server.generation import Generation, reply_dicts, run_all
+from refengine.server.inputs import (MAX_BODY_BYTES, BadRequest, parse_completion, parse_generate,
+                                     parse_int_query, parse_internal_state, parse_json)
+from refengine.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from refengine.server.outputs import completion_choice, completion_reply
+from refengine.server.profiles import ProfileRequestError, parse_profile_request
+
+if TYPE_CHECKING:
+    from refengine.server.app import ServerApp
+
+log = logging.getLogger("refengine.server")
+
+MAX_PHASE_RECORDS = 4096
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    body: bytes
+    headers: Any
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: bytes = b""
+    content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def json_reply(obj: Any, status: int = 200) -> Reply:
+    return Reply(status, json.dumps(obj).encode())
+
+
+def text_reply(text: str, status: int = 200) -> Reply:
+    return Reply(status, text.encode(), "text/plain; charset=utf-8")
+
+
+def error_reply(message: str, status: int = 400, err_type: str = "BadRequestError") -> Reply:
+    return json_reply({"error": {"message": message, "type": err_type, "code": status}}, status)
+
+
+# ----- status and information ------------------------------------------------------------------
+
+def health(app: ServerApp, req: Request) -> Reply:
+    if not app.ready.is_set():
+        return text_reply("starting", 503)
+    if app.stopping.is_set() or not app.engine_alive():
+        return text_reply("unhealthy", 503)
+    return Reply(200, b"", "text/plain; charset=utf-8")
+
+
+def health_generate(app: ServerApp, req: Request) -> Reply:
+    r = health(app, req)
+    if r.status != 200:
+        return r
+    gen = app.new_generation(parse_generate({"input_ids": [0], "sampling_params": {
+        "max_new_tokens": 1, "temperature": 0}}).items[0], count=False)
+    out = run_all([gen], deadline_s=20.0)[0]
+    if (out.finish_reason or {}).get("type") == "abort":
+        return text_reply("unhealthy", 503)
+    return Reply(200, b"", "text/plain; charset=utf-8")
+
+
+def model_info(app: ServerApp, req: Request) -> Reply:
+    return json_reply(app.model_info())
+
+
+def server_info(app: ServerApp, req: Request) -> Reply:
+    return json_reply(app.server_info())
+
+
+def models(app: ServerApp, req: Request) -> Reply:
+    name = app.opts.model_name
+    return json_reply({"object": "list", "data": [
+        {"id": name, "object": "model", "created": int(app.startup_time), "owned_by": "sglang",
+         "root": name, "max_model_len": app.context_length()}]})
+
+
+def metrics(app: ServerApp, req: Request) -> Reply:
+    return Reply(200, app.metrics.render(), METRICS_CONTENT_TYPE)
+
+
+# ----- generation -------------------------------------------------------------------------------
+
+def generate(app: ServerApp, req: Request, stream: Callable[[], Any]) -> Reply | None:
+    batch = parse_generate(parse_json(req.body), app.vocab_size())
+    gens = [app.new_generation(item) for item in batch.items]
+    if not batch.stream:
+        return json_reply(reply_dicts(run_all(gens), batch.batch))
+    g = gens[0]
+    g.start()
+    w = stream()
+    try:
+        for out in g.updates_until_done():
+            w.write(sse.event(out.generate_reply()))
+            w.flush()
+        w.write(sse.DONE)
+        w.flush()
+    except OSError:
+        g.cancel("client disconnected")
+    return None
+
+
+def completions(app: ServerApp, req: Request, stream: Callable[[], Any]) -> Reply | None:
+    batch = parse_completion(parse_json(req.body), app.vocab_size())
+    model = batch.extras.get("model") or app.opts.model_name
+    cid = "cmpl-" + uuid.uuid4().hex
+    gens = [app.new_generation(item) for item in batch.items]
+    echo = [i.text if i.text is not None else app.decode(list(i.input_ids or ())) for i in batch.items] \
+        if batch.extras.get("echo") else None
+    details = bool(batch.extras.get("return_spec_tokens_details"))
+    if not batch.stream:
+        return json_reply(completion_reply(cid, model, run_all(gens), echo, details))
+    g = gens[0]
+    g.start()
+    w = stream()
+    sent = 0
+    try:
+        if echo:
+            w.write(sse.event(_chunk(cid, model, {"index": 0, "text": echo[0], "logprobs": None,
+                                                  "finish_reason": None, "matched_stop": None})))
+        for out in g.updates_until_done():
+            # OpenAI streams deltas, unlike /generate's cumulative chunks.
+            choice = completion_choice(out, 0, out.text[sent:])
+            sent = len(out.text)
+            if choice["text"] or out.finished:
+                chunk = _chunk(cid, model, choice)
+                if out.finished:
+                    n = len(out.output_ids)
+                    chunk["usage"] = {"prompt_tokens": out.prompt_tokens, "completion_tokens": n,
+                                      "total_tokens": out.prompt_tokens + n}
+                    if details:
+                        chunk["sglext"] = {"spec_tokens_details": out.spec_fields()}
+                w.write(sse.event(chunk))
+                w.flush()
+        w.write(sse.DONE)
+        w.flush()
+    except OSError:
+        g.cancel("client disconnected")
+    return None
+
+
+def _chunk(cid: str, model: str, choice: dict) -> dict:
+    return {"id": cid, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": [choice]}
+
+
+# ----- control -----------------------------------------------------------------------------------
+
+def set_internal_state(app: ServerApp, req: Request) -> Reply:
+    changes = parse_internal_state(parse_json(req.body))
+    app.set_config(changes)  # raises BadRequest on refusal; returns after every rank applied it
+    return json_reply([True])
+
+
+def flush_cache(app: ServerApp, req: Request) -> Reply:
+    # The reference engine keeps no prefix cache, so there is nothing to flush; SGLang's
+    # refusal while requests run is kept so tools see the same behaviour.
+    if app.busy():
+        return text_reply("Cache not flushed. Please check backend logs for more details. "
+                          "(When there are running or waiting requests, the operation will not be performed.)\n", 400)
+    return text_reply("Cache flushed.\nPlease check backend logs for more details. "
+                      "(When there are running or waiting requests, the operation will not be performed.)\n")
+
+
+def start_profile(app: ServerApp, req: Request) -> Reply:
+    body = parse_json(req.body)
+    if not isinstance(body, dict):
+        raise BadRequest("expected a JSON object")
+    try:
+        preq = parse_profile_request(body, app.opts.device)
+    except ProfileRequestError as e:
+        raise BadRequest(str(e)) from None
+    app.start_profile(preq)
+    return text_reply("Start profiling.\n")
+
+
+def stop_profile(app: ServerApp, req: Request) -> Reply:
+    app.stop_profile()
+    return text_reply("Stop profiling. This will take some time.\n")
+
+
+# ----- our additions -----------------------------------------------------------------------------
+
+def phases(app: ServerApp, req: Request) -> Reply:
+    after = parse_int_query(req.query, "after", 0, -1, 2**62)
+    limit = parse_int_query(req.query, "limit", 1024, 1, MAX_PHASE_RECORDS)
+    return json_reply(app.phase_page(after, limit))
+
+
+def traces(app: ServerApp, req: Request) -> Reply:
+    files = [{k: f[k] for k in ("name", "size", "rank", "profile_id")} for f in app.traces.listing()]
+    return json_reply({"files": files})
+
+
+def trace_file(app: ServerApp, req: Request) -> Reply:
+    name = unquote(req.path[len("/specdecode/traces/"):])
+    path = app.traces.locate(name)
+    if path is None:
+        return error_reply(f"no trace file named {name!r} (see GET /specdecode/traces)", 404, "NotFoundError")
+    return Reply(200, path.read_bytes(), "application/gzip",
+                 {"Content-Disposition": f'attachment; filename="{path.name}"'})
+
+
+GET, POST, PUT = "GET", "POST", "PUT"
+ROUTES: dict[str, tuple[tuple[str, ...], Callable[..., Reply | None]]] = {
+    "/health": ((GET,), health),
+    "/health_generate": ((GET,), health_generate),
+    "/model_info": ((GET,), model_info),
+    "/get_model_info": ((GET,), model_info),
+    "/server_info": ((GET,), server_info),
+    "/get_server_info": ((GET,), server_info),
+    "/v1/models": ((GET,), models),
+    "/metrics": ((GET,), metrics),
+    "/generate": ((POST, PUT), generate),
+    "/v1/completions": ((POST,), completions),
+    "/set_internal_state": ((POST, PUT), set_internal_state),
+    "/flush_cache": ((GET, POST), flush_cache),
+    "/start_profile": ((GET, POST), start_profile),
+    "/stop_profile": ((GET, POST), stop_profile),
+    "/specdecode/phases": ((GET,), phases),
+    "/specdecode/traces": ((GET,), traces),
+}
+STREAMING = {"/generate", "/v1/completions"}
+# Routes that work while the engine is still starting.
+EARLY = {"/health", "/health_generate", "/metrics"}
+
+
+def route(path: str) -> tuple[tuple[str, ...], Callable[..., Reply | None]] | None:
+    if path in ROUTES:
+        return ROUTES[path]
+    if path.startswith("/specdecode/traces/"):
+        return (GET,), trace_file
+    return None
+
+
+class Handler(BaseHTTPRequestHandler):
+    """Binds one connection to the app; `app` is set on a subclass made by ServerApp."""
+
+    app: ServerApp
+    protocol_version = "HTTP/1.1"
+    server_version = "refengine"
+
+    def do_GET(self) -> None:
+        self._handle("GET")
+
+    def do_POST(self) -> None:
+        self._handle("POST")
+
+    def do_PUT(self) -> None:
+        self._handle("PUT")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s - %s", self.address_string(), format % args)
+
+    def _handle(self, method: str) -> None:
+        url = urlsplit(self.path)
+        path = url.path.rstrip("/") or "/"
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            self._send(error_reply("bad Content-Length"))
+            return
+        if length > MAX_BODY_BYTES or length < 0:
+            self._send(error_reply(f"body too large (limit {MAX_BODY_BYTES} bytes)", 413))
+            self.close_connection = True
+            return
+        body = self.rfile.read(length) if length else b""
+        if not auth.authorized(self.app.opts.api_key, path, self.headers.get("Authorization")):
+            self._send(json_reply({"error": "Unauthorized"}, 401))
+            return
+        found = route(path)
+        if found is None:
+            self._send(error_reply(f"no route {path}", 404, "NotFoundError"))
+            return
+        methods, fn = found
+        if method not in methods:
+            self._send(error_reply(f"{method} is not allowed on {path} (use {'/'.join(methods)})", 405))
+            return
+        if not self.app.ready.is_set() and path not in EARLY:
+            self._send(error_reply("the server is starting", 503, "ServiceUnavailable"))
+            return
+        req = Request(method, path, parse_qs(url.query), body, self.headers)
+        try:
+            if path in STREAMING:
+                reply = fn(self.app, req, self._start_stream)
+            else:
+                reply = fn(self.app, req)
+        except BadRequest as e:
+            reply = error_reply(str(e), e.status, e.err_type)
+        except Exception as e:  # noqa: BLE001 - one broken request must not take the server down
+            log.exception("error serving %s %s", method, path)
+            reply = error_reply(f"internal error: {type(e).__name__}: {e}", 500, "InternalServerError")
+            if self._streaming:
+                self._write_stream_error(str(e))
+                return
+        if reply is not None:
+            self._send(reply)
+
+    _streaming = False
+
+    def _start_stream(self) -> Any:
+        self._streaming = True
+        self.close_connection = True  # an SSE body ends when the connection closes
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        return self.wfile
+
+    def _write_stream_error(self, message: str) -> None:
+        try:
+            self.wfile.write(sse.error_event(message, "InternalServerError", 500))
+            self.wfile.write(sse.DONE)
+        except OSError:
+            pass
+
+    def _send(self, reply: Reply) -> None:
+        try:
+            self.send_response(reply.status)
+            self.send_header("Content-Type", reply.content_type)
+            self.send_header("Content-Length", str(len(reply.body)))
+            for k, v in reply.headers.items():
+                self.send_header(k, v)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(reply.body)
+        except OSError:
+            self.close_connection = True

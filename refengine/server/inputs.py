@@ -1,0 +1,231 @@
+"""Validation of request bodies (/generate, /v1/completions, /set_internal_state, phase-stream query).
+
+Turns untrusted JSON into typed values or raises BadRequest with a one-line message naming the field.
+Pure: must not touch the engine, sockets or the tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+# SGLang's SamplingParams / GenerateReqInput defaults.
+DEFAULT_MAX_NEW_TOKENS = 128
+OPENAI_DEFAULT_MAX_TOKENS = 16
+MAX_BODY_BYTES = 16 << 20
+CONFIG_KEYS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
+               "speculative_draft_placement")
+
+
+class BadRequest(ValueError):
+    """A 4xx: the message is shown to the client as is."""
+
+    def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status = status
+        self.err_type = err_type
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    ignore_eos: bool = False
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerateInput:
+    """One prompt of a /generate (or /v1/completions) request."""
+    text: str | None
+    input_ids: tuple[int, ...] | None
+    sampling: Sampling
+    rid: str | None = None
+
+
+@dataclass(frozen=True)
+class GenerateBatch:
+    items: list[GenerateInput]
+    batch: bool                      # the client sent lists, so the reply is a list
+    stream: bool = False
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_json(raw: bytes) -> Any:
+    if not raw:
+        return {}
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadRequest(f"malformed JSON body: {e}") from None
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def _ids(v: Any, name: str, vocab_size: int | None) -> tuple[int, ...]:
+    if not isinstance(v, list) or not v or not all(_is_int(i) for i in v):
+        raise BadRequest(f"{name}: expected a non-empty list of token ids")
+    bad = [i for i in v if i < 0 or (vocab_size is not None and i >= vocab_size)]
+    if bad:
+        raise BadRequest(f"{name}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+    return tuple(v)
+
+
+def parse_sampling(sp: Any, *, default_max: int = DEFAULT_MAX_NEW_TOKENS, max_name: str = "max_new_tokens") -> Sampling:
+    if sp is None:
+        sp = {}
+    if not isinstance(sp, dict):
+        raise BadRequest("sampling_params: expected an object")
+    mx = sp.get(max_name, default_max)
+    if mx is None:
+        mx = default_max
+    if not _is_int(mx) or mx < 0:
+        raise BadRequest(f"{max_name}: expected an integer >= 0, got {mx!r}")
+    temp = sp.get("temperature", 1.0)
+    if not _is_num(temp) or temp < 0:
+        raise BadRequest(f"temperature: expected a number >= 0, got {temp!r}")
+    top_p = sp.get("top_p", 1.0)
+    if not _is_num(top_p) or not 0 < top_p <= 1:
+        raise BadRequest(f"top_p: expected a number in (0, 1], got {top_p!r}")
+    top_k = sp.get("top_k", -1)
+    if not _is_int(top_k) or (top_k < 1 and top_k not in (-1, 0)):
+        raise BadRequest(f"top_k: expected -1 (off) or an integer >= 1, got {top_k!r}")
+    ignore_eos = sp.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise BadRequest(f"ignore_eos: expected true or false, got {ignore_eos!r}")
+    stop = sp.get("stop") or ()
+    if isinstance(stop, str):
+        stop = (stop,)
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
+        raise BadRequest("stop: expected a non-empty string or a list of them")
+    stop_ids = sp.get("stop_token_ids") or ()
+    if not isinstance(stop_ids, (list, tuple)) or not all(_is_int(i) for i in stop_ids):
+        raise BadRequest("stop_token_ids: expected a list of integers")
+    return Sampling(max_new_tokens=mx, temperature=float(temp), top_p=float(top_p),
+                    top_k=-1 if top_k == 0 else top_k, ignore_eos=ignore_eos,
+                    stop=tuple(stop), stop_token_ids=tuple(stop_ids))
+
+
+def _bool(body: dict, name: str, default: bool = False) -> bool:
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise BadRequest(f"{name}: expected true or false, got {v!r}")
+    return v
+
+
+def _prompts(text: Any, input_ids: Any, vocab_size: int | None, text_name: str = "text") -> tuple[list, bool]:
+    """-> ([(text|None, ids|None)], is_batch)."""
+    if (text is None) == (input_ids is None):
+        raise BadRequest(f"exactly one of {text_name} or input_ids is required")
+    if text is not None:
+        if isinstance(text, str):
+            return [(text, None)], False
+        if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
+            return [(t, None) for t in text], True
+        raise BadRequest(f"{text_name}: expected a string or a non-empty list of strings")
+    if isinstance(input_ids, list) and input_ids and all(isinstance(x, list) for x in input_ids):
+        return [(None, _ids(x, "input_ids", vocab_size)) for x in input_ids], True
+    return [(None, _ids(input_ids, "input_ids", vocab_size))], False
+
+
+def parse_generate(body: Any, vocab_size: int | None = None) -> GenerateBatch:
+    if not isinstance(body, dict):
+        raise BadRequest("expected a JSON object")
+    prompts, batch = _prompts(body.get("text"), body.get("input_ids"), vocab_size)
+    sps = body.get("sampling_params")
+    if isinstance(sps, list):
+        if len(sps) != len(prompts):
+            raise BadRequest("sampling_params: a list must have one entry per prompt")
+        samplings = [parse_sampling(s) for s in sps]
+    else:
+        samplings = [parse_sampling(sps)] * len(prompts)
+    rid = body.get("rid")
+    rids: list[str | None]
+    if rid is None:
+        rids = [None] * len(prompts)
+    elif isinstance(rid, str) and not batch:
+        rids = [rid]
+    elif isinstance(rid, list) and len(rid) == len(prompts) and all(isinstance(r, str) for r in rid):
+        rids = list(rid)
+    else:
+        raise BadRequest("rid: expected a string (or one per prompt)")
+    stream = _bool(body, "stream")
+    if stream and batch:
+        raise BadRequest("streaming a batch is not supported; send one request per prompt")
+    items = [GenerateInput(text=t, input_ids=i, sampling=s, rid=r)
+             for (t, i), s, r in zip(prompts, samplings, rids)]
+    return GenerateBatch(items=items, batch=batch, stream=stream)
+
+
+def parse_completion(body: Any, vocab_size: int | None = None) -> GenerateBatch:
+    """OpenAI /v1/completions with SGLang's extras (top_k, ignore_eos, return_spec_tokens_details)."""
+    if not isinstance(body, dict):
+        raise BadRequest("expected a JSON object")
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise BadRequest("prompt is required")
+    if isinstance(prompt, list) and prompt and all(_is_int(x) for x in prompt):
+        prompts, batch = _prompts(None, prompt, vocab_size, "prompt")
+    elif isinstance(prompt, list) and prompt and all(isinstance(x, list) for x in prompt):
+        prompts, batch = _prompts(None, prompt, vocab_size, "prompt")
+    else:
+        prompts, batch = _prompts(prompt, None, vocab_size, "prompt")
+    n = body.get("n", 1)
+    if n != 1:
+        raise BadRequest("n: only 1 is supported")
+    sampling = parse_sampling(body, default_max=OPENAI_DEFAULT_MAX_TOKENS, max_name="max_tokens")
+    stream = _bool(body, "stream")
+    if stream and batch:
+        raise BadRequest("streaming several prompts is not supported; send one request per prompt")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("model: expected a string")
+    extras = {"model": model, "return_spec_tokens_details": _bool(body, "return_spec_tokens_details"),
+              "echo": _bool(body, "echo")}
+    items = [GenerateInput(text=t, input_ids=i, sampling=sampling) for t, i in prompts]
+    return GenerateBatch(items=items, batch=batch, stream=stream, extras=extras)
+
+
+def parse_internal_state(body: Any) -> dict[str, Any]:
+    """SGLang's SetInternalStateReq: {"server_args": {key: value}}; unknown keys are refused."""
+    if not isinstance(body, dict) or not isinstance(body.get("server_args"), dict):
+        raise BadRequest('expected {"server_args": {key: value, ...}}')
+    args = body["server_args"]
+    if not args:
+        raise BadRequest("server_args is empty")
+    unknown = [k for k in args if k not in CONFIG_KEYS]
+    if unknown:
+        raise BadRequest(f"Updating {unknown[0]} is not supported. Supported keys: {', '.join(CONFIG_KEYS)}")
+    for k, v in args.items():
+        if k == "speculative_draft_placement":
+            if not isinstance(v, str):
+                raise BadRequest(f"{k}: expected one of sharded, replicated, rank0, got {v!r}")
+        elif not (_is_int(v) or (isinstance(v, float) and v.is_integer())):
+            raise BadRequest(f"{k}: expected an integer, got {v!r}")
+    return {k: (int(v) if k != "speculative_draft_placement" else v) for k, v in args.items()}
+
+
+def parse_int_query(query: dict[str, list[str]], name: str, default: int, lo: int, hi: int) -> int:
+    vals = query.get(name)
+    if not vals:
+        return default
+    try:
+        v = int(vals[-1])
+    except ValueError:
+        raise BadRequest(f"{name}: expected an integer, got {vals[-1]!r}") from None
+    if not lo <= v <= hi:
+        raise BadRequest(f"{name}: expected {lo}..{hi}, got {v}")
+    return v

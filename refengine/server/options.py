@@ -1,0 +1,204 @@
+"""Command-line options of `serve`, with SGLang 0.5.23's flag names where SGLang has them.
+
+Parses and validates only: what the flags mean for the engine is the engine's business, and this
+module must not import torch or start anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import shlex
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+PLACEMENTS = ("sharded", "replicated", "rank0")
+ALGORITHMS = ("EAGLE3", "NONE")
+DTYPES = ("auto", "float32", "float", "float16", "half", "bfloat16", "float64")
+SECRET_FLAGS = ("--api-key",)
+
+
+class OptionsError(ValueError):
+    """An invalid combination of flags; the message is one line for the operator."""
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    model_path: str | None = None
+    load_format: str = "auto"
+    served_model_name: str | None = None
+    speculative_algorithm: str | None = None
+    speculative_draft_model_path: str | None = None
+    speculative_num_steps: int | None = None
+    speculative_eagle_topk: int | None = None
+    speculative_num_draft_tokens: int | None = None
+    speculative_draft_placement: str = "sharded"
+    speculative_simulate_accept: str | None = None
+    tp_size: int = 1
+    device: str = "cpu"
+    dtype: str = "auto"
+    host: str = "127.0.0.1"
+    port: int = 30000
+    max_running_requests: int | None = None
+    api_key: str | None = None
+    enable_metrics: bool = True
+    decode_log_interval: int = 40
+    emulate_comm_latency: str | None = None
+    skip_server_warmup: bool = False
+    random_seed: int = 0
+    launch_command: list[str] = field(default_factory=list)
+
+    @property
+    def speculative(self) -> bool:
+        return self.speculative_algorithm not in (None, "NONE")
+
+    def resolved_dict(self) -> dict[str, Any]:
+        """The launch arguments as /server_info shows them at top level (secrets hidden)."""
+        d = asdict(self)
+        d["api_key"] = None if self.api_key is None else "<redacted>"
+        d["launch_command"] = redact_argv(self.launch_command)
+        d["served_model_name"] = self.model_name
+        return d
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model_path or "refengine-tiny"
+
+
+def redact_argv(argv: list[str]) -> str:
+    out: list[str] = []
+    hide_next = False
+    for a in argv:
+        if hide_next:
+            out.append("<redacted>")
+            hide_next = False
+        elif a in SECRET_FLAGS:
+            out.append(a)
+            hide_next = True
+        elif any(a.startswith(f + "=") for f in SECRET_FLAGS):
+            out.append(a.split("=", 1)[0] + "=<redacted>")
+        else:
+            out.append(a)
+    return " ".join(a if "<redacted>" in a else shlex.quote(a) for a in out)
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _nonneg_int(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def _port(text: str) -> int:
+    v = int(text)
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0..65535, got {v}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="specdecode-tune serve",
+        description="Run the reference EAGLE-3 engine as an SGLang-compatible HTTP server.",
+    )
+    m = p.add_argument_group("model")
+    m.add_argument("--model-path", default=None,
+                   help="checkpoint directory, or a random-weight preset name with --load-format dummy "
+                        "(default: the shipped tiny model, else the tiny preset)")
+    m.add_argument("--load-format", default="auto", choices=("auto", "dummy", "safetensors", "pt"))
+    m.add_argument("--served-model-name", default=None)
+    m.add_argument("--dtype", default="auto", choices=DTYPES)
+    m.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    m.add_argument("--random-seed", type=int, default=0)
+    s = p.add_argument_group("speculative decoding")
+    s.add_argument("--speculative-algorithm", default=None, type=str.upper,
+                   help="EAGLE3 (default) or NONE (EAGLE is accepted as EAGLE3)")
+    s.add_argument("--speculative-draft-model-path", "--speculative-draft-model", default=None)
+    s.add_argument("--speculative-num-steps", type=_nonneg_int, default=None)
+    s.add_argument("--speculative-eagle-topk", type=_positive_int, default=None)
+    s.add_argument("--speculative-num-draft-tokens", type=_positive_int, default=None)
+    s.add_argument("--speculative-draft-placement", default="sharded", choices=PLACEMENTS,
+                   help="where the draft runs: on the target's TP group, on every rank, or on rank 0")
+    s.add_argument("--speculative-simulate-accept", default=None,
+                   help="force acceptance (the engine's simulator); off by default")
+    r = p.add_argument_group("runtime")
+    r.add_argument("--tp-size", "--tensor-parallel-size", type=_positive_int, default=1)
+    r.add_argument("--max-running-requests", type=_positive_int, default=None)
+    r.add_argument("--emulate-comm-latency", default=None, metavar="A_us[,B_us_per_KB]",
+                   help="add an emulated latency to every collective (labelled as emulation)")
+    h = p.add_argument_group("http")
+    h.add_argument("--host", default="127.0.0.1")
+    h.add_argument("--port", type=_port, default=30000)
+    h.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' (required off loopback)")
+    h.add_argument("--enable-metrics", action="store_true",
+                   help="accepted for SGLang compatibility; /metrics is always on here")
+    h.add_argument("--decode-log-interval", type=_nonneg_int, default=40,
+                   help="print SGLang's decode log line every N decode iterations (0: never)")
+    h.add_argument("--skip-server-warmup", action="store_true")
+    return p
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _validate_latency(text: str) -> None:
+    parts = text.split(",")
+    if len(parts) > 2:
+        raise OptionsError(f"--emulate-comm-latency: expected A_us[,B_us_per_KB], got {text!r}")
+    for part in parts:
+        try:
+            v = float(part)
+        except ValueError:
+            raise OptionsError(f"--emulate-comm-latency: {part!r} is not a number") from None
+        if v < 0:
+            raise OptionsError(f"--emulate-comm-latency: {part!r} must be >= 0")
+
+
+def parse_options(argv: list[str]) -> ServerOptions:
+    """Parse `serve` arguments; argparse exits on syntax errors, OptionsError on bad combinations."""
+    a = build_parser().parse_args(argv)
+    algo = a.speculative_algorithm
+    if algo == "EAGLE":
+        algo = "EAGLE3"
+    if algo is not None and algo not in ALGORITHMS:
+        raise OptionsError(f"--speculative-algorithm: {algo!r} is not supported here (use EAGLE3 or NONE)")
+    if algo is None:
+        # This engine exists to run EAGLE-3: speculation is on unless NONE is asked for.
+        algo = "EAGLE3"
+    if not is_loopback(a.host) and not a.api_key:
+        raise OptionsError(
+            f"refusing to listen on {a.host} without --api-key: control and profiling would be open "
+            "to the network (bind 127.0.0.1, or pass --api-key)")
+    if a.emulate_comm_latency is not None:
+        _validate_latency(a.emulate_comm_latency)
+    topk, steps, ndt = a.speculative_eagle_topk, a.speculative_num_steps, a.speculative_num_draft_tokens
+    if (topk in (None, 1)) and steps is not None and ndt is not None and ndt != steps + 1:
+        raise OptionsError(
+            f"--speculative-num-draft-tokens {ndt} contradicts topk=1 with {steps} steps "
+            f"(it must be steps+1 = {steps + 1})")
+    return ServerOptions(
+        model_path=a.model_path, load_format=a.load_format, served_model_name=a.served_model_name,
+        speculative_algorithm=algo, speculative_draft_model_path=a.speculative_draft_model_path,
+        speculative_num_steps=steps, speculative_eagle_topk=topk, speculative_num_draft_tokens=ndt,
+        speculative_draft_placement=a.speculative_draft_placement,
+        speculative_simulate_accept=a.speculative_simulate_accept,
+        tp_size=a.tp_size, device=a.device, dtype=a.dtype, host=a.host, port=a.port,
+        max_running_requests=a.max_running_requests, api_key=a.api_key,
+        enable_metrics=True, decode_log_interval=a.decode_log_interval,
+        emulate_comm_latency=a.emulate_comm_latency, skip_server_warmup=a.skip_server_warmup,
+        random_seed=a.random_seed, launch_command=["specdecode-tune", "serve", *argv],
+    )

@@ -1,0 +1,153 @@
+"""One request's output as SGLang reports it: cumulative text and output_ids, stop strings, meta_info,
+and the OpenAI completion shapes.
+
+Pure bookkeeping over token ids and a decode function; it must not call the engine (the handler
+aborts the engine request when `RequestOutput.finished` turns true because of a stop string).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from refengine.messages import SpecStats
+from refengine.server.inputs import Sampling
+
+
+@dataclass
+class RequestOutput:
+    rid: str
+    prompt_tokens: int
+    sampling: Sampling
+    decode: Callable[[list[int]], str]
+    speculative: bool = True
+    created: float = field(default_factory=time.time)
+    first_token_at: float | None = None
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finished: bool = False
+    finish_reason: dict[str, Any] | None = None
+    spec: SpecStats | None = None
+    finished_at: float | None = None
+
+    def add(self, new_ids: list[int], finished: bool = False, reason: str | None = None,
+            matched: int | None = None, spec: SpecStats | None = None, message: str | None = None) -> bool:
+        """Append the engine's new ids; return True if a stop string/id ended the request here."""
+        if self.finished:
+            return False
+        if new_ids and self.first_token_at is None:
+            self.first_token_at = time.time()
+        stopped_here = False
+        for tok in new_ids:
+            self.output_ids.append(tok)
+            # Stop ids and EOS are the engine's; stop strings need the text, so they are ours.
+            if self.sampling.stop and self._stop_string_hit():
+                stopped_here = True
+                break
+        if spec is not None:
+            self.spec = spec
+        if not self.finished:
+            self.text = self._visible_text(final=finished)
+            if finished:
+                self._finish(self._engine_reason(reason, matched, message))
+        return stopped_here
+
+    def _stop_string_hit(self) -> bool:
+        text = self.decode(self.output_ids)
+        hits = [(text.find(s), s) for s in self.sampling.stop if s in text]
+        if not hits:
+            return False
+        pos, matched = min(hits)
+        self.text = text[:pos]  # SGLang trims the stop string from the text
+        self._finish({"type": "stop", "matched": matched})
+        return True
+
+    def _visible_text(self, final: bool) -> str:
+        text = self.decode(self.output_ids)
+        # Hold back a half-decoded multi-byte character until its last byte arrives.
+        return text if final else text.rstrip("\ufffd")
+
+    def _engine_reason(self, reason: str | None, matched: int | None, message: str | None) -> dict[str, Any]:
+        if reason == "length":
+            return {"type": "length", "length": self.sampling.max_new_tokens}
+        if reason in ("abort", "error"):
+            return {"type": "abort", "message": message or reason}
+        return {"type": "stop", "matched": matched}
+
+    def _finish(self, reason: dict[str, Any]) -> None:
+        self.finished = True
+        self.finish_reason = reason
+        self.finished_at = time.time()
+
+    # ----- SGLang shapes -------------------------------------------------------------------------
+
+    def spec_fields(self) -> dict[str, Any]:
+        s = self.spec or SpecStats()
+        completion = len(self.output_ids)
+        # SGLang: accept length = completion_tokens / verify rounds (the prefill token included).
+        return {
+            "spec_verify_ct": s.spec_verify_ct,
+            "spec_accept_length": completion / s.spec_verify_ct if s.spec_verify_ct else 0.0,
+            "spec_accept_rate": (s.spec_num_correct_drafts / s.spec_num_proposed_drafts
+                                 if s.spec_num_proposed_drafts else 0.0),
+            "spec_num_correct_drafts": s.spec_num_correct_drafts,
+            "spec_num_proposed_drafts": s.spec_num_proposed_drafts,
+            "spec_correct_drafts_histogram": list(s.spec_correct_drafts_histogram),
+        }
+
+    def meta_info(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": self.rid,
+            "finish_reason": self.finish_reason,
+            "prompt_tokens": self.prompt_tokens,
+            "weight_version": "default",
+            "num_retractions": 0,
+            "reasoning_tokens": 0,
+            "completion_tokens": len(self.output_ids),
+            "cached_tokens": 0,
+        }
+        if self.finished:
+            meta["e2e_latency"] = (self.finished_at or time.time()) - self.created
+            if self.speculative:
+                meta.update(self.spec_fields())
+        return meta
+
+    def generate_reply(self) -> dict[str, Any]:
+        return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": self.meta_info()}
+
+
+def new_rid() -> str:
+    return uuid.uuid4().hex
+
+
+def openai_finish_reason(reason: dict[str, Any] | None) -> str | None:
+    if reason is None:
+        return None
+    return "length" if reason.get("type") == "length" else ("abort" if reason.get("type") == "abort" else "stop")
+
+
+def completion_choice(out: RequestOutput, index: int, text: str) -> dict[str, Any]:
+    matched = (out.finish_reason or {}).get("matched") if out.finished else None
+    return {"index": index, "text": text, "logprobs": None,
+            "finish_reason": openai_finish_reason(out.finish_reason) if out.finished else None,
+            "matched_stop": matched}
+
+
+def completion_reply(cid: str, model: str, outs: list[RequestOutput], echo_prompts: list[str] | None,
+                     spec_details: bool) -> dict[str, Any]:
+    choices = [completion_choice(o, i, (echo_prompts[i] if echo_prompts else "") + o.text)
+               for i, o in enumerate(outs)]
+    prompt_tokens = sum(o.prompt_tokens for o in outs)
+    completion_tokens = sum(len(o.output_ids) for o in outs)
+    reply: dict[str, Any] = {
+        "id": cid, "object": "text_completion", "created": int(time.time()), "model": model,
+        "choices": choices,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    }
+    if spec_details:
+        details = [o.spec_fields() for o in outs]
+        reply["sglext"] = {"spec_tokens_details": details[0] if len(details) == 1 else details}
+    return reply

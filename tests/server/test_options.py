@@ -1,0 +1,55 @@
+"""`serve` flags: SGLang's names, defaults, and the refusals that protect the operator."""
+
+import pytest
+
+from refengine.server.options import OptionsError, is_loopback, parse_options, redact_argv
+
+
+def test_defaults_mirror_sglang():
+    o = parse_options([])
+    assert (o.host, o.port, o.decode_log_interval, o.tp_size) == ("127.0.0.1", 30000, 40, 1)
+    assert o.enable_metrics and o.speculative and o.speculative_draft_placement == "sharded"
+
+
+def test_sglang_flag_names_parse():
+    o = parse_options(["--model-path", "tiny", "--load-format", "dummy", "--speculative-algorithm", "eagle",
+                       "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
+                       "--speculative-num-draft-tokens", "3", "--speculative-draft-placement", "rank0",
+                       "--tp-size", "2", "--max-running-requests", "4", "--enable-metrics",
+                       "--decode-log-interval", "5", "--emulate-comm-latency", "50,2"])
+    assert o.speculative_algorithm == "EAGLE3" and o.speculative_num_steps == 2
+    assert o.speculative_draft_placement == "rank0" and o.tp_size == 2 and o.max_running_requests == 4
+    assert parse_options(["--speculative-algorithm", "NONE"]).speculative is False
+
+
+def test_non_loopback_without_key_is_refused():
+    with pytest.raises(OptionsError, match="without --api-key"):
+        parse_options(["--host", "0.0.0.0"])
+    assert parse_options(["--host", "0.0.0.0", "--api-key", "k"]).host == "0.0.0.0"
+    assert is_loopback("::1") and is_loopback("localhost") and not is_loopback("10.0.0.1")
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--speculative-num-steps", "3", "--speculative-num-draft-tokens", "5"], "steps\\+1 = 4"),
+    (["--emulate-comm-latency", "fast"], "not a number"),
+    (["--emulate-comm-latency", "-5"], ">= 0"),
+    (["--speculative-algorithm", "NGRAM"], "not supported"),
+])
+def test_bad_combinations(argv, match):
+    with pytest.raises(OptionsError, match=match):
+        parse_options(argv)
+
+
+@pytest.mark.parametrize("argv", [["--port", "70000"], ["--tp-size", "0"], ["--speculative-num-steps", "-1"],
+                                  ["--speculative-draft-placement", "everywhere"]])
+def test_bad_values_exit_with_usage(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_options(argv)
+    assert e.value.code == 2 and "error" in capsys.readouterr().err
+
+
+def test_api_key_never_shown():
+    o = parse_options(["--api-key", "s3cret", "--host", "0.0.0.0"])
+    d = o.resolved_dict()
+    assert "s3cret" not in str(d) and d["api_key"] == "<redacted>"
+    assert redact_argv(["--api-key=abc", "x"]) == "--api-key=<redacted> x"
