@@ -1,0 +1,101 @@
+"""The A/B comparator: settling, 1-s windows, ratio of medians, bootstrap interval, "not yet"."""
+
+import math
+
+import pytest
+
+from tuner.core import ab
+from tuner.core import series as S
+from tuner.core.events import EventKind
+from tuner.core.records import Event, Sample
+from tuner.core.store import Store
+
+
+def _feed(store, t0, t1, value, series=S.SERVER_TOK_PER_S, hz=4, wobble=0.0):
+    n = int(round((t1 - t0) * hz))
+    store.add_many(Sample(t0 + i / hz, series, value + (wobble if i % 2 else -wobble)) for i in range(n))
+
+
+def _change(store, t, steps):
+    store.add_many([Event(t, EventKind.CONFIG_CHANGED, {"old": {}, "new": {"speculative_num_steps": steps},
+                                                         "epoch": steps, "source": "phase_stream"})])
+
+
+def test_no_change_then_not_yet_then_ready():
+    st = Store()
+    _feed(st, 0.0, 10.0, 100.0, wobble=2.0)
+    assert ab.compare_last_change(st, S.SERVER_TOK_PER_S, 10.0).status == ab.NO_CHANGE
+    _change(st, 10.0, 3)
+    _feed(st, 10.0, 16.0, 120.0, wobble=2.0)
+    # 2 s of settling leaves 4 complete windows after the change: not yet.
+    r = ab.compare_last_change(st, S.SERVER_TOK_PER_S, 16.0)
+    assert r.status == ab.NOT_YET and r.n_after == 4 and r.n_before >= 5
+    assert r.text().startswith("not yet")
+    _feed(st, 16.0, 20.0, 120.0, wobble=2.0)
+    r = ab.compare_last_change(st, S.SERVER_TOK_PER_S, 20.0)
+    assert r.ready
+    assert r.ratio == pytest.approx(1.2)
+    assert r.lo <= r.ratio <= r.hi
+    assert r.text().startswith("+20.0 %")
+
+
+def test_settling_drops_transient():
+    st = Store()
+    _feed(st, 0.0, 10.0, 100.0)
+    _change(st, 10.0, 3)
+    _feed(st, 10.0, 12.0, 1000.0)       # the first 2 s after a change are dropped
+    _feed(st, 12.0, 20.0, 50.0)
+    r = ab.compare_last_change(st, S.SERVER_TOK_PER_S, 20.0)
+    assert r.ratio == pytest.approx(0.5) and r.hi == pytest.approx(0.5)
+
+
+def test_settling_waits_for_twenty_iterations():
+    st = Store()
+    _feed(st, 0.0, 10.0, 100.0)
+    # 2 iterations per second: 20 iterations take 10 s, longer than the 2-s rule.
+    st.add_many(Sample(t / 2, S.SERVER_ITERATIONS, float(t)) for t in range(0, 60))
+    _change(st, 10.0, 3)
+    _feed(st, 10.0, 30.0, 200.0)
+    assert ab.settle_end(st, 10.0) == pytest.approx(20.0)
+    r = ab.compare_last_change(st, S.SERVER_TOK_PER_S, 30.0)
+    assert r.n_after == 10    # the windows [20, 21) ... [29, 30)
+
+
+def test_before_side_starts_after_previous_change_settles():
+    st = Store()
+    _feed(st, 0.0, 10.0, 10.0)
+    _change(st, 10.0, 2)
+    _feed(st, 10.0, 20.0, 100.0)
+    _change(st, 20.0, 3)
+    _feed(st, 20.0, 30.0, 110.0)
+    r = ab.compare_last_change(st, S.SERVER_TOK_PER_S, 30.0)
+    assert r.median_before == pytest.approx(100.0) and r.n_before == 8
+    assert r.ratio == pytest.approx(1.1)
+
+
+def test_bootstrap_is_deterministic_and_brackets_the_ratio():
+    before = [100 + (i * 37 % 11) for i in range(30)]
+    after = [110 + (i * 53 % 13) for i in range(30)]
+    one = ab.ratio_of_medians(before, after)
+    assert one == ab.ratio_of_medians(list(before), list(after))
+    ratio, lo, hi = one
+    assert lo < ratio < hi and lo > 1.0
+
+
+def test_window_means_skip_nan_and_incomplete():
+    st = Store()
+    st.add_many([Sample(0.0, "x", 1.0), Sample(0.5, "x", 3.0), Sample(1.2, "x", math.nan),
+                 Sample(2.1, "x", 5.0), Sample(2.9, "x", 7.0), Sample(3.5, "x", 100.0)])
+    assert ab.window_means(st, "x", 0.0, 3.9) == [2.0, 6.0]
+    assert ab.window_means(st, "x", 0.0, 0.5) == []
+
+
+def test_load_stop_ends_the_after_side():
+    st = Store()
+    _feed(st, 0.0, 10.0, 100.0)
+    _change(st, 10.0, 3)
+    _feed(st, 10.0, 20.0, 120.0)
+    st.add_many([Event(20.0, EventKind.LOAD_STOPPED, {})])
+    _feed(st, 20.0, 30.0, 0.0)
+    r = ab.compare_last_change(st, S.SERVER_TOK_PER_S, 30.0)
+    assert r.ratio == pytest.approx(1.2)

@@ -1,0 +1,215 @@
+"""The backend contract: what every server kind (our engine, SGLang, a recording) offers the session.
+
+A backend declares what it can do (Capabilities, Harlequin-style flags), starts producers that put
+records on the bus, and carries control requests to its server. Views decide what to show from the
+flags alone and never ask "which server is this". Backends must not touch the store or any widget.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from tuner.core.bus import Bus
+from tuner.core.clock import Clock
+from tuner.core.events import EventKind
+from tuner.core.records import Event
+
+# The knobs, named as the server args they set (ARCHITECTURE "The control protocol is SGLang's").
+STEPS = "speculative_num_steps"
+TOPK = "speculative_eagle_topk"
+DRAFT_TOKENS = "speculative_num_draft_tokens"
+PLACEMENT = "speculative_draft_placement"
+KNOBS: tuple[str, ...] = (STEPS, TOPK, DRAFT_TOKENS, PLACEMENT)
+PLACEMENTS: tuple[str, ...] = ("sharded", "replicated", "rank0")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do right now. Field names follow ARCHITECTURE's capability flags.
+
+    `reasons` maps a knob (server-arg name) the backend cannot set live to a sentence people can
+    read, saying why and what would work instead (e.g. a relaunch).
+    """
+
+    CAN_SET_STEPS: bool = False
+    CAN_SET_TOPK: bool = False
+    CAN_SET_DRAFT_TOKENS: bool = False
+    CAN_SET_PLACEMENT: bool = False
+    CAN_CAPTURE_TRACE: bool = False
+    CAN_FETCH_TRACE: bool = False      # trace files can be downloaded over HTTP (server on another host)
+    HAS_PHASE_TIMERS: bool = False     # per-phase ms per iteration are measured live
+    HAS_PHASE_STREAM: bool = False     # GET /specdecode/phases exists
+    LOCAL_GPUS: bool = False           # the server's GPUs are on this host (NVML and py-spy see them)
+    READ_ONLY: bool = False            # a recording: nothing can be changed
+    reasons: Mapping[str, str] = field(default_factory=dict)
+    restart_keys: frozenset[str] = frozenset()   # knobs a managed relaunch could change
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reasons", MappingProxyType(dict(self.reasons)))
+
+    def can_set(self, key: str) -> bool:
+        """Whether `key` can be changed live."""
+        return {STEPS: self.CAN_SET_STEPS, TOPK: self.CAN_SET_TOPK, DRAFT_TOKENS: self.CAN_SET_DRAFT_TOKENS,
+                PLACEMENT: self.CAN_SET_PLACEMENT}.get(key, False) and not self.READ_ONLY
+
+    def why_not(self, key: str) -> str | None:
+        """None when `key` can be changed live, else the reason to show in place of the control."""
+        if self.can_set(key):
+            return None
+        if self.READ_ONLY:
+            return "a recording cannot be changed"
+        return self.reasons.get(key, f"this server cannot change {key} live")
+
+    def needs_restart_for(self, key: str) -> str | None:
+        """The reason when only a relaunch of the server can change `key`, else None."""
+        if key in self.restart_keys and not self.can_set(key):
+            return self.reasons.get(key, f"changing {key} needs a relaunch of the server")
+        return None
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k.isupper()}
+        d["reasons"] = dict(self.reasons)
+        d["restart_keys"] = sorted(self.restart_keys)
+        return d
+
+
+@dataclass(frozen=True)
+class ControlResult:
+    """The answer to one set_config call.
+
+    ok: the server applied every change. reason: one line when not ok (the server's message, the
+    backend's refusal, or the transport error). active: the server's active config after the call
+    when the server said it (our engine does), else None.
+    """
+
+    ok: bool
+    changes: Mapping[str, Any]
+    reason: str = ""
+    active: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ConnectionState:
+    connected: bool
+    since: float
+    error: str = ""
+
+
+class ConnectionMonitor:
+    """Turns poll outcomes from several threads into CONNECTED/DISCONNECTED events, once per change."""
+
+    def __init__(self, bus: Bus, clock: Clock, url: str, backend: str) -> None:
+        self._bus, self._clock, self._url, self._backend = bus, clock, url, backend
+        self._lock = threading.Lock()
+        self._state: ConnectionState | None = None
+        self._errors: dict[str, str] = {}
+
+    @property
+    def state(self) -> ConnectionState:
+        with self._lock:
+            return self._state or ConnectionState(False, math.nan, "connecting")
+
+    def ok(self, endpoint: str | None = None) -> bool:
+        """Record a good answer; returns True when this ends a disconnection (or is the first)."""
+        with self._lock:
+            if endpoint is not None:
+                self._errors.pop(endpoint, None)
+            st = self._state
+            if st is not None and st.connected:
+                return False
+            now = self._clock.now()
+            after = 0.0 if st is None else max(0.0, now - st.since)
+            self._state = ConnectionState(True, now)
+        self._bus.put(Event(now, EventKind.CONNECTED, {"url": self._url, "backend": self._backend,
+                                                       "after_s": round(after, 3)}))
+        return True
+
+    def lost(self, error: str) -> None:
+        """The server did not answer at all (refused, timed out, reset)."""
+        with self._lock:
+            st = self._state
+            if st is not None and not st.connected:
+                return
+            now = self._clock.now()
+            self._state = ConnectionState(False, now, error)
+        self._bus.put(Event(now, EventKind.DISCONNECTED, {"url": self._url, "since": now, "error": error}))
+
+    def bad_answer(self, endpoint: str, error: str) -> None:
+        """The server answered with something unusable; said once per distinct error per endpoint."""
+        with self._lock:
+            if self._errors.get(endpoint) == error:
+                return
+            self._errors[endpoint] = error
+        self._bus.put(Event(self._clock.now(), EventKind.POLL_ERROR, {"endpoint": endpoint, "error": error}))
+
+
+class Backend(ABC):
+    """One server kind. Subclasses set `kind` and implement the abstract methods.
+
+    Attributes:
+        kind: "refengine", "sglang" or "replay".
+        url: the server's base URL ("" for a recording).
+        api_key: sent as `Authorization: Bearer` when set.
+    """
+
+    kind: str = "?"
+    url: str = ""
+    api_key: str | None = None
+
+    @property
+    @abstractmethod
+    def capabilities(self) -> Capabilities:
+        """What can be done now (may change, e.g. when SGLang is relaunched with our plugin)."""
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The server's identity as last read (version, model, tp_size, launch args, active config)."""
+        return {}
+
+    @property
+    def connection(self) -> ConnectionState:
+        return ConnectionState(True, math.nan)
+
+    @abstractmethod
+    def start(self, bus: Bus, clock: Clock) -> None:
+        """Start producing records onto `bus` (background threads for live servers)."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop every thread this backend started and release its connections."""
+
+    @property
+    def rank_info(self) -> list[dict[str, Any]]:
+        """One dict per TP rank (tp_rank, pid, pci_bus_id, host) when the server says, else []."""
+        return []
+
+    def why_not(self, key: str) -> str | None:
+        """capabilities.why_not(key): None when `key` can change live, else the reason to show."""
+        return self.capabilities.why_not(key)
+
+    def needs_restart_for(self, key: str) -> str | None:
+        """capabilities.needs_restart_for(key)."""
+        return self.capabilities.needs_restart_for(key)
+
+    def set_config(self, changes: Mapping[str, Any], by: str = "operator") -> ControlResult:
+        """Ask for a new active configuration (blocking; never call it from a UI thread).
+
+        Puts CONFIG_REQUESTED then CONFIG_APPLIED or CONFIG_REFUSED on the bus. The change point for
+        comparisons is the CONFIG_CHANGED event, which comes from what the server reports running.
+        """
+        return ControlResult(False, dict(changes), "a recording cannot be changed")
+
+
+def _flag(name: str) -> property:
+    return property(lambda self: getattr(self.capabilities, name), doc=f"capabilities.{name}")
+
+
+# Harlequin-style flags readable on the backend itself (backend.READ_ONLY), as views expect.
+for _name in [f for f in Capabilities.__dataclass_fields__ if f.isupper()]:
+    setattr(Backend, _name, _flag(_name))
+

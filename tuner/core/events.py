@@ -1,0 +1,51 @@
+"""The event kinds every part agrees on, with the keys each one's data carries.
+
+Only names live here; producing them is the job of backends, samplers and the session. Other parts
+may add kinds (prefix them with their area, e.g. ``nvml_unavailable``); readers must ignore kinds they
+do not know.
+"""
+
+from __future__ import annotations
+
+
+class EventKind:
+    """Event kinds (Event.kind). The data keys are listed beside each."""
+
+    CONNECTED = "connected"
+    """The server answers (again). data: url, backend, after_s (seconds it was away, 0 at first)."""
+    DISCONNECTED = "disconnected"
+    """The server stopped answering. data: url, since (session time), error (one line)."""
+    POLL_ERROR = "poll_error"
+    """An endpoint answered with something unusable (HTML, 500, garbage). data: endpoint, error."""
+    SERVER_INFO = "server_info"
+    """Server identity at connect or after a relaunch. data: kind, version, model, tp_size,
+    launch (top-level /server_info args), active (internal_states[0] knobs), capabilities."""
+    CONFIG_CHANGED = "config_changed"
+    """The server runs a new active configuration from this time on (the A/B change point).
+    data: old, new (dicts of knob -> value), epoch (or None), source ("phase_stream"|"server_info"|"metrics")."""
+    CONFIG_REQUESTED = "config_requested"
+    """The operator (or tuner) asked for a change. data: changes, by."""
+    CONFIG_APPLIED = "config_applied"
+    """The server accepted a requested change. data: changes, reply."""
+    CONFIG_REFUSED = "config_refused"
+    """The server (or the backend, before sending) refused a change. data: changes, reason."""
+    LOAD_STARTED = "load_started"
+    """The load driver started. data: concurrency, prompts, max_new_tokens."""
+    LOAD_STOPPED = "load_stopped"
+    """The load driver stopped. data: requests, tokens, errors."""
+    LOAD_ERROR = "load_error"
+    """A load request failed. data: error (one line). Repeats of one error are folded."""
+    PHASE_GAP = "phase_gap"
+    """The phase stream reader missed records. data: dropped."""
+    TRACE_CAPTURED = "trace_captured"
+    """A profiler capture finished. data: trace_id, files, ranks, (analysis summary)."""
+    NOTE = "note"
+    """Free text from the operator or a tool. data: text."""
+    RECORDING_GAP = "recording_gap"
+    """Written by readers for records they could not read. data: reason."""
+
+
+# Events after which the before/after comparison restarts its sides (see tuner.core.ab).
+AB_BOUNDARY_KINDS = frozenset({
+    EventKind.CONFIG_CHANGED, EventKind.LOAD_STARTED, EventKind.LOAD_STOPPED, EventKind.CONNECTED,
+})
