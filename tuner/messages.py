@@ -1,0 +1,58 @@
+"""Textual messages of the TUI: operator intents going up from widgets, worker results coming back.
+
+Widgets only post these; the app decides what to do with them (Textual's "messages up"). Nothing
+here measures or holds state: a sample never travels as a message, widgets pull the store instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from textual.message import Message
+
+
+@dataclass
+class KnobChangeRequested(Message):
+    """The operator asked for one speculative setting to change (`speculative_num_steps` etc.)."""
+
+    key: str
+    value: Any
+
+
+@dataclass
+class ControlFinished(Message):
+    """A control call to the backend came back: applied, or refused with the server's reason."""
+
+    key: str
+    value: Any
+    ok: bool
+    reason: str = ""
+
+
+@dataclass
+class CaptureProgress(Message):
+    """A trace capture moved on; `fraction` is None while the length is unknown."""
+
+    text: str
+    fraction: float | None = None
+
+    def can_replace(self, message: Message) -> bool:
+        # Only the latest progress matters; coalesce, as Toolong does for its size messages.
+        return isinstance(message, CaptureProgress)
+
+
+@dataclass
+class CaptureFinished(Message):
+    """A trace capture ended: the analysis result dict, or an error sentence."""
+
+    analysis: dict[str, Any] | None
+    error: str = ""
+
+
+@dataclass
+class PySpyFinished(Message):
+    """A py-spy run over the server's processes ended: its top functions, or an error sentence."""
+
+    result: Any
+    error: str = ""

@@ -1,0 +1,105 @@
+"""The analysis of one trace capture: per rank, mean ms per iteration in each phase and its
+collectives, with the skew across ranks.
+
+Reads the instruments' analysis dict (probes/trace_result.py, `TraceAnalysis.to_dict()`) as given;
+it must not re-analyse anything.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+PHASE_LABEL = {"draft": "draft", "verify": "verify", "verify_sample": "accept + commit",
+               "draft_extend": "draft extend", "other": "other"}
+
+
+def _f(x: Any, digits: int = 2) -> str:
+    return f"{x:.{digits}f}" if isinstance(x, (int, float)) else "n/a"
+
+
+def analysis_table(analysis: Mapping[str, Any]) -> Table:
+    """Rows: phases (work, of it collectives) then wall/busy/idle; columns: ranks, then skew."""
+    ranks = list(analysis.get("ranks") or [])
+    across = analysis.get("across") or {}
+    skew = across.get("phases") or {}
+    table = Table(box=None, padding=(0, 2), header_style="bold", expand=False)
+    table.add_column("ms per iteration")
+    for r in ranks:
+        table.add_column(f"rank {r.get('rank', '?')}", justify="right")
+        table.add_column("comm", justify="right", style="dim")
+    if across:
+        table.add_column("skew", justify="right")
+        table.add_column("slowest", justify="right", style="dim")
+    for phase in analysis.get("phases") or PHASE_LABEL:
+        row: list[Any] = [PHASE_LABEL.get(phase, phase)]
+        for r in ranks:
+            p = ((r.get("mean") or {}).get("phases") or {}).get(phase) or {}
+            row += [_f(p.get("ms")), _f(p.get("comm_ms"))]
+        if across:
+            s = skew.get(phase) or {}
+            row += [_f(s.get("skew_ms")), str(s.get("slowest_rank", ""))]
+        table.add_row(*row)
+    table.add_section()
+    for key, label in (("wall_ms", "wall"), ("busy_ms", "busy"), ("comm_ms", "collectives"), ("idle_ms", "idle")):
+        row = [Text(label, style="bold")]
+        for r in ranks:
+            row += [_f((r.get("mean") or {}).get(key)), ""]
+        if across:
+            row += ["", ""]
+        table.add_row(*row)
+    return table
+
+
+def summary(analysis: Mapping[str, Any]) -> Text:
+    ranks = analysis.get("ranks") or []
+    n_iter = max((len(r.get("iterations") or []) for r in ranks), default=0)
+    text = Text.assemble(
+        ("mode ", "dim"), (str(analysis.get("mode", "?")), "bold"),
+        ("  ·  ranks ", "dim"), (str(len(ranks)), "bold"),
+        ("  ·  iterations ", "dim"), (str(n_iter), "bold"))
+    across = analysis.get("across")
+    if across:
+        text.append("  ·  slowest rank ", style="dim")
+        text.append(str(across.get("slowest_rank", "?")), style="bold")
+        text.append("  ·  total skew ", style="dim")
+        text.append(f"{_f(across.get('skew_ms'))} ms", style="bold")
+    if analysis.get("mode") == "cpu":
+        text.append("\nCPU trace: work is the top-level CPU ops inside the phase spans on the engine "
+                    "thread; collectives are the communicator's spans.", style="dim italic")
+    for w in analysis.get("warnings") or ():
+        text.append(f"\n▲ {w}", style="#e0b040")
+    return text
+
+
+class TraceScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q", "dismiss", "close")]
+    DEFAULT_CSS = """
+    TraceScreen { align: center middle; }
+    TraceScreen > VerticalScroll {
+        width: 95%; height: 90%; border: round $accent; background: $surface; padding: 0 1;
+    }
+    TraceScreen #trace-summary { margin-bottom: 1; }
+    """
+
+    def __init__(self, analysis: Mapping[str, Any], title: str = "trace analysis") -> None:
+        super().__init__()
+        self.analysis = analysis
+        self.title_text = title
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield Static(summary(self.analysis), id="trace-summary")
+            yield Static(analysis_table(self.analysis), id="trace-table")
+
+    def on_mount(self) -> None:
+        box = self.query_one(VerticalScroll)
+        box.border_title = self.title_text
+        box.border_subtitle = "esc to close"

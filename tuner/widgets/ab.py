@@ -1,0 +1,83 @@
+"""The A/B readout after a change: tok/s and accept length before vs after, with the interval.
+
+The comparison itself (warm-up drop, 1-s windows, bootstrap interval, "not yet" rule) is the
+headless core's; this widget only prints its result, so the TUI and the report agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import Group
+from rich.text import Text
+from textual.widgets import Static
+
+from tuner.widgets.fmt import is_num, num
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    before: float = float("nan")
+    after: float = float("nan")
+    ratio: float = float("nan")
+    lo: float = float("nan")
+    hi: float = float("nan")
+
+
+@dataclass(frozen=True)
+class ABView:
+    change: str = ""
+    """What changed, e.g. "steps 3 → 5"; "" before the first change."""
+    ready: bool = False
+    waiting: str = ""
+    """Why it cannot tell yet, e.g. "2/5 windows after the change"."""
+    metrics: tuple[Metric, ...] = ()
+
+
+def _change(ratio: float) -> str:
+    return f"{(ratio - 1) * 100:+.1f}%" if is_num(ratio) else "n/a"
+
+
+def _verdict(m: Metric) -> Text:
+    if not (is_num(m.lo) and is_num(m.hi)):
+        return Text("")
+    if m.lo > 1.0:
+        return Text("better", style="bold #8bc34a")
+    if m.hi < 1.0:
+        return Text("worse", style="bold #d96e6e")
+    return Text("no clear change", style="dim")
+
+
+class ABReadout(Static):
+    DEFAULT_CSS = "ABReadout { height: auto; }"
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._view = ABView()
+
+    def show(self, view: ABView) -> None:
+        if view != self._view:
+            self._view = view
+            self.refresh()
+
+    def render(self) -> Group | Text:
+        view = self._view
+        if not view.change:
+            return Text("change a setting to compare before vs after", style="dim")
+        title = Text.assemble(("after ", "dim"), (view.change, "bold"))
+        if not view.ready:
+            return Text.assemble(title, "\n", ("not yet", "bold #e0b040"),
+                                 (f" — {view.waiting}" if view.waiting else "", "dim"))
+        lines = [title]
+        for m in view.metrics:
+            line = Text(f"{m.name:<11}", style="bold")
+            digits = 2 if is_num(m.before) and m.before < 10 else 1
+            line.append(f"{num(m.before, digits)} → {num(m.after, digits)}  ")
+            line.append(_change(m.ratio), style="bold")
+            line.append("  ")
+            line.append(_verdict(m))
+            lines.append(line)
+            if is_num(m.lo):
+                lines.append(Text(f"{'':<11}95% interval {_change(m.lo)} … {_change(m.hi)}", style="dim"))
+        return Group(*lines)

@@ -1,0 +1,65 @@
+"""Per-position acceptance bars: p_k (unconditional) as a bar and α_k = p_k / p_{k-1} beside it.
+
+The numbers come from the store's `spec/accept_pos/<k>` series (see the design note's
+"Acceptance"); this widget only lays them out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.widgets import Static
+
+from tuner.widgets.fmt import hbar, is_num, num
+
+BAR_COLOR = "#8bc34a"
+
+
+@dataclass(frozen=True)
+class AcceptView:
+    accept_len: float = float("nan")
+    """τ: mean tokens committed per verify, bonus token included."""
+    positions: tuple[float, ...] = ()
+    """p_1, p_2, …: the share of verifies that accepted at least k drafts."""
+    steps: int | None = None
+
+
+class PositionBars(Static):
+    DEFAULT_CSS = "PositionBars { height: auto; }"
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._view = AcceptView()
+
+    def show(self, view: AcceptView) -> None:
+        if view != self._view:
+            self._view = view
+            self.refresh()
+
+    def render(self) -> Group | Text:
+        view = self._view
+        head = Text.assemble(("accept length ", "bold"), (num(view.accept_len, 2), f"bold {BAR_COLOR}"))
+        if view.steps == 0:
+            return Text.assemble(head, ("\nspeculation off (steps = 0)", "dim"))
+        if not view.positions:
+            return Text.assemble(head, ("\nno verify rounds yet", "dim"))
+        width = max(4, self.content_size.width - 18)
+        table = Table.grid(padding=(0, 1))
+        table.add_column(justify="right", width=3)
+        table.add_column(width=width)
+        table.add_column(justify="right", width=4)
+        table.add_column(justify="right", width=6)
+        prev = 1.0
+        for k, p in enumerate(view.positions, start=1):
+            alpha = p / prev if is_num(p) and prev > 0 else float("nan")
+            table.add_row(
+                Text(f"k{k}", style="dim"),
+                Text(hbar(p, width), style=BAR_COLOR),
+                num(p, 2),
+                Text(f"α{num(alpha, 2)}", style="dim"),
+            )
+            prev = p if is_num(p) else 0.0
+        return Group(head, table)

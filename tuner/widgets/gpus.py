@@ -1,0 +1,100 @@
+"""One row per GPU: SM activity (bar + recent history), memory, power, PCIe and NVLink traffic.
+
+Designed to stay readable at 8 rows in a 40-line terminal: one line per GPU, fixed column widths,
+NaN shown as "n/a" (nvitop's NA habit). It draws the rows it is given and never calls NVML.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.table import Table
+from rich.text import Text
+from textual.widgets import Static
+
+from tuner.widgets.fmt import NA, bytes_rate, hbar, is_num, num, sparkline
+
+NAN = float("nan")
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    index: int
+    name: str = ""
+    sm_pct: float = NAN
+    sm_history: tuple[float, ...] = ()
+    mem_used: float = NAN
+    """Bytes."""
+    mem_total: float = NAN
+    power_w: float = NAN
+    power_limit_w: float = NAN
+    pcie_rx: float = NAN
+    """Bytes per second, host to device."""
+    pcie_tx: float = NAN
+    nvlink_rx: float = NAN
+    nvlink_tx: float = NAN
+    rank: int | None = None
+    """The server's TP rank on this GPU, when known."""
+
+
+@dataclass(frozen=True)
+class GpuView:
+    rows: tuple[GpuRow, ...] = ()
+    note: str = ""
+    """Shown instead of rows when there are none (e.g. why NVML sees nothing)."""
+
+
+def _level_style(fraction: float) -> str:
+    if not is_num(fraction):
+        return "dim"
+    return "#8bc34a" if fraction < 0.6 else "#e0b040" if fraction < 0.9 else "#d96e6e"
+
+
+class GpuTable(Static):
+    DEFAULT_CSS = "GpuTable { height: auto; }"
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._view = GpuView()
+
+    def show(self, view: GpuView) -> None:
+        if view != self._view:
+            self._view = view
+            self.refresh()
+
+    def render(self) -> Table | Text:
+        view = self._view
+        if not view.rows:
+            return Text(view.note or "no GPU readings", style="italic dim")
+        wide = self.content_size.width >= 96
+        bar_w = 10 if wide else 6
+        spark_w = 12 if wide else 0
+        table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold", expand=True)
+        table.add_column("gpu", justify="right", no_wrap=True)
+        table.add_column("SM active", no_wrap=True)
+        if spark_w:
+            table.add_column("recent", no_wrap=True)
+        table.add_column("memory", justify="right", no_wrap=True)
+        table.add_column("power", justify="right", no_wrap=True)
+        table.add_column("PCIe ↓/↑", justify="right", no_wrap=True)
+        table.add_column("NVLink ↓/↑", justify="right", no_wrap=True)
+        for r in view.rows:
+            sm = r.sm_pct / 100 if is_num(r.sm_pct) else NAN
+            label = f"{r.index}" + (f" r{r.rank}" if r.rank is not None else "")
+            sm_cell = Text(hbar(sm, bar_w), style=_level_style(sm)) + Text(f" {num(r.sm_pct, 0):>3}%"
+                                                                          if is_num(r.sm_pct) else f" {NA:>4}")
+            cells: list[Text | str] = [label, sm_cell]
+            if spark_w:
+                cells.append(Text(sparkline(list(r.sm_history), spark_w, top=100.0), style="#4fb3d9"))
+            mem_frac = r.mem_used / r.mem_total if is_num(r.mem_used) and is_num(r.mem_total) and r.mem_total else NAN
+            cells.append(Text(f"{_gib(r.mem_used)}/{_gib(r.mem_total)}G", style=_level_style(mem_frac)))
+            pwr_frac = r.power_w / r.power_limit_w if is_num(r.power_w) and is_num(r.power_limit_w) else NAN
+            cells.append(Text(f"{num(r.power_w, 0)}/{num(r.power_limit_w, 0)}W", style=_level_style(pwr_frac)))
+            cells.append(f"{bytes_rate(r.pcie_rx)}/{bytes_rate(r.pcie_tx)}")
+            cells.append(f"{bytes_rate(r.nvlink_rx)}/{bytes_rate(r.nvlink_tx)}")
+            table.add_row(*cells)
+        return table
+
+
+def _gib(x: float) -> str:
+    return NA if not is_num(x) else f"{x / 2**30:.1f}"

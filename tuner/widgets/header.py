@@ -1,0 +1,81 @@
+"""The top bar: which server (kind, version, model, TP), the active setting, and the connection.
+
+No clock: a header that shows the time would make every screenshot different. In replay the bar
+shows the position in the recording instead of the connection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.content import Content
+from textual.markup import escape
+from textual.widgets import Static
+
+from tuner.widgets.fmt import rel_time
+
+
+@dataclass(frozen=True)
+class HeaderView:
+    kind: str = ""
+    """Server kind, e.g. "refengine" or "sglang"."""
+    version: str = ""
+    model: str = ""
+    tp: int | None = None
+    host: str = ""
+    setting: str = ""
+    """The active speculative setting, e.g. "steps 3 · topk 1 · draft 4 · sharded"."""
+    connection: str = "connecting"
+    """"connected", "connecting", "disconnected", or "replay"."""
+    detail: str = ""
+    """Extra words after the state: the error of a disconnect, the replay position."""
+    notes: tuple[str, ...] = ()
+    """Flags a reader must not miss: "emulated comm 200 µs", "GPUs on another host"."""
+
+
+_STATE = {
+    "connected": ("●", "$success"),
+    "connecting": ("◌", "$warning"),
+    "disconnected": ("○", "$error"),
+    "replay": ("▶", "$accent"),
+    "paused": ("⏸", "$accent"),
+}
+
+
+class ServerHeader(Static):
+    DEFAULT_CSS = "ServerHeader { height: 2; padding: 0 1; }"
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._view: HeaderView | None = None
+
+    def show(self, view: HeaderView) -> None:
+        if view != self._view:
+            self._view = view
+            self.update(self.markup(view))
+
+    @staticmethod
+    def markup(view: HeaderView) -> Content:
+        who = escape(" ".join(x for x in (view.kind or "server", view.version) if x))
+        parts = [f"[b $accent]specdecode-tune[/] [dim]▸[/] [b]{who}[/]"]
+        if view.model:
+            parts.append(escape(view.model))
+        if view.tp is not None:
+            parts.append(f"TP {view.tp}")
+        if view.host:
+            parts.append(f"[dim]{escape(view.host)}[/]")
+        glyph, color = _STATE.get(view.connection, ("?", "$warning"))
+        state = f"[{color}]{glyph} {escape(view.connection)}[/]"
+        if view.detail:
+            state += f" [dim]{escape(view.detail)}[/]"
+        line1 = " [dim]·[/] ".join(parts) + "  " + state
+        line2 = f"[dim]active[/] [b]{escape(view.setting or '?')}[/]"
+        for note in view.notes:
+            line2 += f"  [$warning]▲ {escape(note)}[/]"
+        return Content.from_markup(line1 + "\n" + line2)
+
+
+def replay_detail(position: float, length: float, speed: float, paused: bool) -> str:
+    """`+0:42.0 / 2:00.0 · 2×` for the replay state."""
+    state = "paused" if paused else f"{speed:g}×"
+    return f"{rel_time(position)} / {rel_time(length)[1:]} · {state}"

@@ -1,0 +1,138 @@
+"""Where one decode iteration's time goes: a stacked bar and a table of ms per iteration and %.
+
+Phase times from the engine are inclusive of their collectives, so each phase is drawn as two
+disjoint segments, compute (phase - comm) and collectives (comm); a phase and its comm part are
+never stacked on top of each other. Idle is wall minus the phases. This widget only draws the
+numbers it is given; averaging over a window is the store's job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.widgets import Static
+
+from tuner.widgets.fmt import is_num, num
+
+PHASES = ("draft", "verify", "verify_sample", "draft_extend", "other")
+
+
+@dataclass(frozen=True)
+class Segment:
+    key: str
+    label: str
+    color: str
+    glyph: str
+
+
+# Collectives share their phase's colour with a lighter texture, so "how much of the draft is
+# allreduce" reads as the textured part of the draft's colour.
+SEGMENTS = (
+    Segment("draft", "draft", "#4fb3d9", "█"),
+    Segment("draft_comm", "draft collectives", "#4fb3d9", "▒"),
+    Segment("verify", "verify", "#8bc34a", "█"),
+    Segment("verify_comm", "verify collectives", "#8bc34a", "▒"),
+    Segment("verify_sample", "accept + commit", "#e0b040", "█"),
+    Segment("draft_extend", "draft extend", "#b38cd9", "█"),
+    Segment("draft_extend_comm", "extend collectives", "#b38cd9", "▒"),
+    Segment("idle", "other / idle", "#6b6b6b", "░"),
+)
+
+
+@dataclass(frozen=True)
+class PhaseView:
+    """Mean ms per decode iteration over the window the panel shows."""
+
+    phase_ms: dict[str, float] = field(default_factory=dict)
+    comm_ms: dict[str, float] = field(default_factory=dict)
+    wall_ms: float = float("nan")
+    iterations: int = 0
+    window_s: float = 10.0
+    unavailable: str = ""
+    """Why there are no phase timers (e.g. an SGLang server without our plugin), or ""."""
+
+
+def segment_ms(view: PhaseView) -> dict[str, float]:
+    """Disjoint parts of the iteration; they add up to the wall time."""
+    p, c = view.phase_ms, view.comm_ms
+
+    def get(d: dict[str, float], k: str) -> float:
+        v = d.get(k, 0.0)
+        return v if is_num(v) else 0.0
+
+    out = {
+        "draft": max(0.0, get(p, "draft") - get(c, "draft")),
+        "draft_comm": get(c, "draft"),
+        "verify": max(0.0, get(p, "verify") - get(c, "verify")),
+        "verify_comm": get(c, "verify"),
+        # Acceptance and commit rarely talk to other ranks; its collectives stay inside it.
+        "verify_sample": get(p, "verify_sample"),
+        "draft_extend": max(0.0, get(p, "draft_extend") - get(c, "draft_extend")),
+        "draft_extend_comm": get(c, "draft_extend"),
+    }
+    work = sum(get(p, k) for k in PHASES)
+    wall = view.wall_ms if is_num(view.wall_ms) else work
+    out["idle"] = get(p, "other") + max(0.0, wall - work)
+    return out
+
+
+def stacked_bar(parts: dict[str, float], width: int) -> Text:
+    """One line: each segment gets cells in proportion to its time (largest remainder rounding)."""
+    total = sum(parts.values())
+    text = Text()
+    if total <= 0 or width <= 0:
+        return Text("·" * max(width, 0), style="dim")
+    exact = [(s, parts.get(s.key, 0.0) / total * width) for s in SEGMENTS]
+    cells = {s.key: int(x) for s, x in exact}
+    short = width - sum(cells.values())
+    for s, x in sorted(exact, key=lambda e: e[1] - int(e[1]), reverse=True)[:short]:
+        cells[s.key] += 1
+    for s in SEGMENTS:
+        text.append(s.glyph * cells[s.key], style=s.color)
+    return text
+
+
+class PhaseSplit(Static):
+    """The phase panel; call `show(view)` with fresh numbers."""
+
+    DEFAULT_CSS = "PhaseSplit { height: auto; }"
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._view = PhaseView()
+
+    def show(self, view: PhaseView) -> None:
+        if view != self._view:
+            self._view = view
+            self.refresh()
+
+    def render(self) -> Group | Text:
+        view = self._view
+        if view.unavailable:
+            return Text(view.unavailable, style="italic dim")
+        if view.iterations == 0:
+            return Text("waiting for decode iterations…", style="dim")
+        parts = segment_ms(view)
+        total = sum(parts.values()) or 1.0
+        width = max(10, self.content_size.width)
+        table = Table.grid(padding=(0, 1), expand=True)
+        table.add_column(ratio=1)
+        table.add_column(justify="right", width=8)
+        table.add_column(justify="right", width=6)
+        table.add_row(Text("phase", style="bold"), Text("ms/iter", style="bold"), Text("%", style="bold"))
+        for s in SEGMENTS:
+            ms = parts[s.key]
+            label = Text(s.glyph + " ", style=s.color) + Text(s.label, style="" if ms > 0 else "dim")
+            table.add_row(label, num(ms, 2), f"{ms / total * 100:.1f}")
+        comm = parts["draft_comm"] + parts["verify_comm"] + parts["draft_extend_comm"]
+        table.add_row(
+            Text("iteration", style="bold"),
+            Text(num(total, 2), style="bold"),
+            Text("100.0", style="bold"),
+        )
+        foot = Text(f"collectives {comm / total * 100:.1f}% of the iteration · "
+                    f"mean of {view.iterations} iterations, last {view.window_s:.0f} s", style="dim")
+        return Group(stacked_bar(parts, width), table, foot)

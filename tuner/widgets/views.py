@@ -1,0 +1,204 @@
+"""What each panel draws, pulled from the store: window queries in, plain view dataclasses out.
+
+These functions are the only place the TUI reads the store. They pick windows and turn readings
+and events into the numbers and words a panel shows; they must not compute new measurements (means
+over a shown window are presentation, the A/B statistics are the core's).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Iterable, Mapping
+
+from tuner.core import series as S
+from tuner.core.events import EventKind
+from tuner.core.records import Event
+from tuner.core.store import Store
+from tuner.widgets.acceptance import AcceptView
+from tuner.widgets.charts import ACCEPT_COLOR, CLIENT_COLOR, SERVER_COLOR, ChartView, Series
+from tuner.widgets.event_log import LogLine
+from tuner.widgets.fmt import is_num
+from tuner.widgets.gpus import GpuRow, GpuView
+from tuner.widgets.phases import PhaseView
+
+NAN = math.nan
+
+KNOB_SHORT = {
+    "speculative_num_steps": "steps",
+    "speculative_eagle_topk": "topk",
+    "speculative_num_draft_tokens": "draft",
+    "speculative_draft_placement": "placement",
+    "specdecode_num_steps": "steps",
+}
+
+
+def _mean(values: Iterable[float]) -> float:
+    vals = [v for v in values if is_num(v)]
+    return sum(vals) / len(vals) if vals else NAN
+
+
+def knob_name(key: str) -> str:
+    return KNOB_SHORT.get(key, key.removeprefix("speculative_"))
+
+
+def setting_text(active: Mapping[str, Any]) -> str:
+    """`steps 3 · topk 1 · draft 4 · sharded` from an active-config dict (either naming)."""
+    def get(*keys: str) -> Any:
+        return next((active[k] for k in keys if k in active and active[k] is not None), None)
+
+    steps = get("speculative_num_steps", "steps", "specdecode_num_steps")
+    if steps == 0:
+        return "speculation off (steps 0)"
+    parts = []
+    for label, keys in (("steps", ("speculative_num_steps", "steps", "specdecode_num_steps")),
+                        ("topk", ("speculative_eagle_topk", "topk")),
+                        ("draft", ("speculative_num_draft_tokens", "num_draft_tokens"))):
+        v = get(*keys)
+        if v is not None:
+            parts.append(f"{label} {v}")
+    placement = get("speculative_draft_placement", "placement")
+    if placement:
+        parts.append(str(placement))
+    return " · ".join(parts) or "?"
+
+
+def change_label(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    """The short words for a change, e.g. `steps 3→5` or `placement sharded→rank0`."""
+    diffs = [f"{knob_name(k)} {old.get(k, '?')}→{v}" for k, v in new.items() if old.get(k) != v]
+    return ", ".join(diffs) or "setting"
+
+
+def throughput_view(store: Store, origin: float, t_end: float, window_s: float) -> ChartView:
+    t0 = t_end - window_s
+    out = []
+    for name, label, color in ((S.SERVER_TOK_PER_S, "server", SERVER_COLOR),
+                               (S.LOAD_TOK_PER_S, "client", CLIENT_COLOR)):
+        w = store.window(name, t0, t_end)
+        if len(w):
+            out.append(Series(label, tuple(t - origin for t in w.t), w.v, color))
+    return ChartView(tuple(out), _markers(store, origin, t0, t_end), t_end - origin, window_s)
+
+
+def accept_chart_view(store: Store, origin: float, t_end: float, window_s: float) -> ChartView:
+    t0 = t_end - window_s
+    w = store.window(S.SPEC_ACCEPT_LEN, t0, t_end)
+    series = (Series("τ", tuple(t - origin for t in w.t), w.v, ACCEPT_COLOR),) if len(w) else ()
+    return ChartView(series, _markers(store, origin, t0, t_end, short=True), t_end - origin, window_s)
+
+
+def _markers(store: Store, origin: float, t0: float, t1: float, short: bool = False
+             ) -> tuple[tuple[float, str], ...]:
+    out = []
+    for e in store.events(EventKind.CONFIG_CHANGED, t0, t1):
+        label = "" if short else change_label(e.data.get("old") or {}, e.data.get("new") or {})
+        out.append((e.t - origin, label))
+    return tuple(out)
+
+
+def accept_view(store: Store, t_end: float, steps: int | None) -> AcceptView:
+    n = steps if steps is not None else _max_position(store)
+    positions = tuple(store.value(S.accept_pos(k), t_end) for k in range(1, n + 1))
+    if positions and not any(is_num(p) for p in positions):
+        positions = ()
+    return AcceptView(store.value(S.SPEC_ACCEPT_LEN, t_end), positions, steps)
+
+
+def _max_position(store: Store) -> int:
+    ks = [int(m.group(1)) for n in store.series_names("spec/accept_pos/")
+          if (m := re.fullmatch(r"spec/accept_pos/(\d+)", n))]
+    return max(ks, default=0)
+
+
+def phase_view(store: Store, t_end: float, window_s: float, unavailable: str = "") -> PhaseView:
+    t0 = t_end - window_s
+    phase = {p: _mean(store.window(S.phase_ms(p), t0, t_end).v) for p in S.PHASES}
+    comm = {p: _mean(store.window(S.phase_comm_ms(p), t0, t_end).v) for p in S.PHASES}
+    wall = _mean(store.window(S.PHASE_WALL_MS, t0, t_end).v)
+    iters = store.window(S.SERVER_ITERATIONS, t0, t_end).finite()
+    count = int(iters[-1] - iters[0]) if len(iters) >= 2 else (0 if not is_num(wall) else 1)
+    if not is_num(wall) and not any(is_num(v) for v in phase.values()):
+        count = 0
+    return PhaseView(phase, comm, wall, count, window_s, unavailable)
+
+
+# NVML sampler names tried in order for each column (the first series that exists wins).
+GPU_METRICS: dict[str, tuple[str, ...]] = {
+    "sm_pct": ("sm_active_pct", "sm_util_pct", "util_pct", "gpu_util_pct"),
+    "mem_used": ("mem_used_bytes", "mem_used_mib", "mem_used_gb"),
+    "mem_total": ("mem_total_bytes", "mem_total_mib", "mem_total_gb"),
+    "power_w": ("power_w",),
+    "power_limit_w": ("power_limit_w",),
+    "pcie_rx": ("pcie_rx_bytes_per_s", "pcie_rx_mb_per_s", "pcie_rx_kb_per_s"),
+    "pcie_tx": ("pcie_tx_bytes_per_s", "pcie_tx_mb_per_s", "pcie_tx_kb_per_s"),
+    "nvlink_rx": ("nvlink_rx_bytes_per_s", "nvlink_rx_mb_per_s", "nvlink_rx_kb_per_s"),
+    "nvlink_tx": ("nvlink_tx_bytes_per_s", "nvlink_tx_mb_per_s", "nvlink_tx_kb_per_s"),
+}
+_TO_BYTES = {"bytes": 1.0, "mib": 2**20, "gb": 1e9, "mb": 1e6, "kb": 1e3}
+
+
+def _scale(name: str) -> float:
+    for unit, k in _TO_BYTES.items():
+        if f"_{unit}" in name:
+            return k
+    return 1.0
+
+
+def gpu_indices(store: Store) -> list[int]:
+    found = {int(m.group(1)) for n in store.series_names("gpu")
+             if (m := re.match(r"gpu(\d+)/", n))}
+    return sorted(found)
+
+
+def gpu_view(store: Store, t_end: float, history_s: float = 30.0, note: str = "",
+             names: Mapping[int, str] | None = None) -> GpuView:
+    rows = []
+    known = set(store.series_names("gpu"))
+    for i in gpu_indices(store):
+        values: dict[str, Any] = {}
+        for col, candidates in GPU_METRICS.items():
+            name = next((S.gpu(i, c) for c in candidates if S.gpu(i, c) in known), None)
+            values[col] = NAN if name is None else store.value(name, t_end) * _scale(name)
+            if col == "sm_pct" and name is not None:
+                values["sm_history"] = store.window(name, t_end - history_s, t_end).v
+        rows.append(GpuRow(index=i, name=(names or {}).get(i, ""), **values))
+    return GpuView(tuple(rows), note)
+
+
+def event_line(e: Event, origin: float) -> LogLine | None:
+    """One log line for an event, or None for kinds the log does not show."""
+    d, t, K = e.data, e.t - origin, EventKind
+    if e.kind == K.CONFIG_CHANGED:
+        return LogLine(t, "now running " + change_label(d.get("old") or {}, d.get("new") or {}), "good")
+    if e.kind == K.CONFIG_REQUESTED:
+        return LogLine(t, "asked for " + _changes(d.get("changes") or {}), "dim")
+    if e.kind == K.CONFIG_REFUSED:
+        return LogLine(t, f"refused {_changes(d.get('changes') or {})}: {d.get('reason', '?')}", "error")
+    if e.kind == K.CONNECTED:
+        away = d.get("after_s") or 0
+        return LogLine(t, f"connected to {d.get('url', '?')}" + (f" after {away:.0f}s away" if away else ""), "good")
+    if e.kind == K.DISCONNECTED:
+        return LogLine(t, f"disconnected: {d.get('error', '?')}", "error")
+    if e.kind == K.POLL_ERROR:
+        return LogLine(t, f"{d.get('endpoint', '?')}: {d.get('error', '?')}", "warn")
+    if e.kind == K.LOAD_STARTED:
+        return LogLine(t, f"load started: {d.get('concurrency', '?')} concurrent", "info")
+    if e.kind == K.LOAD_STOPPED:
+        return LogLine(t, f"load stopped after {d.get('requests', '?')} requests", "info")
+    if e.kind == K.LOAD_ERROR:
+        return LogLine(t, f"load: {d.get('error', '?')}", "warn")
+    if e.kind == K.PHASE_GAP:
+        return LogLine(t, f"phase stream missed {d.get('dropped', '?')} iterations", "warn")
+    if e.kind == K.TRACE_CAPTURED:
+        return LogLine(t, f"trace captured: {len(d.get('files') or ())} files ({d.get('trace_id', '')})", "good")
+    if e.kind == K.NOTE:
+        return LogLine(t, str(d.get("text", "")), "info")
+    if e.kind == K.RECORDING_GAP:
+        return LogLine(t, f"recording gap: {d.get('reason', '?')}", "warn")
+    if e.kind == K.SERVER_INFO:
+        return LogLine(t, f"server: {d.get('kind', '?')} {d.get('version', '')} · {d.get('model', '')}", "dim")
+    return None
+
+
+def _changes(changes: Mapping[str, Any]) -> str:
+    return ", ".join(f"{knob_name(k)}={v}" for k, v in changes.items()) or "nothing"
