@@ -1,1 +1,13 @@
-"""The tuner: cost model fitted from phase measurements and acceptance, and live tuning over a backend."""
+"""The tuner: cost model fitted from phase measurements and acceptance, and live tuning over a backend.
+
+Pure logic lives in settings, observations, linfit, acceptance, cost_model, adaptive_policy and
+export; `live` drives a backend step by step on the session clock. Nothing here imports textual
+or torch.
+"""
+
+from tuner.tuning.cost_model import (CostModel, Prediction, WhatIf, best, fit_cost_model,
+                                     fit_from_records, recommend)
+from tuner.tuning.settings import Setting, settings_space
+
+__all__ = ["CostModel", "Prediction", "WhatIf", "Setting", "best", "fit_cost_model",
+           "fit_from_records", "recommend", "settings_space"]
