@@ -1,0 +1,91 @@
+"""Starting and stopping `serve`: refusals before start, API key, signals, and a dead rank."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from refengine.server import main
+from .helpers import MODEL_ARGS, ROOT, ServerProc, rank_pids, wait_gone
+
+
+def test_refuses_non_loopback_without_key(capsys):
+    assert main(["--host", "0.0.0.0"]) == 2
+    assert "without --api-key" in capsys.readouterr().err
+
+
+def test_refuses_busy_port(capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        assert main(["--port", str(port)]) == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_cli_entry_point_prints_usage():
+    out = subprocess.run([sys.executable, "-m", "tuner", "serve", "--help"], cwd=ROOT, capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert out.returncode == 0 and "--speculative-draft-placement" in out.stdout
+
+
+@pytest.mark.slow
+def test_api_key_and_sigint_shutdown():
+    s = ServerProc([*MODEL_ARGS, "--port", "0", "--api-key", "sekret", "--skip-server-warmup"])
+    try:
+        base = s.wait_ready()
+        auth = {"Authorization": "Bearer sekret"}
+        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+        assert httpx.post(f"{base}/generate", json=body).status_code == 401
+        assert httpx.post(f"{base}/generate", json=body, headers={"Authorization": "Bearer nope"}).status_code == 401
+        assert httpx.post(f"{base}/generate", json=body, headers=auth).status_code == 200
+        assert httpx.post(f"{base}/set_internal_state", json={"server_args": {"speculative_num_steps": 1}}
+                          ).status_code == 401
+        assert httpx.get(f"{base}/server_info").status_code == 401
+        info = httpx.get(f"{base}/server_info", headers=auth).json()
+        assert "sekret" not in str(info)
+        assert httpx.get(f"{base}/health").status_code == 200
+        pids = rank_pids(base)
+        assert len(pids) == 1
+    finally:
+        rc = s.stop(signal.SIGINT)
+    assert rc == 0, s.output()[-2000:]
+    assert wait_gone(pids) == []
+    assert "shutting down" in s.output()
+    assert "sekret" not in s.output()
+
+
+@pytest.mark.slow
+def test_killed_rank_ends_server_with_message():
+    s = ServerProc([*MODEL_ARGS, "--tp-size", "2", "--port", "0", "--skip-server-warmup"])
+    base = s.wait_ready()
+    pids = rank_pids(base)
+    assert len(pids) == 2
+    try:
+        os.kill(pids[1], signal.SIGKILL)
+        rc = s.wait_exit(timeout=60)
+    finally:
+        s.stop()
+    assert rc != 0
+    assert "died" in s.output(), s.output()[-2000:]
+    assert wait_gone(pids) == []
+
+
+@pytest.mark.slow
+def test_sigterm_during_stream_leaves_no_process():
+    s = ServerProc([*MODEL_ARGS, "--tp-size", "2", "--port", "0", "--skip-server-warmup"])
+    base = s.wait_ready()
+    pids = rank_pids(base) + [s.proc.pid]
+    with httpx.Client(base_url=base, timeout=60) as c:
+        with c.stream("POST", "/generate", json={"input_ids": [1, 2, 3], "stream": True, "sampling_params": {
+                "max_new_tokens": 500, "temperature": 0, "ignore_eos": True}}) as r:
+            next(r.iter_bytes())
+            rc = s.stop(signal.SIGTERM)
+    assert rc == 0, s.output()[-2000:]
+    assert wait_gone(pids) == []
