@@ -9,7 +9,6 @@ This module owns no measuring and no state logic: no statistics, no HTTP, no NVM
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any, Iterable
 
 from textual import on, work
@@ -49,6 +48,7 @@ class TunerApp(App[None]):
         tick_s: seconds between ticks; None runs no timer (tests call `tick()` themselves).
         load_concurrency: concurrency the load toggle starts with (0: the toggle starts nothing).
         prompts: prompts for the load driver.
+        start_load: start the load driver as soon as the app is up.
     """
 
     CSS_PATH = "app.tcss"
@@ -75,13 +75,16 @@ class TunerApp(App[None]):
     ]
 
     def __init__(self, session: Session, *, tick_s: float | None = 0.25, load_concurrency: int = 0,
-                 prompts: list[dict] | None = None, chart_window_s: float = CHART_WINDOW_S) -> None:
+                 prompts: list[dict] | None = None, chart_window_s: float = CHART_WINDOW_S,
+                 start_load: bool = False, max_new_tokens: int = 128) -> None:
         super().__init__()
         self.session = session
         self.tick_s = tick_s
         self.load_concurrency = load_concurrency
         self.prompts = prompts or []
         self.chart_window_s = chart_window_s
+        self.autostart_load = start_load
+        self.max_new_tokens = max_new_tokens
         self.read_only = bool(getattr(session.backend, "READ_ONLY", False))
         self.pending = ""
         self.refused = ""
@@ -127,6 +130,8 @@ class TunerApp(App[None]):
         self.tick()
         if self.tick_s:
             self.set_interval(self.tick_s, self.tick)
+        if self.autostart_load and not self.read_only and self.prompts:
+            self._load_worker(True)
 
     def on_unmount(self) -> None:
         self.session.close()
@@ -184,7 +189,7 @@ class TunerApp(App[None]):
         info = self.session.server_info()
         active = self.session.active_config() if active is None else active
         backend = self.session.backend
-        notes = list(getattr(backend, "notes", lambda: [])())
+        notes = self._notes(info)
         if self.read_only:
             state = "paused" if getattr(backend, "paused", False) else "replay"
             detail = replay_detail(self.session.now() - self.origin(), getattr(backend, "length_s", math.nan),
@@ -215,9 +220,9 @@ class TunerApp(App[None]):
     def _capability(self, key: str) -> str:
         """"" when the backend can change `key` live, else why not (and what would)."""
         backend = self.session.backend
-        why = getattr(backend, "needs_restart_for", None)
-        reason = why(key) if why is not None else "no server to change"
-        return reason or ""
+        if backend is None:
+            return "no server to change"
+        return backend.why_not(key) or ""
 
     def _knob_view(self, active: dict) -> KnobView:
         unavailable = {k: r for k in (STEPS, TOPK, DRAFT, PLACEMENT) if (r := self._capability(k))}
@@ -252,14 +257,27 @@ class TunerApp(App[None]):
 
     def _why_no_phases(self) -> str:
         backend = self.session.backend
-        if backend is None or getattr(backend, "HAS_PHASE_TIMERS", True):
+        if backend is None or backend.HAS_PHASE_TIMERS or backend.READ_ONLY:
             return ""
-        return getattr(backend, "why_no_phase_timers", "this server has no phase timers")
+        return ("this server has no phase timers: install the specdecode plugin in the server "
+                "(probes/inserver), or press c for a trace capture")
 
     def _why_no_gpus(self) -> str:
         backend = self.session.backend
-        note = getattr(backend, "gpu_note", None)
-        return note() if callable(note) else "no GPU readings (CPU-only, or NVML not available)"
+        if backend is not None and not backend.READ_ONLY and not backend.LOCAL_GPUS:
+            return "no local GPU readings: the server's GPUs are not on this host (or it runs on CPU)"
+        return "no GPU readings: the server runs on CPU, or NVML is not available here"
+
+    def _notes(self, info: dict) -> list[str]:
+        """Flags a reader must not miss, from the server's own description of itself."""
+        notes = []
+        launch = info.get("launch") or {}
+        emulated = launch.get("emulate_comm_latency") or info.get("emulate_comm_latency")
+        if emulated:
+            notes.append(f"emulated comm latency {emulated}")
+        if launch.get("load_format") == "dummy":
+            notes.append("random weights")
+        return notes
 
     # -- keys -------------------------------------------------------------------------------------
 
@@ -332,7 +350,7 @@ class TunerApp(App[None]):
     def _load_worker(self, start: bool) -> None:
         try:
             if start:
-                self.session.start_load(self.prompts, self.load_concurrency)
+                self.session.start_load(self.prompts, self.load_concurrency, self.max_new_tokens)
             else:
                 self.session.stop_load()
         except Exception as exc:
@@ -398,22 +416,34 @@ class TunerApp(App[None]):
 
     def action_pause(self) -> None:
         backend = self.session.backend
-        backend.set_paused(not backend.paused)
+        backend.play() if backend.paused else backend.pause()
         self._draw_header()
 
-    def action_step(self) -> None:
-        self.session.backend.step()
+    def action_step(self, dt: float = 1.0) -> None:
+        """One step of `dt` recording seconds (pauses first: stepping a running replay means nothing)."""
+        backend = self.session.backend
+        if not backend.paused:
+            backend.pause()
+        backend.step(dt)
         self.tick()
+        self._draw_header()
 
     def action_seek(self, delta: float) -> None:
-        self.session.seek(self.session.now() + delta)
+        backend = self.session.backend
+        target = min(max(self.session.now() + delta, backend.start_t), backend.start_t + backend.length_s)
+        self.session.seek(target)
         self._logged_until = -math.inf
         self.query_one("#events", EventLog).clear()
         self.tick()
 
     def action_speed(self, factor: float) -> None:
         backend = self.session.backend
-        backend.set_speed(max(0.25, min(64.0, backend.speed * factor)))
+        speed = max(0.25, min(64.0, backend.speed * factor))
+        setter = getattr(backend, "set_speed", None)
+        if setter is not None:
+            setter(speed)
+        else:
+            backend.speed = speed
         self._draw_header()
 
     # -- help and palette -------------------------------------------------------------------------
@@ -447,5 +477,8 @@ class TunerApp(App[None]):
         yield SystemCommand("Keys and panels", "the help screen", self.action_help)
 
 
-def stylesheet_path() -> Path:
-    return Path(__file__).with_name("app.tcss")
+def make_app(session: Session, *, load: int = 0, prompts: list[dict] | None = None,
+             max_new_tokens: int = 128, tick_s: float | None = 0.25, start_load: bool = True) -> TunerApp:
+    """The app as every command and test builds it (Posting's make_posting)."""
+    return TunerApp(session, tick_s=tick_s, load_concurrency=load, prompts=prompts,
+                    max_new_tokens=max_new_tokens, start_load=start_load and load > 0)

@@ -16,6 +16,9 @@ from tuner import __version__
 
 # name -> (module under tuner.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "attach": ("attach", "open the TUI on a running server (SGLang or the reference engine)"),
+    "demo": ("demo", "start the embedded engine with load and open the TUI on it; tears it all down on exit"),
+    "replay": ("replay", "open a recording in the TUI (pause, step, seek, speed)"),
     "analyze": ("analyze", "show where decode time goes in a captured trace (a file or a directory of rank files)"),
 }
 

@@ -1,0 +1,88 @@
+"""`specdecode-tune attach URL [--api-key KEY] [--load N]`: the TUI over a live server.
+
+Connects (detecting the server kind), builds the headless session, starts the local samplers the
+backend says make sense, and runs the app. Errors before the TUI opens are one line on stderr;
+nothing is left running when it returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", metavar="URL", help="the server, e.g. http://127.0.0.1:30000")
+    parser.add_argument("--api-key", default=os.environ.get("SPECDECODE_API_KEY"),
+                        help="sent as a bearer token (default: $SPECDECODE_API_KEY)")
+    add_load_arguments(parser)
+
+
+def add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--load", type=int, default=0, metavar="N",
+                        help="keep N generate requests in flight from the start (l toggles it)")
+    parser.add_argument("--prompts", type=Path, default=None,
+                        help="JSONL prompts for the load ({\"text\": ...} per line; default: built-in)")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens per load request")
+
+
+def prompts_for(args: argparse.Namespace) -> list[dict]:
+    from tuner.backends.load import builtin_prompts, load_prompts
+    return load_prompts(args.prompts) if args.prompts else builtin_prompts()
+
+
+def run(args: argparse.Namespace) -> int:
+    from tuner.backends import ServerError, connect
+
+    if args.load < 0:
+        print("specdecode-tune attach: --load must be 0 or more", file=sys.stderr)
+        return 2
+    try:
+        prompts = prompts_for(args)
+    except (OSError, ValueError) as e:
+        print(f"specdecode-tune attach: prompts: {e}", file=sys.stderr)
+        return 2
+    try:
+        backend = connect(args.url, api_key=args.api_key)
+    except ServerError as e:
+        print(f"specdecode-tune attach: {e}", file=sys.stderr)
+        return 1
+    return run_tui(backend, args.load, prompts, args.max_new_tokens)
+
+
+def run_tui(backend, load: int, prompts: list[dict], max_new_tokens: int = 128) -> int:
+    """Run the TUI over a backend until the operator quits; the session is closed on the way out."""
+    from tuner.app import make_app
+    from tuner.core.session import Session
+
+    session = Session(backend)
+    samplers = start_local_samplers(session)
+    try:
+        make_app(session, load=load, prompts=prompts, max_new_tokens=max_new_tokens).run()
+    finally:
+        for s in samplers:
+            s.stop()
+        session.close()
+    return 0
+
+
+def start_local_samplers(session) -> list:
+    """NVML readings of this host's GPUs onto the session's bus, when the server's GPUs are here.
+
+    Returns the started samplers (each has stop()). A host without NVML gets none, which the GPU
+    panel explains; that is not an error.
+    """
+    backend = session.backend
+    if backend is None or backend.READ_ONLY:
+        return []
+    try:
+        from probes.nvml import NvmlSampler
+    except ImportError:
+        return []
+    sampler = NvmlSampler(session.put, session.clock)
+    if not sampler.available:
+        return []
+    sampler.start()
+    return [sampler]

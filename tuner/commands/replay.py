@@ -1,0 +1,69 @@
+"""`specdecode-tune replay FILE`: the same TUI over a recording, read-only, on the recording's clock.
+
+Keys: space pauses, `.` steps one second, ←/→ seek 10 s, `<`/`>` halve or double the speed.
+A file that is not a readable recording is one line on stderr; what is readable is still shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", type=Path, metavar="FILE", help="a recording made by `specdecode-tune record`")
+    parser.add_argument("--speed", type=float, default=1.0, help="playback speed (default 1)")
+    parser.add_argument("--start", type=float, default=0.0, metavar="S",
+                        help="start S seconds into the recording")
+    parser.add_argument("--paused", action="store_true", help="open paused")
+
+
+def open_replay(path: Path, start: float = 0.0, speed: float = 1.0, paused: bool = False):
+    """A started session over the recording, positioned at `start` seconds (shared with tests)."""
+    from tuner.core.session import Session
+    from tuner.recording import ReplayBackend
+
+    backend = ReplayBackend(path)
+    session = Session(backend)
+    session.start()
+    if paused:
+        backend.pause()
+    _set_speed(backend, speed)
+    if start:
+        session.seek(backend.start_t + start)
+    return session
+
+
+def _set_speed(backend, speed: float) -> None:
+    setter = getattr(backend, "set_speed", None)
+    if setter is not None:
+        setter(speed)
+    else:
+        backend.speed = speed
+
+
+def run(args: argparse.Namespace) -> int:
+    from tuner.recording import RecordingError
+
+    if args.speed <= 0:
+        print("specdecode-tune replay: --speed must be above 0", file=sys.stderr)
+        return 2
+    if not args.file.exists():
+        print(f"specdecode-tune replay: {args.file}: no such file", file=sys.stderr)
+        return 1
+    try:
+        session = open_replay(args.file, args.start, args.speed, args.paused)
+    except RecordingError as e:
+        print(f"specdecode-tune replay: {args.file}: {e}", file=sys.stderr)
+        return 1
+    from tuner.app import make_app
+
+    reader = getattr(session.backend, "warnings", None)
+    for w in (reader() if callable(reader) else reader or []):
+        print(f"specdecode-tune replay: warning: {w}", file=sys.stderr)
+    try:
+        make_app(session).run()
+    finally:
+        session.close()
+    return 0
