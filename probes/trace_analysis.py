@@ -457,14 +457,17 @@ def _rank_of(path: Path, meta: dict[str, Any]) -> int:
 # Many ranks
 
 
-_TRACE_SUFFIXES = (".trace.json.gz", ".trace.json", ".json.gz", ".json")
+_TRACE_SUFFIXES = (".trace.json.gz", ".trace.json")
+_JSON_SUFFIXES = (".json.gz", ".json")
 
 
 def find_rank_files(directory: str | Path) -> list[Path]:
     """The rank files of the one capture in `directory` (SGLang naming `{id}-TP-{rank}...`)."""
     directory = Path(directory)
-    files = sorted(p for p in directory.iterdir() if p.is_file() and p.name.endswith(_TRACE_SUFFIXES)
-                   and not p.name.startswith("merged-"))
+    entries = [p for p in directory.iterdir() if p.is_file() and not p.name.startswith("merged-")]
+    # Prefer the profiler's own naming; take any JSON only when no file is named like a trace.
+    files = sorted(p for p in entries if p.name.endswith(_TRACE_SUFFIXES)) or sorted(
+        p for p in entries if p.name.endswith(_JSON_SUFFIXES))
     if not files:
         raise TraceAnalysisError(f"{directory}: no trace files (*.trace.json.gz) in this directory")
     captures: dict[str, list[Path]] = defaultdict(list)

@@ -71,6 +71,8 @@ class TraceReader:
     # -- the document ---------------------------------------------------------------------------
     def _document(self) -> Iterator[dict]:
         c = self._peek()
+        if c == "":
+            self._fail("empty file")
         if c == "[":
             yield from self._array()
             return

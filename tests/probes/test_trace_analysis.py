@@ -1,0 +1,168 @@
+"""GPU-mode analysis on the hand-made SGLang-shaped fixtures, and the interval logic as properties.
+
+Expected numbers (per iteration, both ranks; fixtures/make_sglang_gpu.py has the layout):
+draft 100 us of kernels (30 NCCL; rank 1: 20), verify 150 (prep 10 + graph 140, 40 NCCL),
+verify_sample 20, draft_extend 30 (10 custom all-reduce), other 15; busy 315; wall 1000 / 850 us
+(the last iteration ends at its last kernel). CPU spans: draft 200, verify 300 (100 gap + 200
+step[VERIFY]), verify_sample 100, draft_extend 150, other 250.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from probes.trace_analysis import (
+    TraceAnalysisError, analyze_file, analyze_path, find_rank_files, flatten_spans, merge_intervals,
+    overlap_per_segment,
+)
+from probes.trace_names import INHERIT, is_comm_cpu, is_comm_kernel, span_kind
+
+FIXTURES = Path(__file__).parent / "fixtures" / "sglang_gpu"
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    return analyze_path(FIXTURES).to_dict()
+
+
+def test_gpu_mode_and_iterations(gpu):
+    assert gpu["mode"] == "gpu"
+    assert [r["rank"] for r in gpu["ranks"]] == [0, 1]
+    for r in gpu["ranks"]:
+        assert r["derived_verify"] is True
+        assert len(r["iterations"]) == 2  # rank 1's prefill batch has no draft span: not an iteration
+        assert [it["wall_ms"] for it in r["iterations"]] == [1.0, 0.85]
+
+
+@pytest.mark.parametrize("rank, draft_comm", [(0, 0.03), (1, 0.02)])
+def test_gpu_phase_split_matches_hand_computation(gpu, rank, draft_comm):
+    for it in gpu["ranks"][rank]["iterations"]:  # iteration 2 is linked only through flow events
+        ph = it["phases"]
+        assert {p: ph[p]["ms"] for p in ph} == {
+            "draft": 0.1, "verify": 0.15, "verify_sample": 0.02, "draft_extend": 0.03, "other": 0.015}
+        assert {p: ph[p]["comm_ms"] for p in ph} == {
+            "draft": draft_comm, "verify": 0.04, "verify_sample": 0.0, "draft_extend": 0.01, "other": 0.0}
+        assert {p: ph[p]["span_ms"] for p in ph} == {
+            "draft": 0.2, "verify": 0.3, "verify_sample": 0.1, "draft_extend": 0.15, "other": 0.25}
+        assert it["busy_ms"] == 0.315
+        assert it["idle_ms"] == pytest.approx(it["wall_ms"] - 0.315)
+
+
+def test_gpu_unattributed_kernel_is_reported(gpu):
+    r0 = gpu["ranks"][0]
+    assert r0["unattributed_kernels"] == 1 and r0["unattributed_ms"] == 0.004
+    assert any("no launching call" in w for w in gpu["warnings"])
+
+
+def test_cross_rank_aligned_by_draft_not_clock(gpu):
+    a = gpu["across"]
+    assert a["aligned_iterations"] == 2  # rank 1's clock is 1 s later and it had a prefill first
+    assert a["slowest_rank"] == 1
+    assert a["skew_ms"] == pytest.approx(0.02)  # 10 us more compute per iteration on rank 1
+    assert a["phases"]["draft"]["slowest_rank"] == 1
+    assert a["phases"]["draft"]["skew_ms"] == pytest.approx(0.02)
+    assert a["phases"]["verify"]["skew_ms"] == 0.0
+    json.dumps(gpu)  # the stored form is plain JSON
+
+
+def test_directory_with_two_captures_is_refused(tmp_path):
+    for name in ("a-TP-0.trace.json", "b-TP-0.trace.json"):
+        (tmp_path / name).write_text('{"traceEvents": []}')
+    with pytest.raises(TraceAnalysisError, match="2 captures"):
+        find_rank_files(tmp_path)
+
+
+def test_trace_with_neither_kernels_nor_phases_is_refused(tmp_path):
+    p = tmp_path / "x-TP-0.trace.json"
+    p.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1, "dur": 2, "pid": 1, "tid": 1}]}))
+    with pytest.raises(TraceAnalysisError, match="neither GPU kernels nor phase spans"):
+        analyze_file(p)
+
+
+def test_gpu_trace_without_spans_is_all_other(tmp_path):
+    p = tmp_path / "x-TP-0.trace.json"
+    p.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 0, "dur": 1, "pid": 1, "tid": 1,
+         "args": {"correlation": 5}},
+        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllGather", "ts": 10, "dur": 30, "pid": 0, "tid": 7,
+         "args": {"correlation": 5}}]}))
+    r = analyze_file(p).to_dict()
+    assert r["mode"] == "gpu" and r["total"]["phases"]["other"] == {"ms": 0.03, "comm_ms": 0.03, "span_ms": 0.04}
+
+
+def test_names():
+    assert span_kind("draft") == "draft" and span_kind("draft_extend") == "draft_extend"
+    assert span_kind("step[VERIFY bs=8]") == "verify" and span_kind("step[DRAFT bs=8]") == INHERIT
+    assert span_kind("specdecode.verify_sample") == "verify_sample"
+    assert span_kind("scheduler.recv_requests") is None and span_kind("step[EXTEND bs=1 toks=9]") is None
+    for k in ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "ncclKernel_AllGather_RING", "cross_device_reduce_2stage",
+              "all_reduce_1shot_push_kernel", "void flashinfer::PcieIpcAllReduceKernel"):
+        assert is_comm_kernel(k), k
+    for k in ("sm90_xmma_gemm_bf16bf16", "flash_fwd_kernel", "void at::native::reduce_kernel<512, 1>"):
+        assert not is_comm_kernel(k), k
+    assert is_comm_cpu("specdecode.comm.broadcast") and is_comm_cpu("c10d::allreduce_") and is_comm_cpu("gloo:all_reduce")
+    assert not is_comm_cpu("aten::mm")
+
+
+# -- properties of the interval logic --------------------------------------------------------------
+
+intervals = st.lists(st.tuples(st.integers(0, 200), st.integers(0, 50)).map(lambda t: (t[0], t[0] + t[1])), max_size=25)
+
+
+def _cover(ivs, lo=0, hi=260):
+    return {t for t in range(lo, hi) if any(s <= t < e for s, e in ivs)}
+
+
+@settings(max_examples=150, deadline=None)
+@given(intervals)
+def test_merge_is_the_union(ivs):
+    merged = merge_intervals([x for iv in ivs for x in iv])
+    assert all(a[1] < b[0] for a, b in zip(merged, merged[1:]))  # disjoint, sorted, not touching
+    assert _cover(merged) == _cover(ivs)
+
+
+@settings(max_examples=150, deadline=None)
+@given(intervals, intervals)
+def test_overlap_per_segment_counts_covered_length(segs, ivs):
+    segs = merge_intervals([x for iv in segs for x in iv])
+    work = merge_intervals([x for iv in ivs for x in iv])
+    got = overlap_per_segment(segs, work)
+    assert got == [len(_cover([s]) & _cover(work)) for s in segs]
+
+
+@st.composite
+def nested_spans(draw, lo=0, hi=300, depth=0):
+    out = []
+    t = lo
+    while t < hi and len(out) < 4:
+        s = draw(st.integers(t, hi))
+        e = draw(st.integers(s, hi))
+        if e == s:
+            break
+        label = draw(st.sampled_from(["draft", "verify", "draft_extend", INHERIT]))
+        out.append((s, e, label))
+        if depth < 2 and e - s > 2:
+            out += draw(nested_spans(s + 1, e - 1, depth + 1))
+        t = e
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(nested_spans())
+def test_flatten_labels_every_instant_by_its_innermost_span(spans):
+    segs = flatten_spans(spans)
+    assert all(a[1] <= b[0] for a, b in zip(segs, segs[1:]))
+    assert _cover([(s, e) for s, e, _ in segs], hi=301) == _cover([(s, e) for s, e, _ in spans], hi=301)
+    for s, e, label in segs:
+        t = s
+        covering = [sp for sp in spans if sp[0] <= t < sp[1]]
+        # innermost = the latest-starting (then shortest) span holding t; INHERIT climbs outward
+        covering.sort(key=lambda sp: (sp[0], -sp[1]))
+        want = next((sp[2] for sp in reversed(covering) if sp[2] != INHERIT), "draft")
+        assert label == want
