@@ -1,0 +1,162 @@
+"""The one communicator every collective goes through: it counts calls and bytes, times them,
+labels them with the phase they ran in, and opens a `specdecode.comm.<op>` profiler span.
+
+It can also add an emulated latency per collective (`A_us[,B_us_per_KB]`), so placement
+trade-offs show on CPU; such time is labelled as emulation wherever it is reported.
+Layers never call torch.distributed themselves. Must not decide anything about placement.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch.profiler import record_function
+
+PHASES = ("draft", "verify", "verify_sample", "draft_extend", "other")
+
+
+class Clock:
+    """Monotonic host clock (CPU path). `mark()` returns a handle, `ms(a, b)` the time between."""
+
+    def mark(self):
+        return time.perf_counter()
+
+    def ms(self, a, b) -> float:
+        return (b - a) * 1e3
+
+    def sync(self) -> None:
+        pass
+
+
+class CudaClock(Clock):
+    """CUDA events on the current stream (GPU path): read only after `sync()`."""
+
+    def mark(self):
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def ms(self, a, b) -> float:
+        return a.elapsed_time(b)
+
+    def sync(self) -> None:
+        torch.cuda.synchronize()
+
+
+@dataclass
+class CommTotals:
+    calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    ms: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    by_op: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
+class Communicator:
+    """Collectives over one process group (the TP group), plus a CPU (gloo) group for control.
+
+    Args:
+        group: the group tensors go over (NCCL on GPU, gloo on CPU); None = the default group.
+        cpu_group: a gloo group for pickled control messages (the same as `group` on CPU).
+        latency_us: (A, B): emulate A µs + B µs per KB after every collective.
+    """
+
+    def __init__(self, rank: int, world: int, group=None, cpu_group=None, clock: Clock | None = None,
+                 latency_us: tuple[float, float] | None = None):
+        self.rank, self.world = rank, world
+        self.group, self.cpu_group = group, cpu_group if cpu_group is not None else group
+        self.clock = clock or Clock()
+        self.latency_us = latency_us
+        self.phase = "other"
+        self.enabled_phases_check: str | None = None
+        self._pending: list[tuple[str, str, int, object, object]] = []
+        self.totals = CommTotals()
+
+    @property
+    def emulated(self) -> bool:
+        return self.latency_us is not None
+
+    # -- the collectives -------------------------------------------------------------------------
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        with self._op("all_reduce", t):
+            dist.all_reduce(t, group=self.group)
+        return t
+
+    def all_gather(self, t: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        t = t.contiguous()
+        parts = [torch.empty_like(t) for _ in range(self.world)]
+        with self._op("all_gather", t, factor=self.world):
+            dist.all_gather(parts, t, group=self.group)
+        return torch.cat(parts, dim=dim)
+
+    def broadcast(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
+        with self._op("broadcast", t):
+            dist.broadcast(t, src=src, group=self.group)
+        return t
+
+    def broadcast_object(self, obj, src: int = 0):
+        """Pickle `obj` on `src` and deliver it to every rank over the CPU group (control plane):
+        a fixed 8-byte length first, then the payload."""
+        payload = pickle.dumps(obj) if self.rank == src else b""
+        size = torch.tensor([len(payload)], dtype=torch.long)
+        with self._op("broadcast_object", size):
+            dist.broadcast(size, src=src, group=self.cpu_group)
+            n = int(size.item())
+            buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if self.rank == src \
+                else torch.empty(n, dtype=torch.uint8)
+            if n:
+                dist.broadcast(buf, src=src, group=self.cpu_group)
+        return obj if self.rank == src else pickle.loads(buf.numpy().tobytes())
+
+    def barrier(self) -> None:
+        with self._op("barrier", torch.empty(0)):
+            dist.barrier(group=self.cpu_group)
+
+    # -- accounting ------------------------------------------------------------------------------
+    def _op(self, op: str, t: torch.Tensor, factor: int = 1):
+        return _Span(self, op, t.numel() * t.element_size() * factor)
+
+    def drain(self) -> tuple[dict[str, float], dict[str, int], dict[str, int]]:
+        """Per-phase (ms, calls, bytes) since the last drain; call after the clock's sync()."""
+        ms: dict[str, float] = defaultdict(float)
+        calls: dict[str, int] = defaultdict(int)
+        nbytes: dict[str, int] = defaultdict(int)
+        for phase, op, size, a, b in self._pending:
+            t = self.clock.ms(a, b)
+            ms[phase] += t
+            calls[phase] += 1
+            nbytes[phase] += size
+            self.totals.ms[phase] += t
+            self.totals.calls[phase] += 1
+            self.totals.bytes[phase] += size
+            self.totals.by_op[op] += 1
+        self._pending.clear()
+        return dict(ms), dict(calls), dict(nbytes)
+
+
+class _Span:
+    """Times one collective, emulates latency inside it, and names it in the profiler."""
+
+    def __init__(self, comm: Communicator, op: str, nbytes: int):
+        self.comm, self.op, self.nbytes = comm, op, nbytes
+
+    def __enter__(self):
+        self.rf = record_function(f"specdecode.comm.{self.op}")
+        self.rf.__enter__()
+        self.start = self.comm.clock.mark()
+        return self
+
+    def __exit__(self, *exc):
+        lat = self.comm.latency_us
+        if lat is not None and exc[0] is None:
+            # Emulated link latency (labelled as emulation by whoever reports comm time).
+            time.sleep((lat[0] + lat[1] * self.nbytes / 1024.0) / 1e6)
+        end = self.comm.clock.mark()
+        self.rf.__exit__(*exc)
+        if exc[0] is None:
+            self.comm._pending.append((self.comm.phase, self.op, self.nbytes, self.start, end))
+        return False

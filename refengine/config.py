@@ -1,0 +1,200 @@
+"""Engine options and the live speculative configuration, validated as one resulting config.
+
+Pure Python (no torch): the HTTP process validates a /set_internal_state body with
+`resolve_config` before anything reaches the ranks, and the ranks apply only resolved configs.
+Must not import torch or start anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+PLACEMENTS = ("sharded", "replicated", "rank0")
+
+# /set_internal_state keys (SGLang's names plus our placement key) -> SpecConfig field.
+CONFIG_KEYS = {
+    "speculative_num_steps": "steps",
+    "speculative_eagle_topk": "topk",
+    "speculative_num_draft_tokens": "num_draft_tokens",
+    "speculative_draft_placement": "placement",
+}
+
+
+class ConfigError(ValueError):
+    """An invalid configuration or change; the message is one line saying why."""
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """The live speculative configuration. `epoch` increases with every applied change."""
+
+    steps: int = 3
+    """Draft forwards per cycle (0 = speculation off: plain one-token decode)."""
+    topk: int = 1
+    """Branching factor of the draft tree (1 = chain)."""
+    num_draft_tokens: int = 4
+    """Tokens verified per request per cycle, the root included (steps + 1 for a chain)."""
+    placement: str = "sharded"
+    """Where the draft runs: on the target's TP group, replicated on every rank, or on rank 0."""
+    epoch: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What validation needs to know about the loaded models (sent by rank 0 when ready)."""
+
+    tp_size: int = 1
+    draft_heads: int = 1
+    draft_kv_heads: int = 1
+    has_draft: bool = True
+    max_topk: int = 8
+    max_draft_tokens: int = 64
+
+
+def resolve_config(current: SpecConfig, changes: dict[str, Any], limits: ModelLimits) -> SpecConfig:
+    """Apply `changes` (keys of CONFIG_KEYS) to `current` and validate the result as one config.
+
+    topk = 1 derives num_draft_tokens = steps + 1 unless it is given explicitly, in which case a
+    different value is refused; topk > 1 keeps num_draft_tokens unless given, and it must satisfy
+    SGLang's candidate-pool bound N - 1 <= topk + (steps - 1) * topk^2.
+
+    Raises:
+        ConfigError: unknown key, wrong type or an invalid resulting configuration.
+    """
+    fields: dict[str, Any] = {}
+    for key, value in changes.items():
+        if key not in CONFIG_KEYS:
+            raise ConfigError(f"unknown key {key!r}; settable: {', '.join(CONFIG_KEYS)}")
+        name = CONFIG_KEYS[key]
+        if name == "placement":
+            if value not in PLACEMENTS:
+                raise ConfigError(f"{key} must be one of {', '.join(PLACEMENTS)}, got {value!r}")
+        else:
+            # SGLang's endpoint sends numbers as int or float; accept 3.0 but not 3.5 or "3".
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+                raise ConfigError(f"{key} must be an integer, got {value!r}")
+            value = int(value)
+        fields[name] = value
+    steps = fields.get("steps", current.steps)
+    topk = fields.get("topk", current.topk)
+    placement = fields.get("placement", current.placement)
+    if steps < 0:
+        raise ConfigError(f"speculative_num_steps must be >= 0, got {steps}")
+    if topk < 1:
+        raise ConfigError(f"speculative_eagle_topk must be >= 1, got {topk}")
+    if steps > 0 and not limits.has_draft:
+        raise ConfigError("speculation needs a draft model; this engine was started without one")
+    if topk > limits.max_topk:
+        raise ConfigError(f"speculative_eagle_topk {topk} exceeds this engine's maximum {limits.max_topk}")
+    if topk == 1:
+        n = steps + 1
+        if "num_draft_tokens" in fields and fields["num_draft_tokens"] != n:
+            raise ConfigError(
+                f"with speculative_eagle_topk 1, speculative_num_draft_tokens must be steps + 1 = {n}, "
+                f"got {fields['num_draft_tokens']}")
+    elif steps == 0:
+        n = 1
+    else:
+        n = fields.get("num_draft_tokens", current.num_draft_tokens if current.topk > 1 else None)
+        if n is None:
+            n = min(topk + (steps - 1) * topk * topk, limits.max_draft_tokens - 1) + 1
+        pool = topk + (steps - 1) * topk * topk
+        if n < 2 or n - 1 > pool:
+            raise ConfigError(
+                f"speculative_num_draft_tokens {n} is invalid for steps {steps}, topk {topk}: "
+                f"need 2 <= N and N - 1 <= topk + (steps - 1) * topk^2 = {pool}")
+    if n > limits.max_draft_tokens:
+        raise ConfigError(f"speculative_num_draft_tokens {n} exceeds this engine's maximum {limits.max_draft_tokens}")
+    if placement == "sharded" and limits.tp_size > 1:
+        if limits.draft_heads % limits.tp_size or limits.draft_kv_heads % limits.tp_size:
+            raise ConfigError(
+                f"placement sharded needs the draft's heads ({limits.draft_heads}) and KV heads "
+                f"({limits.draft_kv_heads}) divisible by tp_size {limits.tp_size}")
+    new = replace(current, steps=steps, topk=topk, num_draft_tokens=n, placement=placement)
+    if new == current:
+        return current
+    return replace(new, epoch=current.epoch + 1)
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Everything needed to start the ranks. Field names follow SGLang's server args."""
+
+    model_path: str = "tiny-agreeing"
+    """An HF Llama directory, or a preset name (see refengine.presets) with load_format dummy."""
+    speculative_draft_model_path: str | None = None
+    """An EAGLE-3 head directory or preset; None = the preset's matching head (or no draft)."""
+    load_format: str = "auto"
+    """auto (read files) | dummy (random or constructed weights for a preset name)."""
+    tp_size: int = 1
+    device: str = "cpu"
+    """cpu (gloo) or cuda (NCCL, rank r on cuda:r)."""
+    dtype: str = "auto"
+    """auto = float32 on CPU, bfloat16 on CUDA; or float32, float16, bfloat16, float64."""
+    speculative_num_steps: int = 3
+    speculative_eagle_topk: int = 1
+    speculative_num_draft_tokens: int | None = None
+    speculative_draft_placement: str = "sharded"
+    speculative_simulate_accept: str | None = None
+    """Force acceptance: a mean accept length "2.5" or a per-position curve "0.8,0.6,0.4"."""
+    emulate_comm_latency: str | None = None
+    """"A_us[,B_us_per_KB]": sleep this long after every collective (labelled as emulation)."""
+    max_running_requests: int = 8
+    context_length: int = 1024
+    """Per-request KV capacity in tokens (prompt + output + one verify window)."""
+    random_seed: int = 0
+    threads_per_rank: int | None = None
+    """CPU threads per rank; None = cores / tp_size (at least 1)."""
+    init_timeout_s: float = 60.0
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment for the ranks (the parent's environment, NCCL_* included, is inherited)."""
+
+    def initial_config(self) -> dict[str, Any]:
+        changes: dict[str, Any] = {
+            "speculative_num_steps": self.speculative_num_steps,
+            "speculative_eagle_topk": self.speculative_eagle_topk,
+            "speculative_draft_placement": self.speculative_draft_placement,
+        }
+        if self.speculative_num_draft_tokens is not None:
+            changes["speculative_num_draft_tokens"] = self.speculative_num_draft_tokens
+        return changes
+
+
+def parse_latency(spec: str | None) -> tuple[float, float] | None:
+    """Parse `A_us[,B_us_per_KB]` into (A, B) microseconds; None when off."""
+    if not spec:
+        return None
+    parts = spec.split(",")
+    try:
+        vals = [float(p) for p in parts]
+    except ValueError:
+        raise ConfigError(f"emulate_comm_latency must be 'A_us[,B_us_per_KB]', got {spec!r}") from None
+    if len(vals) not in (1, 2) or any(v < 0 for v in vals):
+        raise ConfigError(f"emulate_comm_latency must be 'A_us[,B_us_per_KB]' with A, B >= 0, got {spec!r}")
+    return vals[0], vals[1] if len(vals) == 2 else 0.0
+
+
+def parse_simulate_accept(spec: str | None) -> list[float] | None:
+    """Parse the acceptance simulator setting into per-position unconditional p_k = P(accepted >= k).
+
+    "2.5" = a mean accept length τ: geometric per-position acceptance α with τ(∞) matching;
+    "0.8,0.6,0.4" = conditional acceptance α_k per position k (the last repeats).
+    Returns the list of conditional α_k (at least one), or None when off.
+    """
+    if not spec:
+        return None
+    try:
+        vals = [float(p) for p in spec.split(",")]
+    except ValueError:
+        raise ConfigError(f"speculative_simulate_accept must be a number or a list, got {spec!r}") from None
+    if len(vals) == 1 and vals[0] >= 1.0:
+        tau = vals[0]
+        # τ = 1/(1-α) for an unbounded chain with i.i.d. acceptance α.
+        return [1.0 - 1.0 / tau]
+    if any(not 0.0 <= v <= 1.0 for v in vals):
+        raise ConfigError(f"speculative_simulate_accept: a curve needs values in [0, 1], got {spec!r}")
+    return vals

@@ -1,0 +1,57 @@
+"""Plain, picklable records that cross process boundaries: requests in, updates out.
+
+These travel over multiprocessing queues between the HTTP process and rank 0, so they hold only
+Python scalars and lists. Must not import torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GenRequest:
+    """One generation request, already tokenized."""
+
+    rid: str
+    input_ids: list[int]
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    """0 = greedy. > 0 samples (speculative: target-only tree sampling / chain rejection sampling)."""
+    top_p: float = 1.0
+    top_k: int = -1
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Extra stop ids besides the model's EOS ids."""
+    ignore_eos: bool = False
+    seed: int | None = None
+    """Seed of this request's sampling coins (None = derived from the engine seed and rid)."""
+
+
+@dataclass
+class SpecStats:
+    """Per-request speculative statistics, as SGLang's meta_info reports them."""
+
+    spec_verify_ct: int = 0
+    """Verify rounds (target forwards over draft tokens) this request took part in."""
+    spec_num_correct_drafts: int = 0
+    spec_num_proposed_drafts: int = 0
+    spec_correct_drafts_histogram: list[int] = field(default_factory=list)
+    """h[k] = verify rounds that accepted exactly k drafts."""
+
+
+@dataclass
+class GenUpdate:
+    """New tokens for one request; the final update has finished=True and the statistics."""
+
+    rid: str
+    token_ids: list[int]
+    """Tokens generated since the previous update (may be empty on the final update)."""
+    finished: bool = False
+    finish_reason: str | None = None
+    """"stop" (EOS or a stop id: `matched` holds it), "length", "abort", or "error"."""
+    matched: int | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    spec: SpecStats | None = None
+    """On the final update only (None while streaming)."""
+    error: str | None = None
