@@ -1,0 +1,119 @@
+"""The panels' arithmetic and words over a real Store: phase parts, bars, change labels, log lines."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tuner.core import series as S
+from tuner.core.records import Event, Sample
+from tuner.core.store import Store
+from tuner.widgets import views
+from tuner.widgets.fmt import hbar, rel_time, sparkline
+from tuner.widgets.phases import PhaseView, segment_ms, stacked_bar
+
+
+def test_phase_parts_never_stack_a_phase_on_its_comm_part():
+    view = PhaseView(phase_ms={"draft": 3.0, "verify": 5.0, "verify_sample": 0.5, "draft_extend": 1.0, "other": 0.5},
+                     comm_ms={"draft": 1.0, "verify": 2.0, "draft_extend": 0.25}, wall_ms=12.0, iterations=10)
+    parts = segment_ms(view)
+    # Disjoint parts: compute + comm of each phase equals the phase's inclusive time, and the whole
+    # bar is the wall time (10 ms of phases + 2 ms idle), not wall + comm.
+    assert parts["draft"] + parts["draft_comm"] == pytest.approx(3.0)
+    assert parts["verify"] + parts["verify_comm"] == pytest.approx(5.0)
+    assert parts["draft_extend"] + parts["draft_extend_comm"] == pytest.approx(1.0)
+    assert parts["idle"] == pytest.approx(0.5 + 2.0)
+    assert sum(parts.values()) == pytest.approx(12.0)
+
+
+def test_phase_parts_with_nan_comm_and_no_wall():
+    view = PhaseView(phase_ms={"draft": 2.0, "verify": math.nan}, comm_ms={"draft": math.nan}, iterations=1)
+    parts = segment_ms(view)
+    assert parts["draft"] == 2.0 and parts["draft_comm"] == 0.0 and parts["verify"] == 0.0
+    assert sum(parts.values()) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("width", [1, 7, 40, 113])
+def test_stacked_bar_fills_exactly_its_width(width):
+    parts = {"draft": 1.0, "draft_comm": 0.3, "verify": 2.2, "verify_comm": 0.1, "verify_sample": 0.05,
+             "draft_extend": 0.4, "draft_extend_comm": 0.2, "idle": 0.7}
+    assert stacked_bar(parts, width).cell_len == width
+
+
+def test_text_helpers():
+    assert hbar(0.5, 4) == "██  "
+    assert hbar(math.nan, 3) == "   "
+    assert rel_time(65.25) == "+1:05.2"
+    assert rel_time(3725.0).startswith("+1:02:05")
+    assert sparkline([0, 50, 100, math.nan], 4, top=100) == "▁▄█ "
+
+
+def _store(records) -> Store:
+    st = Store()
+    st.add_many(records)
+    return st
+
+
+def test_phase_view_is_the_mean_over_the_window():
+    recs = []
+    for i, ms in enumerate([2.0, 4.0, 6.0]):
+        recs += [Sample(100.0 + i, S.phase_ms("draft"), ms), Sample(100.0 + i, S.phase_comm_ms("draft"), 1.0),
+                 Sample(100.0 + i, S.PHASE_WALL_MS, 10.0), Sample(100.0 + i, S.SERVER_ITERATIONS, 10.0 * i)]
+    view = views.phase_view(_store(recs), t_end=102.0, window_s=10.0)
+    assert view.phase_ms["draft"] == pytest.approx(4.0)
+    assert view.comm_ms["draft"] == pytest.approx(1.0)
+    assert view.iterations == 20
+    assert math.isnan(view.phase_ms["verify"])
+
+
+def test_throughput_view_is_relative_to_the_origin_and_marks_changes():
+    recs = [Sample(1000.0 + i, S.SERVER_TOK_PER_S, 50.0 + i) for i in range(10)]
+    recs.append(Event(1004.5, "config_changed", {"old": {"speculative_num_steps": 3},
+                                                 "new": {"speculative_num_steps": 5}}))
+    chart = views.throughput_view(_store(recs), origin=1000.0, t_end=1009.0, window_s=60.0)
+    assert chart.series[0].t[0] == 0.0 and chart.series[0].t[-1] == 9.0
+    assert chart.markers == ((4.5, "steps 3→5"),)
+
+
+def test_accept_view_reads_positions_up_to_steps():
+    recs = [Sample(5.0, S.SPEC_ACCEPT_LEN, 2.5)] + [Sample(5.0, S.accept_pos(k), p)
+                                                     for k, p in enumerate([0.8, 0.5, 0.2, 0.1], 1)]
+    st = _store(recs)
+    assert views.accept_view(st, 5.0, steps=3).positions == (0.8, 0.5, 0.2)
+    assert views.accept_view(st, 5.0, steps=None).positions == (0.8, 0.5, 0.2, 0.1)
+    assert views.accept_view(st, 5.0, steps=3).accept_len == 2.5
+
+
+def test_gpu_view_finds_every_gpu_and_converts_units():
+    recs = []
+    for g in range(8):
+        recs += [Sample(1.0, S.gpu(g, "sm_active_pct"), 10.0 * g), Sample(1.0, S.gpu(g, "mem_used_mib"), 1024.0)]
+    view = views.gpu_view(_store(recs), t_end=1.0)
+    assert [r.index for r in view.rows] == list(range(8))
+    assert view.rows[3].sm_pct == 30.0
+    assert view.rows[0].mem_used == 1024.0 * 2**20
+    assert math.isnan(view.rows[0].power_w)
+
+
+@pytest.mark.parametrize("kind,data,needle,level", [
+    ("config_refused", {"changes": {"speculative_eagle_topk": 9}, "reason": "topk too big"}, "topk=9: topk too big", "error"),
+    ("disconnected", {"error": "connection refused"}, "disconnected: connection refused", "error"),
+    ("connected", {"url": "http://x", "after_s": 12.0}, "after 12s away", "good"),
+    ("config_changed", {"old": {"speculative_draft_placement": "sharded"},
+                        "new": {"speculative_draft_placement": "rank0"}}, "placement sharded→rank0", "good"),
+])
+def test_event_lines(kind, data, needle, level):
+    line = views.event_line(Event(10.0, kind, data), origin=4.0)
+    assert line is not None and needle in line.text and line.level == level and line.t == 6.0
+
+
+def test_unknown_event_kinds_are_not_logged():
+    assert views.event_line(Event(1.0, "someone_elses_kind", {}), 0.0) is None
+
+
+def test_setting_text():
+    assert views.setting_text({"speculative_num_steps": 3, "speculative_eagle_topk": 1,
+                               "speculative_num_draft_tokens": 4, "speculative_draft_placement": "rank0"}) \
+        == "steps 3 · topk 1 · draft 4 · rank0"
+    assert views.setting_text({"speculative_num_steps": 0}).startswith("speculation off")
