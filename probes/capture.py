@@ -162,8 +162,7 @@ class TraceCapture:
     def _wait_local(self, pid: str, expected: int, directory: Path, deadline: float, num_steps: int) -> list[Path]:
         last: dict[Path, int] = {}
         while True:
-            found = sorted(p for p in directory.glob(f"*{pid}-TP-*.trace.json.gz") if p.name in _listed_files(
-                {"files": [{"name": p.name, "size": 0}]}, pid))
+            found = sorted(p for p in directory.glob(f"*{pid}-TP-*.trace.json.gz") if _is_capture_file(p.name, pid))
             sizes = {p: _size(p) for p in found}
             # The exporter writes the gzip in place, so existence is not completion: a file is done
             # when its size held since the previous poll and its gzip stream reaches its end marker.
@@ -245,10 +244,15 @@ def _listed_files(listing: Any, pid: str) -> dict[str, int]:
     for f in files if isinstance(files, list) else []:
         name = f.get("name") if isinstance(f, dict) else None
         size = f.get("size") if isinstance(f, dict) else None
-        m = TRACE_NAME.match(name) if isinstance(name, str) else None
-        if m and isinstance(size, int) and (m.group("profile_id") == pid or m.group("profile_id").endswith("-" + pid)):
+        if isinstance(name, str) and isinstance(size, int) and _is_capture_file(name, pid):
             out[name] = size
     return out
+
+
+def _is_capture_file(name: str, pid: str) -> bool:
+    """`{pid}-TP-{rank}.trace.json.gz`, or with SGLang's `{prefix}-` in front."""
+    m = TRACE_NAME.match(name)
+    return m is not None and (m.group("profile_id") == pid or m.group("profile_id").endswith("-" + pid))
 
 
 def _one_line(text: str, limit: int = 200) -> str:
