@@ -1,0 +1,59 @@
+"""The SGLang plugin's Prometheus series, exported by SGLang's own /metrics.
+
+SGLang serves /metrics through prometheus_client's MultiProcessCollector over
+PROMETHEUS_MULTIPROC_DIR, so a counter created in a scheduler process shows up there with no
+route of ours. prometheus_client picks its multiprocess value store when it is first imported,
+so it is imported only here, lazily, inside a scheduler process (which inherits the directory):
+importing it earlier in SGLang's launcher would break SGLang's own metrics.
+
+Names follow the design's "Names and contracts": specdecode:phase_seconds_total{phase,rank},
+specdecode:accept_position_total{k}, specdecode:rank_info{tp_rank,pid,pci_bus_id,host}, plus
+specdecode:iterations_total{rank}. Must not import torch or SGLang.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+
+class PhaseMetrics:
+    """Counters fed from finished phase-stream records of one rank."""
+
+    def __init__(self, rank: int, registry: Any = None) -> None:
+        from prometheus_client import REGISTRY, Counter, Gauge
+
+        reg = REGISTRY if registry is None else registry
+        self.rank = str(rank)
+        self.phase_seconds = Counter(
+            "specdecode:phase_seconds", "Device time per EAGLE decode phase and TP rank "
+            "(specdecode plugin, CUDA events).", ["phase", "rank"], registry=reg)
+        self.iterations = Counter(
+            "specdecode:iterations", "Decode iterations timed by the specdecode plugin.",
+            ["rank"], registry=reg)
+        self.accept_position = Counter(
+            "specdecode:accept_position", "Request-verify rounds that accepted at least k drafts "
+            "(k=0: all rounds); rank 0 only.", ["k"], registry=reg)
+        # "max" keeps one series per label set without the pid label the collector would add.
+        self.rank_info = Gauge(
+            "specdecode:rank_info", "One series per TP rank process running the specdecode plugin.",
+            ["tp_rank", "pid", "pci_bus_id", "host"], registry=reg, multiprocess_mode="max")
+
+    def set_rank_info(self, pci_bus_id: str | None) -> None:
+        self.rank_info.labels(tp_rank=self.rank, pid=str(os.getpid()),
+                              pci_bus_id=pci_bus_id or "", host=socket.gethostname()).set(1)
+
+    def add(self, records: list[dict[str, Any]]) -> None:
+        for r in records:
+            self.iterations.labels(rank=self.rank).inc()
+            for phase, ms in r.get("phase_ms", {}).items():
+                if ms > 0:
+                    self.phase_seconds.labels(phase=phase, rank=self.rank).inc(ms / 1e3)
+            accepted = r.get("accepted")
+            # Every rank sees the same acceptance; counting it once keeps sums right.
+            if accepted and self.rank == "0":
+                self.accept_position.labels(k="0").inc(len(accepted))
+                for k in range(1, max(accepted) + 1):
+                    n = sum(1 for a in accepted if a >= k)
+                    self.accept_position.labels(k=str(k)).inc(n)

@@ -1,0 +1,425 @@
+"""specdecode-tune's SGLang 0.5.23 plugin: phase timers, a phase stream, and a live step pin.
+
+Loaded by SGLang's `load_plugins()` through our distribution's entry point `specdecode` in group
+`sglang.srt.plugins` (select it with SGLANG_PLUGINS=specdecode when several are installed).
+`register()` runs in every SGLang process and registers AROUND hooks with SGLang's HookRegistry:
+
+scheduler (TP rank) processes
+  EAGLEWorkerV2.forward_batch_generation   one decode iteration (wall, bs, active config)
+  EagleDraftWorker.draft                   phase `draft`
+  EAGLEWorkerV2.verify                     `verify` + `verify_sample`; a `specdecode.verify` span
+  TpModelWorker.forward_batch_generation   the target forward inside verify (`verify`)
+  EagleDraftWorker._draft_extend_for_decode  phase `draft_extend`
+  EAGLEWorkerV2.on_verify_complete_cpu     accepted drafts per request (already on the host)
+  SchedulerInternalStateController._update_handlers   adds `specdecode_num_steps`, `specdecode_timers`
+  AdaptiveSpeculativeParams.get_steps_for_batch / .on_verify_complete   obey the pin
+main (HTTP) process
+  add_prometheus_middleware                adds GET /specdecode/phases and /specdecode/streams
+
+Timing records CUDA events on the current stream and never synchronizes: records are resolved a
+few iterations later (sglang_timing). Timers run only while someone holds a lease
+(`/set_internal_state {"server_args": {"specdecode_timers": SECONDS}}`) or with
+SPECDECODE_TIMERS=always; otherwise each hook costs one flag check. Hooks pass through during
+CUDA-graph capture. Nothing here may raise into SGLang's loop: a failing probe turns itself off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from probes.inserver.sglang_steps import (
+    PIN_KEY, TIMERS_KEY, Lease, Refused, StepPin, adaptive_view, check_lease, check_pin,
+)
+from probes.inserver.sglang_stream import (
+    MAX_LIMIT, RingWriter, list_streams, read_records, stream_dir,
+)
+from probes.inserver.sglang_timing import HostEvent, PhaseTimeline
+
+PLUGIN_VERSION = "1"
+log = logging.getLogger("specdecode.sglang_plugin")
+
+_EW = "sglang.srt.speculative.eagle_worker_v2"
+# Every dotted path and attribute used here is checked against the wheel by tests/sglang.
+TARGETS = {
+    "iteration": f"{_EW}.EAGLEWorkerV2.forward_batch_generation",
+    "draft": f"{_EW}.EagleDraftWorker.draft",
+    "verify": f"{_EW}.EAGLEWorkerV2.verify",
+    "target_forward": "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation",
+    "draft_extend": f"{_EW}.EagleDraftWorker._draft_extend_for_decode",
+    "accepted": f"{_EW}.EAGLEWorkerV2.on_verify_complete_cpu",
+    "update_handlers": "sglang.srt.managers.scheduler_components.internal_state."
+                       "SchedulerInternalStateController._update_handlers",
+    "policy_steps": "sglang.srt.speculative.adaptive_spec_params."
+                    "AdaptiveSpeculativeParams.get_steps_for_batch",
+    "policy_feedback": "sglang.srt.speculative.adaptive_spec_params."
+                       "AdaptiveSpeculativeParams.on_verify_complete",
+    "http_routes": "sglang.srt.utils.common.add_prometheus_middleware",
+}
+SCHEDULER_HOOKS = ("iteration", "draft", "verify", "target_forward", "draft_extend", "accepted",
+                   "update_handlers", "policy_steps", "policy_feedback")
+MAIN_HOOKS = ("http_routes",)
+INTERNAL_STATE_MODULE = "sglang.srt.managers.scheduler_components.internal_state"
+VERIFY_SPAN = "specdecode.verify"
+
+
+class _Probe:
+    """Per-process state of the plugin inside one scheduler."""
+
+    def __init__(self) -> None:
+        always = os.environ.get("SPECDECODE_TIMERS", "").lower() in ("always", "1", "on")
+        self.lease = Lease(always=always)
+        self.pin = StepPin()
+        self.timeline: PhaseTimeline | None = None
+        self.writer: RingWriter | None = None
+        self.metrics: Any = None
+        self.broken: str | None = None      # set once a probe failed; timing stays off
+        self.in_verify = False
+        self.profiler_enabled: Callable[[], bool] = _profiler_enabled_lazy
+        self.capturing: Callable[[], bool] = lambda: False
+
+    def timing(self) -> bool:
+        return self.broken is None and self.lease.on(time.monotonic())
+
+    def fail(self, what: str, exc: BaseException) -> None:
+        self.broken = f"{what}: {type(exc).__name__}: {exc}"
+        log.warning("specdecode plugin: phase timers off (%s)", self.broken)
+
+    def start(self, worker: Any) -> None:
+        """Lazy set-up on the first timed iteration, inside the scheduler process."""
+        import torch
+
+        self.profiler_enabled = torch.autograd._profiler_enabled
+        dev = str(getattr(worker, "device", "cuda"))
+        cuda = dev.startswith("cuda") and torch.cuda.is_available()
+        self.capturing = torch.cuda.is_current_stream_capturing if cuda else (lambda: False)
+        make = (lambda: torch.cuda.Event(enable_timing=True)) if cuda else HostEvent
+        dp, rank = _ranks()
+        self.timeline = PhaseTimeline(make, rank=rank)
+        d = stream_dir()
+        if d is not None:
+            self.writer = RingWriter(d, dp, rank)
+            if self.writer.error:
+                log.warning("specdecode plugin: %s", self.writer.error)
+        try:
+            from probes.inserver.sglang_metrics import PhaseMetrics
+
+            self.metrics = PhaseMetrics(rank)
+            self.metrics.set_rank_info(_pci_bus_id(torch, dev) if cuda else None)
+        except Exception as e:           # prometheus_client missing: the stream still works
+            log.warning("specdecode plugin: no /metrics counters (%s)", e)
+            self.metrics = None
+
+    def flush(self) -> None:
+        if self.timeline is None:
+            return
+        records = self.timeline.poll()
+        if records:
+            if self.writer is not None:
+                self.writer.write(records)
+            if self.metrics is not None:
+                self.metrics.add(records)
+
+
+def _profiler_enabled_lazy() -> bool:
+    # Spans must appear in traces even when no timer lease was ever granted.
+    import torch
+
+    _probe.profiler_enabled = torch.autograd._profiler_enabled
+    return bool(torch.autograd._profiler_enabled())
+
+
+_probe = _Probe()
+
+
+def _ranks() -> tuple[int, int]:
+    """(dp rank, tp rank) of this scheduler; SGLang's context, else torch.distributed."""
+    dp = rank = None
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        par = get_parallel()
+        rank = int(par.tp_rank)
+        try:
+            dp = int(par.dp_rank or 0)
+        except Exception:
+            dp = 0
+    except Exception:
+        pass
+    if rank is None:
+        try:
+            import torch.distributed as dist
+
+            rank = dist.get_rank() if dist.is_initialized() else 0
+        except Exception:
+            rank = 0
+    return int(dp or 0), int(rank)
+
+
+def _pci_bus_id(torch: Any, dev: str) -> str | None:
+    try:
+        idx = torch.device(dev).index
+        p = torch.cuda.get_device_properties(torch.cuda.current_device() if idx is None else idx)
+        return f"{p.pci_domain_id:08X}:{p.pci_bus_id:02X}:{p.pci_device_id:02X}.0"
+    except Exception:
+        return None
+
+
+def _is_decode(batch: Any) -> bool:
+    try:
+        return not (batch.forward_mode.is_extend() or batch.is_extend_in_batch)
+    except Exception:
+        return False
+
+
+# --- scheduler hooks ----------------------------------------------------------------------------
+
+def around_iteration(original: Callable, self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+    p = _probe
+    if not p.timing() or not _is_decode(batch):
+        if p.timeline is not None and p.timeline.pending:
+            p.flush()                        # resolve what is left from the last lease
+        return original(self, batch, *args, **kwargs)
+    try:
+        if p.timeline is None:
+            p.start(self)
+        if p.capturing():
+            return original(self, batch, *args, **kwargs)
+        p.flush()
+        assert p.timeline is not None
+        p.timeline.begin(bs=int(batch.seq_lens.shape[0]), steps=int(self.speculative_num_steps),
+                         topk=int(self.topk), num_draft_tokens=int(self.speculative_num_draft_tokens),
+                         placement=_placement(self),
+                         simulated=bool(os.environ.get("SGLANG_SIMULATE_ACC_LEN")))
+    except Exception as e:
+        p.fail("iteration start", e)
+        return original(self, batch, *args, **kwargs)
+    try:
+        out = original(self, batch, *args, **kwargs)
+    except BaseException:
+        p.timeline.abandon()
+        raise
+    p.timeline.end()
+    return out
+
+
+def _placement(worker: Any) -> str:
+    # SGLang has no placement knob: the draft shares the target's TP group unless attention-DP
+    # gives it the attention-TP group (reference §4.2).
+    layout = getattr(worker, "draft_parallel_layout", None)
+    return "attn_tp" if getattr(layout, "local_dp", False) else "sharded"
+
+
+def _phase_hook(mark: str, span: str | None = None) -> Callable:
+    def hook(original: Callable, *args: Any, **kwargs: Any) -> Any:
+        p = _probe
+        tl = p.timeline
+        timed = tl is not None and tl.active and not p.capturing()
+        spanned = span is not None and p.profiler_enabled()
+        if not timed and not spanned:
+            return original(*args, **kwargs)
+        handle = tl.open(mark) if timed else -1
+        if mark == "verify_all":
+            p.in_verify = True
+        try:
+            if spanned:
+                import torch
+
+                with torch.profiler.record_function(span):
+                    return original(*args, **kwargs)
+            return original(*args, **kwargs)
+        finally:
+            if mark == "verify_all":
+                p.in_verify = False
+            if timed:
+                tl.close(handle)
+
+    hook.__name__ = f"specdecode_{mark}"
+    return hook
+
+
+around_draft = _phase_hook("draft")
+around_verify = _phase_hook("verify_all", VERIFY_SPAN)
+around_draft_extend = _phase_hook("draft_extend")
+_around_target = _phase_hook("target_verify")
+
+
+def around_target_forward(original: Callable, *args: Any, **kwargs: Any) -> Any:
+    # TpModelWorker.forward_batch_generation also runs prefill and plain decode: time only the
+    # verify forward inside EAGLEWorkerV2.verify.
+    if _probe.in_verify and kwargs.get("is_verify"):
+        return _around_target(original, *args, **kwargs)
+    return original(*args, **kwargs)
+
+
+def around_accepted(original: Callable, self: Any, num_correct_drafts_per_req: Any,
+                    *args: Any, **kwargs: Any) -> Any:
+    tl = _probe.timeline
+    if tl is not None and tl.pending:
+        try:
+            tl.accepted(list(num_correct_drafts_per_req))
+        except Exception as e:
+            _probe.fail("accepted drafts", e)
+    return original(self, num_correct_drafts_per_req, *args, **kwargs)
+
+
+def around_policy_steps(original: Callable, self: Any, batch_size: int) -> int:
+    return _probe.pin.steps_for_batch(original(self, batch_size))
+
+
+def around_policy_feedback(original: Callable, self: Any, *args: Any, **kwargs: Any) -> Any:
+    # While pinned the policy must not move the tier (nor its EMA: it would resume from a state
+    # measured at a tier it did not choose).
+    if _probe.pin.pinned:
+        return None
+    return original(self, *args, **kwargs)
+
+
+def around_update_handlers(original: Callable, self: Any, *args: Any, **kwargs: Any) -> dict:
+    handlers = original(self, *args, **kwargs)
+    mod = sys.modules[INTERNAL_STATE_MODULE]
+    rejected, handler = mod.UpdateRejected, mod._UpdateHandler
+    scheduler = self.scheduler
+
+    def controller() -> Any:
+        return getattr(getattr(scheduler, "draft_worker", None), "adaptive_controller", None)
+
+    def validate_pin(key: str, value: Any) -> None:
+        try:
+            check_pin(value, adaptive_view(controller()))
+        except Refused as e:
+            raise rejected(str(e)) from None
+
+    def apply_pin(key: str, value: Any) -> None:
+        ctrl = controller()
+        n = check_pin(value, adaptive_view(ctrl))
+        _probe.pin.steps = n
+        if n is not None:
+            ctrl._activate(n)            # swap now; get_steps_for_batch keeps it there
+        log.info("specdecode plugin: %s", f"steps pinned to {n}" if n is not None
+                 else "step pin released to SGLang's adaptive policy")
+
+    def validate_timers(key: str, value: Any) -> None:
+        try:
+            check_lease(value)
+        except Refused as e:
+            raise rejected(str(e)) from None
+        if _probe.broken:
+            raise rejected(f"specdecode phase timers are off in this process: {_probe.broken}")
+
+    def apply_timers(key: str, value: Any) -> None:
+        _probe.lease.grant(check_lease(value), time.monotonic())
+
+    # apply returns None: these are plugin commands, not server args for SGLang's override.
+    handlers[PIN_KEY] = handler(validate_pin, apply_pin)
+    handlers[TIMERS_KEY] = handler(validate_timers, apply_timers)
+    return handlers
+
+
+# --- HTTP process: the stream route -------------------------------------------------------------
+
+def _query_int(params: Any, name: str, default: int, lo: int, hi: int) -> int:
+    raw = params.get(name)
+    if raw is None:
+        return default
+    v = int(raw)                          # ValueError -> 400 below
+    if not lo <= v <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
+    return v
+
+
+def phases_reply(params: Any, directory: Path | None) -> tuple[int, dict]:
+    """(status, body) of GET /specdecode/phases; pure over a query mapping and the stream dir."""
+    if directory is None:
+        return 404, {"error": {"message": "no phase stream: the server has neither "
+                               "SPECDECODE_STREAM_DIR nor PROMETHEUS_MULTIPROC_DIR (--enable-metrics)",
+                               "type": "not_found", "code": 404}}
+    try:
+        after = _query_int(params, "after", 0, 0, 2**62)
+        limit = _query_int(params, "limit", 256, 1, MAX_LIMIT)
+        rank = _query_int(params, "rank", 0, 0, 1 << 16)
+        dp = _query_int(params, "dp", 0, 0, 1 << 16)
+    except ValueError as e:
+        return 400, {"error": {"message": f"bad query: {e}", "type": "invalid_request", "code": 400}}
+    return 200, read_records(directory, dp=dp, rank=rank, after=after, limit=limit)
+
+
+def streams_reply(directory: Path | None) -> dict:
+    return {"plugin": "specdecode", "version": PLUGIN_VERSION,
+            "streams": list_streams(directory) if directory is not None else []}
+
+
+def install_routes(app: Any) -> None:
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    # Plain (sync) endpoints: Starlette runs them in its thread pool, off SGLang's event loop.
+    def phases(request: Any) -> Any:
+        status, body = phases_reply(request.query_params, stream_dir())
+        return JSONResponse(body, status_code=status)
+
+    def streams(request: Any) -> Any:
+        return JSONResponse(streams_reply(stream_dir()))
+
+    app.router.routes.append(Route("/specdecode/phases", phases, methods=["GET"]))
+    app.router.routes.append(Route("/specdecode/streams", streams, methods=["GET"]))
+
+
+def around_prometheus_middleware(original: Callable, app: Any, *args: Any, **kwargs: Any) -> Any:
+    out = original(app, *args, **kwargs)
+    try:
+        install_routes(app)
+    except Exception as e:
+        log.warning("specdecode plugin: no /specdecode routes (%s)", e)
+    return out
+
+
+HOOKS: dict[str, Callable] = {
+    "iteration": around_iteration,
+    "draft": around_draft,
+    "verify": around_verify,
+    "target_forward": around_target_forward,
+    "draft_extend": around_draft_extend,
+    "accepted": around_accepted,
+    "update_handlers": around_update_handlers,
+    "policy_steps": around_policy_steps,
+    "policy_feedback": around_policy_feedback,
+    "http_routes": around_prometheus_middleware,
+}
+
+
+def process_role() -> str:
+    """Which SGLang process is loading plugins: `scheduler`, `main`, or `other`.
+
+    Hook targets are imported by SGLang in every process that registers them, so each process
+    registers only what runs there. SPECDECODE_PLUGIN_ROLE overrides the guess.
+    """
+    forced = os.environ.get("SPECDECODE_PLUGIN_ROLE")
+    if forced in ("scheduler", "main", "other", "all"):
+        return forced
+    f = sys._getframe(1)
+    while f is not None:
+        name = f.f_code.co_name
+        if name == "run_scheduler_process":
+            return "scheduler"
+        if name in ("run_detokenizer_process", "run_data_parallel_controller_process"):
+            return "other"
+        f = f.f_back
+    return "main"
+
+
+def register() -> None:
+    """Entry point called by sglang.srt.plugins.load_plugins() in every SGLang process."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    role = process_role()
+    names = {"scheduler": SCHEDULER_HOOKS, "main": MAIN_HOOKS, "other": (),
+             "all": SCHEDULER_HOOKS + MAIN_HOOKS}[role]
+    for name in names:
+        HookRegistry.register(TARGETS[name], HOOKS[name], HookType.AROUND)
+    log.info("specdecode plugin %s registered %d hooks (%s process)", PLUGIN_VERSION,
+             len(names), role)

@@ -1,0 +1,228 @@
+"""Per-iteration phase timing from device events, resolved lazily, for the SGLang plugin.
+
+The plugin's hooks mark the start and end of each EAGLE phase with events recorded on the
+current stream; nothing here ever waits for the device. An iteration becomes a phase-stream
+record only once its last event reports completion (`query()`), a few iterations later, and
+once the scheduler has handed over its per-request accepted-draft counts (or gave up waiting).
+
+Pure bookkeeping: the event factory is injected (torch.cuda.Event in a GPU server, HostEvent on
+a CPU device), so this module imports neither torch nor SGLang. It must not block, sleep, or
+synchronize a device.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+# Phases of the phase stream (docs/ARCHITECTURE.md); `other` is wall minus the rest.
+PHASES = ("draft", "verify", "verify_sample", "draft_extend", "other")
+
+# Marks the hooks open. `verify_all` is the whole EAGLEWorkerV2.verify call and `target_verify`
+# the target forward inside it, so verify_sample = verify_all - target_verify.
+MARKS = ("draft", "verify_all", "target_verify", "draft_extend")
+
+
+class Event(Protocol):
+    def record(self) -> None: ...
+    def query(self) -> bool: ...
+    def elapsed_time(self, end: "Event") -> float: ...  # milliseconds, like torch.cuda.Event
+
+
+class HostEvent:
+    """An event on the host clock, for CPU devices where work is done when the call returns."""
+
+    __slots__ = ("t",)
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: "HostEvent") -> float:
+        return (end.t - self.t) * 1e3
+
+
+class EventPool:
+    """Reuses events: creating a CUDA event costs more than recording one."""
+
+    def __init__(self, make_event: Callable[[], Event], keep: int = 256) -> None:
+        self._make = make_event
+        self._free: list[Event] = []
+        self._keep = keep
+
+    def recorded(self) -> Event:
+        ev = self._free.pop() if self._free else self._make()
+        ev.record()
+        return ev
+
+    def give_back(self, events: list[Event]) -> None:
+        room = self._keep - len(self._free)
+        if room > 0:
+            self._free.extend(events[:room])
+
+
+@dataclass
+class _Iteration:
+    seq: int
+    meta: dict[str, Any]
+    start: Event
+    end: Event | None = None
+    t_end: float = 0.0
+    spans: list[tuple[str, Event, Event | None]] = field(default_factory=list)
+    accepted: list[int] | None = None
+    polls_waited: int = 0
+
+
+def compose_phases(marks_ms: dict[str, float], wall_ms: float) -> dict[str, float]:
+    """Phase times of one iteration from the summed mark durations (ms).
+
+    Without a target-forward mark (a hook that did not fire) the whole verify call counts as
+    `verify`. `other` is what the iteration spent outside the hooked calls, never negative.
+    """
+    verify_all = marks_ms.get("verify_all", 0.0)
+    target = marks_ms.get("target_verify")
+    if target is None or target > verify_all:
+        target = verify_all
+    out = {
+        "draft": marks_ms.get("draft", 0.0),
+        "verify": target,
+        "verify_sample": verify_all - target,
+        "draft_extend": marks_ms.get("draft_extend", 0.0),
+    }
+    out["other"] = max(0.0, wall_ms - out["draft"] - verify_all - out["draft_extend"])
+    return out
+
+
+class PhaseTimeline:
+    """Open iterations and spans as the hooks fire; `poll()` returns finished records.
+
+    One instance per scheduler process, used from the scheduler thread only.
+    """
+
+    def __init__(self, make_event: Callable[[], Event], *, rank: int = 0,
+                 accept_wait: int = 4, max_pending: int = 64,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.pool = EventPool(make_event)
+        self.rank = rank
+        self.accept_wait = accept_wait      # polls to wait for accepted counts before giving up
+        self.max_pending = max_pending
+        self.clock = clock
+        self.seq = 0
+        self.epoch = 0
+        self.dropped = 0
+        self._last_config: tuple | None = None
+        self._current: _Iteration | None = None
+        self._pending: deque[_Iteration] = deque()
+
+    @property
+    def active(self) -> bool:
+        return self._current is not None
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def begin(self, **meta: Any) -> None:
+        """Start an iteration; meta carries bs, steps, topk, num_draft_tokens, placement."""
+        if self._current is not None:       # the previous one raised mid-way: forget it
+            self._current = None
+        config = (meta.get("steps"), meta.get("topk"), meta.get("num_draft_tokens"),
+                  meta.get("placement"))
+        if self._last_config is not None and config != self._last_config:
+            self.epoch += 1
+        self._last_config = config
+        self.seq += 1
+        self._current = _Iteration(self.seq, {**meta, "epoch": self.epoch}, self.pool.recorded())
+
+    def open(self, mark: str) -> int:
+        """Record a span start inside the current iteration; returns a handle for close()."""
+        it = self._current
+        if it is None:
+            return -1
+        it.spans.append((mark, self.pool.recorded(), None))
+        return len(it.spans) - 1
+
+    def close(self, handle: int) -> None:
+        it = self._current
+        if it is None or handle < 0 or handle >= len(it.spans):
+            return
+        mark, start, _ = it.spans[handle]
+        it.spans[handle] = (mark, start, self.pool.recorded())
+
+    def end(self) -> None:
+        it = self._current
+        if it is None:
+            return
+        self._current = None
+        it.end = self.pool.recorded()
+        it.t_end = self.clock()
+        self._pending.append(it)
+        while len(self._pending) > self.max_pending:
+            self._pending.popleft()         # never completes (device hung?): stop holding it
+            self.dropped += 1
+
+    def abandon(self) -> None:
+        """The hooked call raised: the iteration is not a measurement."""
+        self._current = None
+
+    def accepted(self, per_request: list[int]) -> None:
+        """Correct drafts per request of the oldest ended iteration still waiting for them.
+
+        The scheduler reports them in batch order, one iteration late under overlap scheduling;
+        an older waiting iteration whose batch size does not match was never reported.
+        """
+        n = len(per_request)
+        for it in self._pending:
+            if it.accepted is None and it.polls_waited >= 0:
+                if it.meta.get("bs") == n:
+                    it.accepted = [int(a) for a in per_request]
+                    return
+                it.polls_waited = -1        # skipped over: give up on this one
+
+    def poll(self) -> list[dict[str, Any]]:
+        """Records of the iterations whose events are complete, oldest first. Never blocks."""
+        out: list[dict[str, Any]] = []
+        while self._pending:
+            it = self._pending[0]
+            if it.end is None or not it.end.query():
+                break
+            if it.accepted is None and 0 <= it.polls_waited < self.accept_wait:
+                it.polls_waited += 1
+                break
+            self._pending.popleft()
+            out.append(self._record(it))
+        return out
+
+    def _record(self, it: _Iteration) -> dict[str, Any]:
+        assert it.end is not None
+        wall_ms = it.start.elapsed_time(it.end)
+        marks: dict[str, float] = {}
+        used = [it.start, it.end]
+        for mark, s, e in it.spans:
+            used.append(s)
+            if e is not None:
+                used.append(e)
+                marks[mark] = marks.get(mark, 0.0) + s.elapsed_time(e)
+        self.pool.give_back(used)
+        meta = it.meta
+        rec: dict[str, Any] = {
+            "seq": it.seq, "t": it.t_end, "epoch": meta["epoch"], "rank": self.rank,
+            "steps": meta.get("steps"), "topk": meta.get("topk"),
+            "num_draft_tokens": meta.get("num_draft_tokens"),
+            "placement": meta.get("placement", "sharded"),
+            "bs": meta.get("bs"), "wall_ms": round(wall_ms, 4),
+            "phase_ms": {k: round(v, 4) for k, v in compose_phases(marks, wall_ms).items()},
+            "simulated": bool(meta.get("simulated", False)), "emulated_comm": False,
+        }
+        # Unknown fields are left out, never null: readers use .get(key, default).
+        if it.accepted is not None:
+            rec["accepted"] = it.accepted
+            rec["committed"] = sum(it.accepted) + len(it.accepted)
+        return rec
