@@ -76,12 +76,14 @@ def test_summarise_groups_by_setting_and_bs():
 def test_settings_semantics():
     assert Setting(3).num_draft_tokens == 4
     assert Setting(0, 4, 9).topk == 1 and Setting(0, 4, 9).num_draft_tokens == 1
+    assert Setting(0, placement="rank0") == Setting(0)     # off has no placement
+    assert Setting(0, placement="rank0").as_server_args() == {"speculative_num_steps": 0}
     with pytest.raises(ValueError, match="candidate pool"):
         Setting(2, 2, 8)         # pool = 2 + 1*4 = 6 < 7
     with pytest.raises(ValueError, match="steps\\+1"):
         Setting(3, 1, 6)
     space = settings_space(3, topks=(1, 2), draft_tokens=(4, 8), placements=("sharded", "rank0"))
-    assert Setting(0, placement="rank0") in space and Setting(3, 2, 8) in space
+    assert Setting(0) in space and Setting(3, 2, 8, "rank0") in space
     assert not any(x.steps == 1 and x.topk == 2 and x.num_draft_tokens == 8 for x in space)
     assert len(space) == len(set(space))
     assert Setting(2, 4, 6, "replicated").as_server_args() == {

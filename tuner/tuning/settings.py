@@ -23,8 +23,11 @@ class Setting:
 
     def __post_init__(self) -> None:
         if self.steps == 0:
+            # Speculation off runs no draft, so topk, N and placement do not exist for it: one
+            # canonical point, whatever placement the server reports.
             object.__setattr__(self, "topk", 1)
             object.__setattr__(self, "num_draft_tokens", 1)
+            object.__setattr__(self, "placement", "sharded")
         elif self.topk == 1 and self.num_draft_tokens == 0:
             object.__setattr__(self, "num_draft_tokens", self.steps + 1)
         problem = setting_problem(self)
@@ -50,7 +53,7 @@ class Setting:
         if self.steps > 0:
             args["speculative_eagle_topk"] = self.topk
             args["speculative_num_draft_tokens"] = self.num_draft_tokens
-        args["speculative_draft_placement"] = self.placement
+            args["speculative_draft_placement"] = self.placement
         return args
 
     def to_json(self) -> dict[str, object]:
@@ -65,7 +68,7 @@ class Setting:
 
 def setting_problem(s: Setting) -> str | None:
     """Why this setting is invalid, or None."""
-    if s.placement not in PLACEMENTS:
+    if not isinstance(s.placement, str) or s.placement not in PLACEMENTS:
         return f"unknown placement {s.placement!r} (expected one of {', '.join(PLACEMENTS)})"
     if s.steps < 0 or s.topk < 1 or s.num_draft_tokens < 1:
         return f"steps must be >= 0, topk and num_draft_tokens >= 1 (got {s})"
@@ -87,9 +90,9 @@ def settings_space(max_steps: int = 7, topks: Iterable[int] = (1,),
                    include_off: bool = True) -> list[Setting]:
     """Every valid setting: chains 1..max_steps, trees for each topk>1 and each N in draft_tokens."""
     out: list[Setting] = []
+    if include_off:
+        out.append(Setting(0))
     for placement in placements:
-        if include_off:
-            out.append(Setting(0, placement=placement))
         for k in sorted(set(topks)):
             for s in range(1, max_steps + 1):
                 if k == 1:

@@ -1,0 +1,132 @@
+"""The live tuner's state machine on a simulated engine behind the real Session (injected clock)."""
+
+import json
+
+import pytest
+
+from tests.tuning.sim import SimBackend, SimEngine, SimFeed, drive, make
+from tests.tuning.synth import Truth
+from tuner.core.clock import ManualClock
+from tuner.core.records import thaw
+from tuner.core.session import Session
+from tuner.tuning.live import EventKinds, InlineRunner, Tuner, TunerOptions, TuningError, probe_plan
+from tuner.tuning.settings import Setting, settings_space
+
+SPACE = settings_space(7)
+
+
+def kinds(session):
+    return [e.kind for e in session.store.events() if e.kind.startswith("tuning_")]
+
+
+def test_probe_plan_covers_the_lines():
+    plan = probe_plan(SPACE, Setting(3))
+    assert plan[0] == Setting(3) and Setting(0) in plan
+    assert {s.steps for s in plan} >= {1, 4, 7}
+    tree_space = settings_space(5, topks=(1, 4), draft_tokens=(8, 16))
+    assert any(s.topk == 4 for s in probe_plan(tree_space, Setting(2)))
+
+
+def test_tuner_finds_the_best_chain_and_verifies_it():
+    truth = Truth(step=0.6)
+    clock, engine, session, tuner = make(truth, SPACE, start=Setting(1))
+    took = drive(clock, engine, session, tuner)
+    res = tuner.result
+    true_best = max(SPACE, key=lambda s: truth.tok_s(s, 2))
+    assert truth.tok_s(res.best, 2) >= 0.97 * truth.tok_s(true_best, 2)
+    assert engine.setting == res.best == res.applied
+    ks = kinds(session)
+    assert ks[0] == EventKinds.STARTED and ks[-1] == EventKinds.FINISHED
+    assert EventKinds.PREDICTION in ks and EventKinds.APPLIED in ks and EventKinds.VERIFIED in ks
+    v = res.verifications[0]
+    assert v.incumbent == Setting(1) and v.verdict == "better"
+    # The measured gain agrees with the prediction within the A/B interval (+ a little).
+    assert v.lo - 0.05 <= v.predicted_ratio <= v.hi + 0.05
+    # Far less time than measuring every setting the same way (8 settings × (2 s settle + 3 s)).
+    assert took < 8 * 5 * 3
+    doc = json.loads(json.dumps(thaw(session.store.events(EventKinds.FINISHED)[0].data)))
+    assert doc["best"] == res.best.to_json() and doc["model"]["version"] == 1
+    assert doc["sglang"]["adaptive_config"]["1"]["candidate_steps"] == [res.best.steps]
+
+
+def test_slow_link_moves_the_draft_off_the_tp_group():
+    truth = Truth(step=2.0, draft0=1.0, comm_share=0.7)
+    space = settings_space(7, placements=("sharded", "replicated"))
+    clock, engine, session, tuner = make(truth, space, start=Setting(5))
+    drive(clock, engine, session, tuner)
+    res = tuner.result
+    assert res.best.placement == "replicated"
+    true_best = max(space, key=lambda s: truth.tok_s(s, 2))
+    assert truth.tok_s(res.best, 2) >= 0.97 * truth.tok_s(true_best, 2)
+    probes = [thaw(e.data)["setting"] for e in session.store.events(EventKinds.PROBE)]
+    assert any(p["placement"] == "replicated" for p in probes)
+
+
+def test_a_worse_candidate_is_rolled_back():
+    truth = Truth(step=0.6)
+    true_best = max(SPACE, key=lambda s: truth.tok_s(s, 2))
+    # The predicted best is secretly slow (something the linear costs cannot know).
+    clock, engine, session, tuner = make(truth, SPACE, start=Setting(1), penalty={true_best: 1.6})
+    drive(clock, engine, session, tuner)
+    assert EventKinds.ROLLED_BACK in kinds(session)
+    res = tuner.result
+    assert res.best != true_best and engine.setting == res.best
+    assert any(v.setting == true_best and v.verdict == "worse" for v in res.verifications)
+
+
+def test_refused_setting_is_skipped():
+    truth = Truth()
+    clock, engine, session, tuner = make(truth, SPACE, start=Setting(2), refuse={Setting(0)})
+    drive(clock, engine, session, tuner)
+    refused = [thaw(e.data) for e in session.store.events(EventKinds.REFUSED)]
+    assert refused and refused[0]["setting"]["steps"] == 0 and "refused" in refused[0]["reason"]
+    assert tuner.state == "done"
+
+
+def test_without_apply_the_starting_setting_is_restored():
+    truth = Truth(step=0.6)
+    clock, engine, session, tuner = make(truth, SPACE, TunerOptions(apply_best=False), start=Setting(1))
+    drive(clock, engine, session, tuner)
+    assert tuner.result.best != Setting(1)
+    assert engine.setting == Setting(1) == tuner.result.applied
+
+
+def test_budget_stops_the_tuner_with_what_it_knows():
+    truth = Truth()
+    clock, engine, session, tuner = make(truth, SPACE, TunerOptions(budget_s=12), start=Setting(2))
+    took = drive(clock, engine, session, tuner)
+    assert took < 20 and tuner.state == "done"
+    assert tuner.result.stop_reason == "budget spent"
+
+
+def test_no_iterations_fails_with_a_reason():
+    truth = Truth()
+    clock, engine, session, tuner = make(truth, SPACE, TunerOptions(budget_s=5))
+    engine.running = False
+    drive(clock, engine, session, tuner)
+    assert tuner.state == "failed" and "load" in tuner.status
+
+
+def test_tuner_refuses_a_server_that_cannot_set_steps():
+    from tuner.backends.base import Capabilities
+
+    clock = ManualClock(0)
+    engine = SimEngine(Truth(), clock)
+    backend = SimBackend(engine)
+    backend._caps = Capabilities(HAS_PHASE_STREAM=True, reasons={"speculative_num_steps": "no plugin"})
+    with pytest.raises(TuningError, match="no plugin"):
+        Tuner(Session(backend, clock=clock), SPACE, feed=SimFeed(engine), runner=InlineRunner())
+
+
+def test_malformed_records_are_counted_not_fatal():
+    truth = Truth()
+    clock, engine, session, tuner = make(truth, SPACE, TunerOptions(budget_s=8), start=Setting(2))
+    tuner.start()
+    engine.records.append({"seq": 0, "steps": "x"})
+    for _ in range(40):
+        clock.advance(0.25)
+        engine.run_until(clock.now())
+        session.tick()
+        tuner.step()
+    assert tuner.bad_records == 1
+    assert EventKinds.PROBLEM in kinds(session)

@@ -1,0 +1,653 @@
+"""Live tuning: probe a few settings on the running server, fit the cost model, apply the predicted
+best, verify it with an interleaved A/B against the previous best, refine, stop within noise.
+
+`Tuner` is a step-wise state machine driven by the session clock: `step(now)` never blocks and
+never sleeps, so the TUI's tune screen calls it from a timer and tests call it with a ManualClock.
+Blocking work runs elsewhere: control requests through a `runner` (a worker thread by default,
+inline for headless loops and tests), phase records through a `PhaseFeed` (the tuner's own cursor on
+/specdecode/phases). Every decision becomes an Event on the session's bus (kinds `tuning_*`), so
+the store, recordings and the report see the tuning. The tuner never touches widgets or the store
+(it reads the store's tok/s windows for the A/B, which the session fills).
+
+Stages: probe → (probe placements the what-if says could win) → propose → verify (A/B) →
+propose … → finish (leave the best applied, or restore the starting setting).
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from tuner.core import ab as core_ab
+from tuner.core.records import Event
+from tuner.tuning.adaptive_policy import acceptance_only_pick
+from tuner.tuning.cost_model import CostModel, Prediction, best, fit_cost_model
+from tuner.tuning.export import (adaptive_config, adaptive_flags, placement_note, sglang_flags)
+from tuner.tuning.observations import Iteration, parse_record, summarise
+from tuner.tuning.phase_feed import PhaseFeed
+from tuner.tuning.settings import Setting
+
+
+class TuningError(Exception):
+    """The tuner cannot run against this server (one line, for people)."""
+
+
+class EventKinds:
+    """Events the tuner puts on the bus (data keys beside each)."""
+
+    STARTED = "tuning_started"        # space, probes, budget_s, initial
+    PROBE = "tuning_probe"            # setting, purpose, n, tok_s, terms_ms
+    PREDICTION = "tuning_prediction"  # bs, best, predictions, model
+    APPLIED = "tuning_applied"        # setting, predicted_tok_s, sd, incumbent, predicted_gain
+    VERIFIED = "tuning_verified"      # setting, incumbent, verdict, ratio, lo, hi, predicted_ratio, windows, series
+    ROLLED_BACK = "tuning_rolled_back"  # setting, to, reason
+    REFUSED = "tuning_refused"        # setting, reason
+    FINISHED = "tuning_finished"      # result (TuningResult.to_json())
+    PROBLEM = "tuning_problem"        # message
+
+
+@dataclass(frozen=True)
+class TunerOptions:
+    budget_s: float = 300.0
+    settle_s: float = 2.0            # "What better means": drop the first 2 s ...
+    settle_iters: int = 20           # ... or 20 iterations, whichever is later
+    probe_s: float = 3.0             # measured seconds per probe, after settling
+    probe_min_iters: int = 30
+    ab_segment_s: float = 3.0        # measured seconds per A/B segment (3 one-second windows)
+    ab_pairs: int = 2                # candidate/incumbent segment pairs per verification
+    noise_floor: float = 0.02        # predicted gains below this are within noise
+    max_rounds: int = 3              # verifications at most
+    apply_best: bool = True          # leave the best applied (else restore the starting setting)
+    stall_s: float = 20.0            # no iteration of a setting for this long: say so
+
+
+class InlineRunner:
+    """Runs a control request at once on the caller's thread (headless loops, tests)."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        fut: Future = Future()
+        try:
+            fut.set_result(fn(*args))
+        except Exception as e:  # noqa: BLE001 - handed to the tuner through the future
+            fut.set_exception(e)
+        return fut
+
+    def shutdown(self) -> None:
+        pass
+
+
+class ThreadRunner:
+    """Runs control requests on one worker thread (the TUI: never block its event loop)."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tuner-control")
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        return self._pool.submit(fn, *args)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass
+class _Job:
+    """One measurement (or a bare apply when measure_s == 0) of one setting."""
+
+    setting: Setting
+    purpose: str                     # probe | candidate | incumbent | apply
+    measure_s: float
+    min_iters: int
+    future: Future | None = None
+    applied: bool = False
+    epoch: int | None = None
+    t_apply: float = math.nan        # session time the change was confirmed
+    first_t: float = math.nan        # server time of its first iteration
+    seen: int = 0
+    settled_at: float = math.nan     # session time settling ended
+    end_at: float = math.nan
+    iters: list[Iteration] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ABOutcome:
+    setting: Setting
+    incumbent: Setting
+    verdict: str                     # better | worse | same
+    ratio: float
+    lo: float
+    hi: float
+    predicted_ratio: float
+    n_candidate: int
+    n_incumbent: int
+    series: str
+
+    def to_json(self) -> dict:
+        return {"setting": self.setting.to_json(), "incumbent": self.incumbent.to_json(),
+                "verdict": self.verdict, "ratio": self.ratio, "lo": self.lo, "hi": self.hi,
+                "predicted_ratio": self.predicted_ratio, "windows": [self.n_candidate, self.n_incumbent],
+                "series": self.series}
+
+
+@dataclass(frozen=True)
+class TuningResult:
+    initial: Setting
+    best: Setting
+    applied: Setting                 # what the server runs after tuning
+    bs: int
+    stop_reason: str
+    elapsed_s: float
+    probes: int
+    verifications: tuple[ABOutcome, ...]
+    predictions: tuple[Prediction, ...]
+    model: CostModel | None
+    acceptance_only: Setting | None
+    measured_tok_s: Mapping[Setting, float]
+
+    def to_json(self) -> dict:
+        recs = {}
+        flags: dict[str, Any] = {"setting": sglang_flags(self.best), "note": placement_note(self.best)}
+        if self.model is not None:
+            from tuner.tuning.cost_model import recommend
+            space = [p.setting for p in self.predictions]
+            recs = {str(bs): p.to_json() for bs, p in recommend(self.model, space).items()}
+            chains = {bs: p.setting for bs, p in recommend(
+                self.model, [s for s in space if s.topk == 1]).items()}
+            if chains:
+                flags["adaptive_config"] = adaptive_config(chains)
+                flags["adaptive_flags"] = adaptive_flags(chains, "tuned-adaptive.json")
+        ao = self.acceptance_only
+        ao_pred = self.model.predict(ao, self.bs) if self.model is not None and ao is not None else None
+        what_if = None
+        if self.model is not None and self.best.steps > 0:
+            w = self.model.what_if(self.best, self.bs, "replicated")
+            what_if = w.to_json() if w else None
+        return {
+            "initial": self.initial.to_json(), "best": self.best.to_json(),
+            "applied": self.applied.to_json(), "bs": self.bs, "stop_reason": self.stop_reason,
+            "elapsed_s": round(self.elapsed_s, 3), "probes": self.probes,
+            "measured_tok_s": [{**s.to_json(), "tok_s": v} for s, v in self.measured_tok_s.items()],
+            "verifications": [v.to_json() for v in self.verifications],
+            "predictions": [p.to_json() for p in self.predictions],
+            "recommendations": recs, "sglang": flags,
+            "acceptance_only": None if ao is None else {
+                **ao.to_json(), "predicted_tok_s": ao_pred.tok_s if ao_pred else None,
+                "measured_tok_s": self.measured_tok_s.get(ao)},
+            "what_if": what_if,
+            "model": self.model.to_json() if self.model is not None else None,
+        }
+
+
+def probe_plan(space: Sequence[Setting], initial: Setting) -> list[Setting]:
+    """The first measurements: the starting setting, speculation off, and for the starting placement
+    chains at the shallowest, middle and deepest steps (the draft and verify lines need ≥ 2 points,
+    the third checks them); one mid-size tree per topk in the space."""
+    placement = initial.placement if initial.steps > 0 else "sharded"
+    chains = sorted({s.steps for s in space if s.topk == 1 and s.steps > 0 and s.placement == placement})
+    plan = [initial]
+    if Setting(0) in space:
+        plan.append(Setting(0))
+    if chains:
+        for st in (chains[0], chains[len(chains) // 2], chains[-1]):
+            plan.append(Setting(st, placement=placement))
+    for k in sorted({s.topk for s in space if s.topk > 1}):
+        trees = sorted((s for s in space if s.topk == k and s.placement == placement),
+                       key=lambda s: (s.steps, s.num_draft_tokens))
+        if trees:
+            plan.append(trees[len(trees) // 2])
+    out: list[Setting] = []
+    for s in plan:
+        if s not in out:
+            out.append(s)
+    return out
+
+
+class Tuner:
+    """See the module docstring. Public surface for views:
+
+    state ("idle" | "running" | "done" | "failed"), stage, status (one line), progress() in [0, 1],
+    model, predictions (newest table at the main batch size), measured (Setting -> tok/s),
+    verifications, result (after done), apply(setting) (operator's choice from the table),
+    cancel().
+    """
+
+    def __init__(self, session: Any, space: Sequence[Setting], options: TunerOptions | None = None,
+                 feed: PhaseFeed | None = None, runner: Any = None, tp_size: int | None = None) -> None:
+        self.session = session
+        self.opts = options or TunerOptions()
+        backend = getattr(session, "backend", None)
+        caps = getattr(backend, "capabilities", None)
+        if caps is not None:
+            if not caps.can_set("speculative_num_steps"):
+                raise TuningError(caps.why_not("speculative_num_steps") or "this server cannot change steps live")
+            if feed is None and not caps.HAS_PHASE_STREAM:
+                raise TuningError("this server has no per-iteration phase stream (/specdecode/phases); "
+                                  "the tuner needs it to measure phase costs")
+        self._caps = caps
+        space = [s for s in space if self._settable(s)]
+        if not space:
+            raise TuningError("no setting in the search space can be applied live on this server")
+        self.space = sorted(set(space))
+        if feed is None:
+            from tuner.tuning.phase_feed import HttpPhaseFeed
+            feed = HttpPhaseFeed(backend.url, getattr(backend, "api_key", None))
+        self.feed = feed
+        self.runner = runner or ThreadRunner()
+        if tp_size is None:
+            info = session.server_info() if hasattr(session, "server_info") else {}
+            tp = info.get("tp_size") if isinstance(info, dict) else None
+            tp_size = tp if isinstance(tp, int) else None
+        self.tp_size = tp_size
+        self.state = "idle"
+        self.stage = "waiting for the first decode iteration"
+        self.status = "not started"
+        self.model: CostModel | None = None
+        self.predictions: list[Prediction] = []
+        self.measured: dict[Setting, float] = {}    # Σ committed / Σ wall of every measurement
+        self._sums: dict[Setting, tuple[int, float]] = {}
+        self.verifications: list[ABOutcome] = []
+        self.result: TuningResult | None = None
+        self.bad_records = 0
+        self._iters: list[Iteration] = []          # every settled iteration of every job
+        self._queue: list[_Job] = []
+        self._job: _Job | None = None
+        self._done_jobs: list[_Job] = []
+        self._t0 = math.nan
+        self._initial: Setting | None = None
+        self._current: Setting | None = None       # what the server runs, as far as we know
+        self._incumbent: Setting | None = None
+        self._rejected: set[Setting] = set()
+        self._verified: set[Setting] = set()
+        self._rounds = 0
+        self._probes = 0
+        self._planned = 1
+        self._ab_jobs: list[_Job] = []
+        self._candidate: Prediction | None = None
+        self._predicted_ratio = math.nan
+        self._stop_reason = ""
+        self._last_progress_t = math.nan
+
+    # ---- capabilities ----------------------------------------------------------------------
+    def _settable(self, s: Setting) -> bool:
+        c = self._caps
+        if c is None:
+            return True
+        if s.steps > 0 and s.topk > 1 and not (c.can_set("speculative_eagle_topk")
+                                               and c.can_set("speculative_num_draft_tokens")):
+            return False
+        if s.steps > 0 and s.placement != "sharded" and not c.can_set("speculative_draft_placement"):
+            return False
+        return True
+
+    def _changes(self, s: Setting) -> dict[str, Any]:
+        args = s.as_server_args()
+        c = self._caps
+        if c is not None:
+            args = {k: v for k, v in args.items() if k == "speculative_num_steps" or c.can_set(k)}
+        return args
+
+    # ---- events ----------------------------------------------------------------------------
+    def _emit(self, kind: str, now: float, data: Mapping[str, Any]) -> None:
+        self.session.put(Event(now, kind, dict(data)))
+
+    # ---- public control --------------------------------------------------------------------
+    def start(self, now: float | None = None) -> None:
+        now = self.session.now() if now is None else now
+        self._t0 = now
+        self.state = "running"
+        self.status = "waiting for decode iterations (is load running?)"
+        self._last_progress_t = now
+
+    def cancel(self, now: float | None = None) -> None:
+        if self.state == "running":
+            self._finish(self.session.now() if now is None else now, "cancelled")
+
+    def close(self) -> None:
+        self.feed.close()
+        self.runner.shutdown()
+
+    def apply(self, setting: Setting) -> Future:
+        """Apply one setting now (the operator's pick from the table); blocking work on the runner."""
+        def run() -> Any:
+            res = self.session.set_config(self._changes(setting), by="operator")
+            if res.ok:
+                self._current = setting
+            return res
+        return self.runner.submit(run)
+
+    def progress(self) -> float:
+        if self.state == "done":
+            return 1.0
+        if self.state != "running":
+            return 0.0
+        done = len(self._done_jobs)
+        frac = done / max(self._planned, done + 1)
+        elapsed = (self._last_progress_t - self._t0) / self.opts.budget_s if self.opts.budget_s else 0
+        return max(0.0, min(0.99, max(frac, elapsed)))
+
+    # ---- the state machine -----------------------------------------------------------------
+    def step(self, now: float | None = None) -> bool:
+        """Advance as far as the data allows; True while tuning goes on."""
+        if self.state != "running":
+            return False
+        now = self.session.now() if now is None else now
+        self._last_progress_t = now
+        self._ingest(now)
+        if self._initial is None:
+            if now - self._t0 > self.opts.budget_s:
+                self.state, self.stage = "failed", "failed"
+                self.status = "no decode iteration arrived: start load (or traffic) on the server"
+                self._emit(EventKinds.PROBLEM, now, {"message": self.status})
+                return False
+            return True
+        if now - self._t0 > self.opts.budget_s and self._stop_reason == "":
+            self._stop_reason = "budget spent"
+            self._queue = [j for j in self._queue if j.purpose == "apply"]
+            if self._job is not None and self._job.purpose != "apply":
+                self._job = None
+            self._finish(now, "budget spent")
+        for _ in range(8):                      # a few transitions per step at most
+            if self._job is None:
+                if self._queue:
+                    self._job = self._queue.pop(0)
+                elif self.state == "running":
+                    self._decide(now)
+                    if self._job is None and not self._queue:
+                        break
+                    continue
+                else:
+                    break
+            if not self._advance(self._job, now):
+                break
+            self._done_jobs.append(self._job)
+            self._job = None
+        return self.state == "running"
+
+    def _ingest(self, now: float) -> None:
+        job = self._job
+        for rec in self.feed.poll():
+            try:
+                it = parse_record(rec)
+            except ValueError as e:
+                self.bad_records += 1
+                if self.bad_records == 1:
+                    self._emit(EventKinds.PROBLEM, now, {"message": str(e)})
+                continue
+            if self._initial is None:
+                self._initial = it.setting
+                self._current = it.setting
+                self._incumbent = it.setting
+                self._emit(EventKinds.STARTED, now, {
+                    "initial": it.setting.to_json(), "budget_s": self.opts.budget_s,
+                    "space": [s.to_json() for s in self.space],
+                    "probes": [s.to_json() for s in probe_plan(self.space, it.setting)]})
+                self.stage = "probing"
+                self._queue = [_Job(s, "probe", self.opts.probe_s, self.opts.probe_min_iters)
+                               for s in probe_plan(self.space, it.setting)]
+                self._planned = len(self._queue) + 2 * self.opts.ab_pairs + 1
+                job = None
+            if job is None or not job.applied or job.measure_s <= 0:
+                continue
+            if not self._belongs(job, it):
+                continue
+            if job.seen == 0:
+                job.first_t = it.t
+            job.seen += 1
+            if math.isnan(job.settled_at):
+                if job.seen > self.opts.settle_iters and it.t - job.first_t >= self.opts.settle_s:
+                    job.settled_at = now
+                    job.end_at = now + job.measure_s
+                continue
+            job.iters.append(it)
+
+    @staticmethod
+    def _belongs(job: _Job, it: Iteration) -> bool:
+        if job.epoch is not None:
+            return it.epoch == job.epoch
+        return it.setting == job.setting
+
+    def _advance(self, job: _Job, now: float) -> bool:
+        """Move one job on; True when it is finished."""
+        if not job.applied:
+            if job.future is None:
+                if job.setting == self._current:
+                    job.applied, job.t_apply = True, now
+                else:
+                    self.status = f"applying {job.setting.label()}"
+                    job.future = self.runner.submit(self.session.set_config,
+                                                    self._changes(job.setting), "tuner")
+            if job.future is not None and not job.applied:
+                if not job.future.done():
+                    return False
+                try:
+                    res = job.future.result()
+                    ok, reason, active = res.ok, res.reason, res.active
+                except Exception as e:  # noqa: BLE001 - a transport error is a refusal here
+                    ok, reason, active = False, str(e).splitlines()[0] if str(e) else type(e).__name__, None
+                if not ok:
+                    self._rejected.add(job.setting)
+                    self.space = [s for s in self.space if s != job.setting]
+                    self._emit(EventKinds.REFUSED, now, {"setting": job.setting.to_json(), "reason": reason})
+                    return True
+                self._current = job.setting
+                job.applied, job.t_apply = True, now
+                epoch = active.get("epoch") if isinstance(active, Mapping) else None
+                job.epoch = epoch if isinstance(epoch, int) else None
+            if job.measure_s <= 0:
+                return True
+        if math.isnan(job.settled_at) or now < job.end_at or len(job.iters) < job.min_iters:
+            if job.seen == 0 and now - job.t_apply > self.opts.stall_s:
+                self._emit(EventKinds.PROBLEM, now, {
+                    "message": f"no decode iteration at {job.setting.label()} for "
+                               f"{now - job.t_apply:.0f} s: is load running?"})
+                job.t_apply = now
+            self.status = (f"{self.stage}: {job.setting.label()} "
+                           + ("settling" if math.isnan(job.settled_at) else f"{len(job.iters)} iterations"))
+            return False
+        self._complete(job, now)
+        return True
+
+    def _complete(self, job: _Job, now: float) -> None:
+        self._iters.extend(job.iters)
+        stats = [s for s in summarise(job.iters)]
+        if stats:
+            main = max(stats, key=lambda s: s.n)
+            total_tok = sum(i.committed for i in job.iters)
+            total_ms = sum(i.wall_ms for i in job.iters)
+            tok_s = 1000.0 * total_tok / total_ms if total_ms else math.nan
+            if job.purpose == "probe":
+                self._probes += 1
+            tok, ms = self._sums.get(job.setting, (0, 0.0))
+            self._sums[job.setting] = (tok + total_tok, ms + total_ms)
+            self.measured[job.setting] = 1000.0 * self._sums[job.setting][0] / self._sums[job.setting][1]
+            self._emit(EventKinds.PROBE, now, {
+                "setting": job.setting.to_json(), "purpose": job.purpose, "n": len(job.iters),
+                "bs": main.bs, "tok_s": tok_s, "t0": job.settled_at, "t1": now,
+                "terms_ms": {k: v[0] for k, v in main.terms.items()}})
+
+    # ---- decisions -------------------------------------------------------------------------
+    def _main_bs(self) -> int:
+        counts: dict[int, int] = {}
+        for it in self._iters:
+            counts[it.bs] = counts.get(it.bs, 0) + 1
+        return max(counts, key=lambda b: counts[b]) if counts else 1
+
+    def _refit(self, now: float) -> None:
+        self.model = fit_cost_model(summarise(self._iters), self.tp_size)
+        bs = self._main_bs()
+        self.predictions = self.model.predict_all(self.space, bs)
+        top = best(self.predictions)
+        self._emit(EventKinds.PREDICTION, now, {
+            "bs": bs, "best": top.to_json() if top else None,
+            "predictions": [p.to_json() for p in self.predictions],
+            "model": self.model.to_json()})
+
+    def _decide(self, now: float) -> None:
+        if self.stage == "probing":
+            self._refit(now)
+            extra = self._placement_probes()
+            if extra:
+                self.stage = "probing placements"
+                self._queue = [_Job(s, "probe", self.opts.probe_s, self.opts.probe_min_iters) for s in extra]
+                self._planned += len(extra)
+                return
+            self._propose(now)
+        elif self.stage == "probing placements":
+            self._refit(now)
+            self._propose(now)
+        elif self.stage == "verifying":
+            self._judge(now)
+        elif self.stage == "finishing":
+            self._done(now)
+
+    def _placement_probes(self) -> list[Setting]:
+        """Placements not yet measured whose what-if (draft collectives removed) could beat the
+        best measured placement by more than the noise floor: probe them at two depths."""
+        assert self.model is not None
+        bs = self._main_bs()
+        top = best(p for p in self.predictions if p.basis != "what-if")
+        if top is None or top.setting.steps == 0:
+            top = best(p for p in self.predictions if p.basis != "what-if" and p.setting.steps > 0)
+        if top is None:
+            return []
+        measured = set(self.model.placements(bs))
+        out: list[Setting] = []
+        for placement in sorted({s.placement for s in self.space if s.steps > 0} - measured):
+            w = self.model.what_if(top.setting, bs, placement)
+            if w is None or top.tok_s is None or w.tok_s <= top.tok_s * (1 + self.opts.noise_floor):
+                continue
+            steps = sorted({s.steps for s in self.space if s.placement == placement and s.topk == 1})
+            if steps:
+                out += [Setting(steps[0], placement=placement), Setting(steps[-1], placement=placement)]
+        return [s for s in dict.fromkeys(out) if s in self.space]
+
+    def _predicted(self, s: Setting) -> Prediction | None:
+        for p in self.predictions:
+            if p.setting == s:
+                return p
+        return None
+
+    def _propose(self, now: float) -> None:
+        # The first A/B is against what the server ran before tuning (so the verified gain is the
+        # gain the operator gets); later ones against the last verified winner.
+        assert self._incumbent is not None
+        pool = [p for p in self.predictions
+                if p.setting not in self._rejected and p.setting not in self._verified]
+        cand = best(pool)
+        inc_pred = self._predicted(self._incumbent)
+        if cand is None or cand.setting == self._incumbent:
+            return self._finish(now, "the previous best is the predicted best"
+                                if self._rounds else "the starting setting is the predicted best")
+        if inc_pred is not None and inc_pred.tok_s:
+            gain = cand.tok_s / inc_pred.tok_s - 1           # type: ignore[operator]
+        else:
+            gain = math.inf
+        if gain < self.opts.noise_floor:
+            return self._finish(now, f"predicted gain {gain * 100:+.1f} % is within noise")
+        if self._rounds >= self.opts.max_rounds:
+            return self._finish(now, f"{self.opts.max_rounds} verifications done")
+        self._candidate = cand
+        # Judged later against the prediction made now, before the A/B's own data refine the fit.
+        self._predicted_ratio = gain + 1 if math.isfinite(gain) else math.nan
+        self._emit(EventKinds.APPLIED, now, {
+            "setting": cand.setting.to_json(), "predicted_tok_s": cand.tok_s, "sd": cand.sd,
+            "basis": cand.basis, "incumbent": self._incumbent.to_json(),
+            "incumbent_predicted_tok_s": inc_pred.tok_s if inc_pred else None,
+            "predicted_gain": gain if math.isfinite(gain) else None})
+        self.stage = "verifying"
+        self._ab_jobs = []
+        for _ in range(self.opts.ab_pairs):
+            for s, purpose in ((cand.setting, "candidate"), (self._incumbent, "incumbent")):
+                job = _Job(s, purpose, self.opts.ab_segment_s, 1)
+                self._ab_jobs.append(job)
+                self._queue.append(job)
+        self._planned += len(self._ab_jobs)
+
+    def _windows(self, c_jobs: Sequence[_Job], i_jobs: Sequence[_Job]
+                 ) -> tuple[list[float], list[float], str]:
+        """1-s windows of decode tok/s over each side's measured spans: the session's throughput
+        series when it has enough readings on both sides, else tokens committed per second of the
+        phase records (server time)."""
+        series = self.session.throughput_series() if hasattr(self.session, "throughput_series") else ""
+        store = getattr(self.session, "store", None)
+        if store is not None and series:
+            sides = [[w for j in jobs for w in core_ab.window_means(store, series, j.settled_at, j.end_at)]
+                     for jobs in (c_jobs, i_jobs)]
+            if min(len(x) for x in sides) >= core_ab.MIN_WINDOWS:
+                return sides[0], sides[1], series
+
+        def from_records(jobs: Sequence[_Job]) -> list[float]:
+            out: list[float] = []
+            for j in jobs:
+                if not j.iters:
+                    continue
+                t0 = j.iters[0].t
+                for w in range(int((j.iters[-1].t - t0) // 1.0)):
+                    out.append(float(sum(i.committed for i in j.iters if t0 + w <= i.t < t0 + w + 1)))
+            return out
+        return from_records(c_jobs), from_records(i_jobs), "phase/committed_per_s"
+
+    def _judge(self, now: float) -> None:
+        assert self._candidate is not None and self._incumbent is not None
+        cand, inc = self._candidate.setting, self._incumbent
+        c_jobs = [j for j in self._ab_jobs if j.purpose == "candidate"]
+        i_jobs = [j for j in self._ab_jobs if j.purpose == "incumbent"]
+        cw, iw, series = self._windows(c_jobs, i_jobs)
+        self._rounds += 1
+        self._refit(now)
+        if len(cw) < 2 or len(iw) < 2:
+            self._emit(EventKinds.PROBLEM, now, {"message": "A/B had too few tok/s windows to compare"})
+            return self._finish(now, "A/B without data")
+        ratio, lo, hi = core_ab.ratio_of_medians(iw, cw)
+        pr = self._predicted_ratio
+        verdict = "better" if lo > 1 else "worse" if hi < 1 else "same"
+        outcome = ABOutcome(cand, inc, verdict, ratio, lo, hi, pr, len(cw), len(iw), series)
+        self.verifications.append(outcome)
+        self._emit(EventKinds.VERIFIED, now, outcome.to_json())
+        if verdict == "better":
+            self._verified.add(cand)
+            self._incumbent = cand
+            self.stage = "proposing"
+            return self._propose(now)
+        if verdict == "worse":
+            self._rejected.add(cand)
+            self._emit(EventKinds.ROLLED_BACK, now, {"setting": cand.to_json(), "to": inc.to_json(),
+                                                     "reason": f"measured {(ratio - 1) * 100:+.1f} % "
+                                                               f"[{(lo - 1) * 100:+.1f}, {(hi - 1) * 100:+.1f}]"})
+            self.stage = "proposing"
+            return self._propose(now)
+        # Within noise: keep the previous best (no change is the cheaper bet) and stop.
+        self._rejected.add(cand)
+        return self._finish(now, f"measured gain {(ratio - 1) * 100:+.1f} % is within noise "
+                                 f"[{(lo - 1) * 100:+.1f}, {(hi - 1) * 100:+.1f}]")
+
+    def _finish(self, now: float, reason: str) -> None:
+        if self.stage == "finishing" or self.state != "running":
+            return
+        self._stop_reason = self._stop_reason or reason
+        self.stage = "finishing"
+        target = self._incumbent if self.opts.apply_best else self._initial
+        if target is not None and target != self._current:
+            self._queue.append(_Job(target, "apply", 0.0, 0))
+
+    def _done(self, now: float) -> None:
+        if self.model is None and self._iters:
+            self._refit(now)
+        best_s = self._incumbent or self._initial
+        assert best_s is not None and self._initial is not None
+        ao = None
+        if self.model is not None and self.model.acceptance.depth:
+            bs = self._main_bs()
+            pick = acceptance_only_pick(self.model.acceptance, bs)
+            ao = Setting(pick, placement=self._initial.placement)
+        self.result = TuningResult(
+            initial=self._initial, best=best_s, applied=self._current or self._initial,
+            bs=self._main_bs(), stop_reason=self._stop_reason, elapsed_s=now - self._t0,
+            probes=self._probes, verifications=tuple(self.verifications),
+            predictions=tuple(self.predictions), model=self.model, acceptance_only=ao,
+            measured_tok_s=dict(self.measured))
+        self._emit(EventKinds.FINISHED, now, self.result.to_json())
+        self.state = "done"
+        self.stage = "done"
+        self.status = f"done: {best_s.label()} ({self._stop_reason})"
