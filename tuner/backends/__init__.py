@@ -1,4 +1,59 @@
 """Backends: one object per server kind (our engine, SGLang, a recording) with declared capabilities.
 
 Everything goes over HTTP (or the recording file); never imports torch, refengine or textual.
+`connect(url)` reads /server_info once and returns the backend for what answers.
 """
+
+from __future__ import annotations
+
+from tuner.backends.base import Backend, Capabilities, ControlResult
+from tuner.backends.http import BadAnswer, ServerError, ServerUnreachable
+
+__all__ = ["connect", "detect_kind", "Backend", "Capabilities", "ControlResult", "ServerError",
+           "ServerUnreachable", "BadAnswer"]
+
+
+def detect_kind(server_info: dict, metric_names: list[str] | None = None) -> str | None:
+    """"refengine", "sglang" or None, from a /server_info body (and /metrics names if read)."""
+    if server_info.get("engine") == "refengine":
+        return "refengine"
+    if metric_names and any(n.startswith("specdecode:") for n in metric_names) and \
+            "speculative_draft_placement" in (server_info.get("internal_states") or [{}])[0]:
+        return "refengine"
+    if "internal_states" in server_info and "version" in server_info:
+        return "sglang"
+    return None
+
+
+def connect(url: str, api_key: str | None = None, timeout: float = 3.0) -> Backend:
+    """The backend for the server at `url`. Raises ServerError (one line) when none can be used."""
+    from tuner.backends.promtext import MetricsParseError, parse_metrics
+    from tuner.backends.refengine import RefEngineBackend
+    from tuner.backends.sglang import SGLangBackend
+
+    probe = RefEngineBackend(url, api_key, timeout=timeout)
+    try:
+        try:
+            info = probe.probe()
+        except BadAnswer as e:
+            if e.status == 404:
+                raise BadAnswer(f"{url} has no /server_info: not SGLang 0.5.x or specdecode-tune serve",
+                                404) from None
+            raise
+        kind = detect_kind(info)
+        if kind is None:
+            try:
+                names = parse_metrics(probe._http["info"].get_text("/metrics")).names()
+            except (ServerError, MetricsParseError):
+                names = []
+            kind = detect_kind(info, names)
+        if kind is None:
+            raise BadAnswer(f"{url}/server_info does not look like SGLang or specdecode-tune serve "
+                            "(no internal_states/version)")
+    finally:
+        probe.stop()
+    backend: Backend = (RefEngineBackend if kind == "refengine" else SGLangBackend)(url, api_key, timeout=timeout)
+    backend.probe()                  # type: ignore[attr-defined]
+    if isinstance(backend, SGLangBackend):
+        backend.check_plugin()
+    return backend

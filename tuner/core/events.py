@@ -23,6 +23,9 @@ class EventKind:
     CONFIG_CHANGED = "config_changed"
     """The server runs a new active configuration from this time on (the A/B change point).
     data: old, new (dicts of knob -> value), epoch (or None), source ("phase_stream"|"server_info"|"metrics")."""
+    CONFIG_ACTIVE = "config_active"
+    """The server's read-back of its active configuration changed (views update at once; the A/B
+    change point stays CONFIG_CHANGED). data: active."""
     CONFIG_REQUESTED = "config_requested"
     """The operator (or tuner) asked for a change. data: changes, by."""
     CONFIG_APPLIED = "config_applied"

@@ -181,11 +181,11 @@ class Session:
 
     def active_config(self) -> dict:
         """The active knobs (steps, topk, draft tokens, placement) as the server last reported them."""
-        info = self.store.last_event(EventKind.SERVER_INFO)
-        change = self.store.last_event(EventKind.CONFIG_CHANGED)
-        if change is not None and (info is None or change.t >= info.t):
-            return thaw(change.data.get("new", {}))
-        return {} if info is None else thaw(info.data.get("active", {}))
+        e = self.store.last_event((EventKind.SERVER_INFO, EventKind.CONFIG_CHANGED, EventKind.CONFIG_ACTIVE))
+        if e is None:
+            return {}
+        key = {EventKind.SERVER_INFO: "active", EventKind.CONFIG_CHANGED: "new", EventKind.CONFIG_ACTIVE: "active"}[e.kind]
+        return thaw(e.data.get(key) or {})
 
     def connection(self) -> Connection:
         e = self.store.last_event((EventKind.CONNECTED, EventKind.DISCONNECTED))

@@ -1,0 +1,212 @@
+"""The load driver: N concurrent streaming /generate requests, so tok/s means something.
+
+Each of N worker threads keeps one request in flight (a new one starts as soon as one ends), so
+concurrency stays constant across a configuration change. Tokens are counted by `output_ids` of the
+cumulative SSE chunks, never by chunks. A reporter emits load/* series at ~4 Hz beside the server's
+own figures. Must not touch the store; errors become folded LOAD_ERROR events, never exceptions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tuner.core import series as S
+from tuner.core.bus import Bus
+from tuner.core.clock import Clock
+from tuner.core.events import EventKind
+from tuner.core.records import Event, Sample
+
+REPORT_EVERY_S = 0.25
+REQUEST_TIMEOUT_S = 600.0
+
+
+class PromptFileError(ValueError):
+    """A prompt file that cannot be used (one line, with the line number)."""
+
+
+def load_prompts(path: str | Path) -> list[dict[str, Any]]:
+    """Read a JSONL prompt file: each line {"text": ...} or {"input_ids": [...]} (plus optional
+    "sampling_params"), or a bare JSON string. Blank lines and lines starting with # are skipped."""
+    prompts: list[dict[str, Any]] = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise PromptFileError(f"cannot read prompt file {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise PromptFileError(f"{path} is not UTF-8 text (expected JSON lines)") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PromptFileError(f"{path}:{n}: not JSON ({e.msg})") from None
+        if isinstance(obj, str):
+            obj = {"text": obj}
+        if not isinstance(obj, dict) or not (isinstance(obj.get("text"), str) or isinstance(obj.get("input_ids"), list)):
+            raise PromptFileError(f'{path}:{n}: each line needs "text" (a string) or "input_ids" (a list)')
+        prompts.append(obj)
+    if not prompts:
+        raise PromptFileError(f"{path}: no prompts")
+    return prompts
+
+
+class LoadDriver:
+    """Keeps `concurrency` streaming requests in flight against `url` until stopped.
+
+    Args:
+        url: the server's base URL.
+        bus, clock: where load/* samples and load events go, and their time.
+        prompts: from load_prompts(); used round-robin.
+        concurrency: requests in flight at all times.
+        max_new_tokens: per request (ignore_eos so lengths stay equal across settings).
+        api_key: sent as Authorization: Bearer.
+        sampling_params: extra sampling params (default greedy: temperature 0).
+    """
+
+    def __init__(self, url: str, bus: Bus, clock: Clock, prompts: list[dict[str, Any]], concurrency: int,
+                 max_new_tokens: int = 128, api_key: str | None = None,
+                 sampling_params: dict[str, Any] | None = None) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if not prompts:
+            raise ValueError("no prompts")
+        self.url = url.rstrip("/")
+        self.bus, self.clock = bus, clock
+        self.prompts = prompts
+        self.concurrency = concurrency
+        self.max_new_tokens = max_new_tokens
+        self.sampling_params = {"temperature": 0.0, "ignore_eos": True, **(sampling_params or {})}
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(base_url=self.url, headers=headers, trust_env=False,
+                                    timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=3.0),
+                                    limits=httpx.Limits(max_connections=concurrency + 2))
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._next = itertools.count()
+        self.tokens = 0            # generated tokens counted so far (output_ids)
+        self.requests = 0          # finished requests
+        self.errors = 0
+        self.inflight = 0
+        self._last_error = ""
+        self._live: dict[int, int] = {}    # worker -> tokens of its current request so far
+
+    # -- life cycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.bus.put(Event(self.clock.now(), EventKind.LOAD_STARTED,
+                           {"concurrency": self.concurrency, "prompts": len(self.prompts),
+                            "max_new_tokens": self.max_new_tokens}))
+        for i in range(self.concurrency):
+            th = threading.Thread(target=self._worker, args=(i,), name=f"load-{i}", daemon=True)
+            self._threads.append(th)
+            th.start()
+        rep = threading.Thread(target=self._reporter, name="load-report", daemon=True)
+        self._threads.append(rep)
+        rep.start()
+
+    def stop(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._client.close()        # ends streams in flight so workers return promptly
+        for th in self._threads:
+            th.join(timeout=5)
+        self.bus.put(Event(self.clock.now(), EventKind.LOAD_STOPPED,
+                           {"requests": self.requests, "tokens": self.tokens, "errors": self.errors}))
+
+    @property
+    def running(self) -> bool:
+        return bool(self._threads) and not self._stop.is_set()
+
+    # -- work -------------------------------------------------------------------------------------
+
+    def _body(self) -> dict[str, Any]:
+        p = self.prompts[next(self._next) % len(self.prompts)]
+        params = {**self.sampling_params, "max_new_tokens": self.max_new_tokens, **(p.get("sampling_params") or {})}
+        body: dict[str, Any] = {"sampling_params": params, "stream": True}
+        if "input_ids" in p:
+            body["input_ids"] = p["input_ids"]
+        else:
+            body["text"] = p["text"]
+        return body
+
+    def _worker(self, i: int) -> None:
+        while not self._stop.is_set():
+            err = None
+            with self._lock:
+                self.inflight += 1
+                self._live[i] = 0
+            try:
+                with self._client.stream("POST", "/generate", json=self._body()) as resp:
+                    if resp.status_code != 200:
+                        resp.read()
+                        err = f"/generate: HTTP {resp.status_code}: {resp.text[:120]}"
+                    else:
+                        err = self._consume(i, resp.iter_lines())
+            except (httpx.HTTPError, RuntimeError) as e:
+                err = None if self._stop.is_set() else f"/generate: {type(e).__name__}: {str(e)[:120]}"
+            with self._lock:
+                self.inflight -= 1
+                self.tokens += self._live.pop(i, 0)
+                if err:
+                    self.errors += 1
+                else:
+                    self.requests += 1
+            if err:
+                self._error(err)
+                self._stop.wait(0.5)     # a dead or refusing server is not hammered
+
+    def _consume(self, i: int, lines: Any) -> str | None:
+        for line in lines:
+            if self._stop.is_set():
+                return None
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return None
+            try:
+                obj = json.loads(data)
+            except json.JSONDecodeError:
+                return f"/generate: bad SSE chunk {data[:60]!r}"
+            if isinstance(obj, dict) and "error" in obj:
+                e = obj["error"]
+                return "/generate: " + str(e.get("message", e) if isinstance(e, dict) else e)
+            ids = obj.get("output_ids") if isinstance(obj, dict) else None
+            if isinstance(ids, list):
+                with self._lock:
+                    self._live[i] = max(self._live.get(i, 0), len(ids))
+        return None
+
+    def _error(self, err: str) -> None:
+        with self._lock:
+            if err == self._last_error:
+                return                   # one event per distinct error, not one per retry
+            self._last_error = err
+        self.bus.put(Event(self.clock.now(), EventKind.LOAD_ERROR, {"error": err}))
+
+    def counted(self) -> int:
+        """Tokens so far, including those of requests still streaming."""
+        with self._lock:
+            return self.tokens + sum(self._live.values())
+
+    def _reporter(self) -> None:
+        last_t, last_n = self.clock.now(), self.counted()
+        while not self._stop.wait(REPORT_EVERY_S):
+            t, n = self.clock.now(), self.counted()
+            if t > last_t:
+                with self._lock:
+                    inflight, requests, errors = self.inflight, self.requests, self.errors
+                self.bus.put_many([Sample(t, S.LOAD_TOK_PER_S, (n - last_n) / (t - last_t)),
+                                   Sample(t, S.LOAD_INFLIGHT, float(inflight)),
+                                   Sample(t, S.LOAD_REQUESTS, float(requests)),
+                                   Sample(t, S.LOAD_ERRORS, float(errors))])
+            last_t, last_n = t, n

@@ -1,0 +1,111 @@
+"""The backend for SGLang 0.5.23: metrics, /server_info and traces always; more with our plugin.
+
+Without our plugin nothing of the speculative setting can change live (SGLang's /set_internal_state
+takes only accept thresholds and a few others). With the plugin (`specdecode` entry point), steps
+change live through `specdecode_num_steps` when the server runs --speculative-adaptive, and a phase
+stream and phase timers exist while a timer lease is held; this backend renews that lease while
+attached. topk, num_draft_tokens and the draft's placement always need a relaunch. SGLang answers a
+refused change with 200 [false] and says why only in its log.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from tuner.backends.base import DRAFT_TOKENS, PLACEMENT, STEPS, TOPK, Capabilities
+from tuner.backends.common_info import common_info, internal_state
+from tuner.backends.http import ServerError
+from tuner.backends.live import LiveBackend
+
+PIN_KEY = "specdecode_num_steps"
+TIMERS_KEY = "specdecode_timers"
+LEASE_S = 60.0
+RENEW_EVERY_S = 20.0
+REFUSED_BY_SGLANG = "refused by the server (see its log)"
+
+
+class SGLangBackend(LiveBackend):
+    kind = "sglang"
+
+    def __init__(self, url: str, api_key: str | None = None, **kw: Any) -> None:
+        super().__init__(url, api_key, **kw)
+        self.plugin: dict[str, Any] | None = None     # GET /specdecode/streams when our plugin is in
+        self._plugin_checked = False
+        self._lease_at = float("-inf")
+
+    def normalize_info(self, raw: dict[str, Any]) -> dict[str, Any]:
+        info = common_info(self.kind, raw)
+        st = internal_state(raw)
+        info["adaptive"] = bool(st.get("speculative_adaptive", raw.get("speculative_adaptive", False)))
+        info["plugin"] = self.plugin
+        return info
+
+    def check_plugin(self) -> bool:
+        """Ask once whether our plugin answers; True when it does."""
+        try:
+            body = self._http["info"].get_json("/specdecode/streams")
+            self.plugin = body if isinstance(body, dict) and body.get("plugin") == "specdecode" else None
+        except ServerError:
+            self.plugin = None
+        self._plugin_checked = True
+        return self.plugin is not None
+
+    def after_info(self, now: float) -> None:
+        if not self._plugin_checked:
+            self.check_plugin()
+        if self.plugin is not None and now - self._lease_at >= RENEW_EVERY_S:
+            # Phase timers cost a little; they run only while someone watches (the lease expires).
+            try:
+                status, body = self._http["info"].post_json("/set_internal_state",
+                                                            {"server_args": {TIMERS_KEY: LEASE_S}})
+                if status == 200:
+                    self._lease_at = now
+            except ServerError:
+                pass
+
+    @property
+    def capabilities(self) -> Capabilities:
+        info = self.info
+        version = info.get("version", "0.5.23")
+        plugin = self.plugin is not None
+        adaptive = bool(info.get("adaptive"))
+        relaunch = f"SGLang {version} cannot change {{what}} live: relaunch the server with {{flag}}"
+        reasons = {
+            TOPK: relaunch.format(what="topk", flag="--speculative-eagle-topk N"),
+            DRAFT_TOKENS: relaunch.format(what="num_draft_tokens", flag="--speculative-num-draft-tokens N"),
+            PLACEMENT: (f"SGLang {version} has no draft placement setting: the draft runs on the target's "
+                        "TP group (a relaunch with attention-DP moves it)"),
+        }
+        if not plugin:
+            reasons[STEPS] = (f"SGLang {version} cannot change steps live without the specdecode plugin "
+                              "(install specdecode-tune[sglang] into the server's environment, launch with "
+                              "--speculative-adaptive), or relaunch with --speculative-num-steps N")
+            reasons["phase_timers"] = "no phase timers: the specdecode plugin is not loaded in this SGLang server"
+        elif not adaptive:
+            reasons[STEPS] = ("the specdecode plugin changes steps only on a server launched with "
+                              "--speculative-adaptive --speculative-eagle-topk 1; or relaunch with "
+                              "--speculative-num-steps N")
+        return Capabilities(
+            CAN_SET_STEPS=plugin and adaptive, CAN_CAPTURE_TRACE=True, CAN_FETCH_TRACE=False,
+            HAS_PHASE_TIMERS=plugin and self.phase_stream is not False,
+            HAS_PHASE_STREAM=bool(self.phase_stream),
+            LOCAL_GPUS=self.local_gpus(), reasons=reasons,
+            restart_keys=frozenset({STEPS, TOPK, DRAFT_TOKENS, PLACEMENT}),
+        )
+
+    def wire_changes(self, changes: Mapping[str, Any]) -> dict[str, Any]:
+        # SGLang's /set_internal_state takes numbers only, and steps go through the plugin's key.
+        return {(PIN_KEY if k == STEPS else k): v for k, v in changes.items()}
+
+    def interpret_reply(self, status: int, body: Any) -> tuple[bool, str]:
+        if status == 200 and isinstance(body, list) and body and all(x is True for x in body):
+            return True, ""
+        if status == 200:
+            return False, REFUSED_BY_SGLANG
+        if isinstance(body, dict):
+            err = body.get("error", body.get("detail"))
+            if isinstance(err, dict):
+                err = err.get("message", err)
+            if err:
+                return False, f"HTTP {status}: {err}"
+        return False, f"HTTP {status}"
