@@ -8,36 +8,30 @@ This module owns no measuring and no state logic: no statistics, no HTTP, no NVM
 
 from __future__ import annotations
 
-import math
-from typing import Any, Iterable
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterable
+from urllib.parse import urlsplit
 
 from textual import on, work
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import App, SystemCommand
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
+from tuner.backends.base import DRAFT_TOKENS as DRAFT
+from tuner.backends.base import PLACEMENT, PLACEMENTS, STEPS, TOPK
+from tuner.core.events import EventKind
+from tuner.core.records import Event, Trace
 from tuner.core.session import Session
 from tuner.messages import CaptureFinished, CaptureProgress, ControlFinished, PySpyFinished
 from tuner.screens.help import HelpScreen
+from tuner.screens.main import CHART_WINDOW_S, MainScreen
 from tuner.widgets import views
-from tuner.widgets.ab import ABReadout, ABView, Metric
-from tuner.widgets.acceptance import PositionBars
-from tuner.widgets.charts import TimeChart
-from tuner.widgets.event_log import EventLog
-from tuner.widgets.gpus import GpuTable
-from tuner.widgets.header import HeaderView, ServerHeader, replay_detail
-from tuner.widgets.knobs import KnobsPanel, KnobView
-from tuner.widgets.phases import PhaseSplit
+from tuner.widgets.knobs import KnobsPanel
 
-PLACEMENTS = ("sharded", "replicated", "rank0")
-STEPS, TOPK, DRAFT, PLACEMENT = ("speculative_num_steps", "speculative_eagle_topk",
-                                 "speculative_num_draft_tokens", "speculative_draft_placement")
 CONTROL_ACTIONS = {"steps", "topk", "draft_tokens", "placement", "toggle_load", "capture_trace", "pyspy"}
 REPLAY_ACTIONS = {"pause", "step", "seek", "speed"}
-CHART_WINDOW_S = 60.0
-PHASE_WINDOW_S = 10.0
 
 
 class TunerApp(App[None]):
@@ -89,44 +83,19 @@ class TunerApp(App[None]):
         self.pending = ""
         self.refused = ""
         self._seen_revision = -1
-        self._logged_until = -math.inf
-        self._origin = math.nan
 
     # -- layout -----------------------------------------------------------------------------------
 
-    def compose(self) -> ComposeResult:
-        yield ServerHeader(id="header")
-        with Horizontal(id="body"):
-            with Vertical(id="left"):
-                with Vertical(id="throughput-panel", classes="panel"):
-                    yield Static(id="throughput-legend")
-                    yield TimeChart(id="throughput")
-                with Horizontal(id="acceptance-panel", classes="panel"):
-                    yield TimeChart(id="accept-chart")
-                    yield PositionBars(id="positions")
-                with Vertical(id="gpus-panel", classes="panel"):
-                    yield GpuTable(id="gpus")
-            with Vertical(id="right"):
-                with Vertical(id="phases-panel", classes="panel"):
-                    yield PhaseSplit(id="phases")
-                with Vertical(id="knobs-panel", classes="panel"):
-                    yield KnobsPanel(id="knobs")
-                with Vertical(id="ab-panel", classes="panel"):
-                    yield ABReadout(id="ab")
-                with Vertical(id="events-panel", classes="panel"):
-                    yield EventLog(id="events")
-        yield Static(id="capture-bar")
-        yield Footer()
+    def get_default_screen(self) -> Screen:
+        self.main = MainScreen()
+        return self.main
 
     def on_mount(self) -> None:
-        titles = {"throughput-panel": "tok/s", "acceptance-panel": "acceptance",
-                  "gpus-panel": "GPUs", "phases-panel": "decode iteration",
-                  "knobs-panel": "setting" if self.read_only else "knobs",
-                  "ab-panel": "A/B", "events-panel": "events"}
-        for wid, title in titles.items():
-            self.query_one(f"#{wid}").border_title = title
         self.set_class(self.read_only, "-read-only")
         self.session.start()
+
+    def main_ready(self) -> None:
+        """Called by the main screen once its panels exist: first draw, then the timer."""
         self.tick()
         if self.tick_s:
             self.set_interval(self.tick_s, self.tick)
@@ -144,140 +113,16 @@ class TunerApp(App[None]):
         store = self.session.store
         if store.revision != self._seen_revision:
             self._seen_revision = store.revision
-            self.refresh_panels()
+            self.main.refresh_panels()
         elif self.read_only:
-            self._draw_header()
+            self.main.draw_header()
 
-    def origin(self) -> float:
-        """Session time 0 for every relative time shown (the recording's start on replay)."""
-        start = getattr(self.session.backend, "start_t", None)
-        if start is not None and math.isfinite(start):
-            return start
-        if math.isnan(self._origin) and math.isfinite(self.session.store.t_first):
-            self._origin = self.session.store.t_first
-        return self._origin if math.isfinite(self._origin) else self.session.now()
-
-    def refresh_panels(self) -> None:
-        store, origin = self.session.store, self.origin()
-        now = self.session.now()
-        t_end = now if math.isfinite(now) else store.t_last
-        active = self.session.active_config()
-        self._draw_header(active)
-        chart = views.throughput_view(store, origin, t_end, self.chart_window_s)
-        self.query_one("#throughput", TimeChart).show(chart)
-        self.query_one("#throughput-legend", Static).update(self._legend(chart))
-        self.query_one("#accept-chart", TimeChart).show(
-            views.accept_chart_view(store, origin, t_end, self.chart_window_s))
-        steps = active.get(STEPS)
-        self.query_one("#positions", PositionBars).show(
-            views.accept_view(store, t_end, steps if isinstance(steps, int) else None))
-        self.query_one("#phases", PhaseSplit).show(
-            views.phase_view(store, t_end, PHASE_WINDOW_S, self._why_no_phases()))
-        self.query_one("#gpus", GpuTable).show(views.gpu_view(store, t_end, note=self._why_no_gpus()))
-        self.query_one("#knobs", KnobsPanel).show(self._knob_view(active))
-        self.query_one("#ab", ABReadout).show(self._ab_view(t_end))
-        events = store.events(t0=self._logged_until, t1=math.inf)
-        events = [e for e in events if e.t > self._logged_until]
-        if events:
-            self._logged_until = events[-1].t
-            lines = [line for e in events if (line := views.event_line(e, origin)) is not None]
-            self.query_one("#events", EventLog).add(lines)
-
-    # -- panel helpers (presentation only) --------------------------------------------------------
-
-    def _draw_header(self, active: dict | None = None) -> None:
-        info = self.session.server_info()
-        active = self.session.active_config() if active is None else active
-        backend = self.session.backend
-        notes = self._notes(info)
-        if self.read_only:
-            state = "paused" if getattr(backend, "paused", False) else "replay"
-            detail = replay_detail(self.session.now() - self.origin(), getattr(backend, "length_s", math.nan),
-                                   getattr(backend, "speed", 1.0), getattr(backend, "paused", False))
-        else:
-            conn = self.session.connection()
-            state = "connecting" if math.isnan(conn.since) else ("connected" if conn.connected else "disconnected")
-            detail = conn.error if not conn.connected else ""
-        launch = info.get("launch") or {}
-        tp = info.get("tp_size", launch.get("tp_size"))
-        self.query_one("#header", ServerHeader).show(HeaderView(
-            kind=str(info.get("kind", "")), version=str(info.get("version", "")),
-            model=str(info.get("model", "")), tp=tp if isinstance(tp, int) else None,
-            host=str(info.get("host", "")), setting=views.setting_text(active),
-            connection=state, detail=detail, notes=tuple(notes)))
-
-    def _legend(self, chart: Any) -> str:
-        parts = []
-        for s in chart.series:
-            last = next((v for v in reversed(s.v) if v == v), math.nan)
-            r, g, b = s.color
-            parts.append(f"[rgb({r},{g},{b})]━━[/] {s.label} [b]{last:.1f}[/]" if last == last
-                         else f"[rgb({r},{g},{b})]━━[/] {s.label} [dim]n/a[/]")
-        if not parts:
-            return "[dim]waiting for readings…[/]"
-        return "   ".join(parts) + "   [dim]│ red line: setting changed[/]"
-
-    def _capability(self, key: str) -> str:
+    def capability(self, key: str) -> str:
         """"" when the backend can change `key` live, else why not (and what would)."""
         backend = self.session.backend
         if backend is None:
             return "no server to change"
         return backend.why_not(key) or ""
-
-    def _knob_view(self, active: dict) -> KnobView:
-        unavailable = {k: r for k in (STEPS, TOPK, DRAFT, PLACEMENT) if (r := self._capability(k))}
-        return KnobView(
-            steps=active.get(STEPS), topk=active.get(TOPK), num_draft_tokens=active.get(DRAFT),
-            placement=active.get(PLACEMENT), unavailable=unavailable, pending=self.pending,
-            refused=self.refused, load=self._load_text(), read_only=self.read_only)
-
-    def _load_text(self) -> str:
-        if self.read_only:
-            return ""
-        load = self.session.load
-        if load is None:
-            return "off" if self.load_concurrency else "off (start with --load N)"
-        tok = self.session.store.value("load/tok_per_s")
-        return f"{self.load_concurrency} concurrent · {tok:.1f} tok/s" if tok == tok else \
-            f"{self.load_concurrency} concurrent"
-
-    def _ab_view(self, now: float) -> ABView:
-        change = self.session.store.last_event("config_changed", at=now)
-        if change is None:
-            return ABView()
-        label = views.change_label(change.data.get("old") or {}, change.data.get("new") or {})
-        tok = self.session.ab(now=now)
-        acc = self.session.ab("spec/accept_len", now=now)
-        if not tok.ready:
-            return ABView(label, False, tok.text().removeprefix("not yet").strip(" ()"))
-        metrics = [Metric("tok/s", tok.median_before, tok.median_after, tok.ratio, tok.lo, tok.hi)]
-        if acc.ready:
-            metrics.append(Metric("accept len", acc.median_before, acc.median_after, acc.ratio, acc.lo, acc.hi))
-        return ABView(label, True, "", tuple(metrics))
-
-    def _why_no_phases(self) -> str:
-        backend = self.session.backend
-        if backend is None or backend.HAS_PHASE_TIMERS or backend.READ_ONLY:
-            return ""
-        return ("this server has no phase timers: install the specdecode plugin in the server "
-                "(probes/inserver), or press c for a trace capture")
-
-    def _why_no_gpus(self) -> str:
-        backend = self.session.backend
-        if backend is not None and not backend.READ_ONLY and not backend.LOCAL_GPUS:
-            return "no local GPU readings: the server's GPUs are not on this host (or it runs on CPU)"
-        return "no GPU readings: the server runs on CPU, or NVML is not available here"
-
-    def _notes(self, info: dict) -> list[str]:
-        """Flags a reader must not miss, from the server's own description of itself."""
-        notes = []
-        launch = info.get("launch") or {}
-        emulated = launch.get("emulate_comm_latency") or info.get("emulate_comm_latency")
-        if emulated:
-            notes.append(f"emulated comm latency {emulated}")
-        if launch.get("load_format") == "dummy":
-            notes.append("random weights")
-        return notes
 
     # -- keys -------------------------------------------------------------------------------------
 
@@ -311,7 +156,7 @@ class TunerApp(App[None]):
 
     def request_change(self, key: str, value: Any) -> None:
         """Send one change, unless the backend cannot do it (then say why)."""
-        reason = self._capability(key)
+        reason = self.capability(key)
         if reason:
             self.notify(reason, title=f"{views.knob_name(key)} cannot change here", severity="warning")
             return
@@ -319,7 +164,7 @@ class TunerApp(App[None]):
         self.pending = f"{views.knob_name(key)} {old} → {value}"
         self.refused = ""
         self._send_change(key, value)
-        self.query_one("#knobs", KnobsPanel).show(self._knob_view(self.session.active_config()))
+        self.main.query_one("#knobs", KnobsPanel).show(self.main.knob_view(self.session.active_config()))
 
     @work(thread=True, group="control", exit_on_error=False)
     def _send_change(self, key: str, value: Any) -> None:
@@ -336,7 +181,7 @@ class TunerApp(App[None]):
         if not message.ok:
             self.refused = f"{views.knob_name(message.key)}={message.value}: {message.reason or 'no reason given'}"
             self.notify(self.refused, title="refused", severity="error")
-        self.query_one("#knobs", KnobsPanel).show(self._knob_view(self.session.active_config()))
+        self.main.query_one("#knobs", KnobsPanel).show(self.main.knob_view(self.session.active_config()))
 
     def action_toggle_load(self) -> None:
         if self.session.load is not None:
@@ -366,15 +211,16 @@ class TunerApp(App[None]):
 
     @work(thread=True, exclusive=True, group="capture", exit_on_error=False)
     def _capture_worker(self) -> None:
+        def progress(text: str, fraction: float | None = None) -> None:
+            self.post_message(CaptureProgress(text, fraction))
         try:
-            analysis = self.session.capture_trace(
-                progress=lambda text, frac=None: self.post_message(CaptureProgress(text, frac)))
-            self.post_message(CaptureFinished(analysis))
-        except Exception as exc:
+            capture = getattr(self.session, "capture_trace", None) or (lambda **kw: capture_trace(self.session, **kw))
+            self.post_message(CaptureFinished(capture(progress=progress)))
+        except Exception as exc:   # a failed capture is a message, never the end of the app
             self.post_message(CaptureFinished(None, f"{type(exc).__name__}: {exc}"))
 
     def _show_capture(self, text: str) -> None:
-        bar = self.query_one("#capture-bar", Static)
+        bar = self.main.query_one("#capture-bar", Static)
         bar.update(text)
         bar.set_class(bool(text), "-active")
 
@@ -399,7 +245,8 @@ class TunerApp(App[None]):
     @work(thread=True, exclusive=True, group="pyspy", exit_on_error=False)
     def _pyspy_worker(self) -> None:
         try:
-            self.post_message(PySpyFinished(self.session.pyspy()))
+            sample = getattr(self.session, "pyspy", None) or (lambda: pyspy_top(self.session))
+            self.post_message(PySpyFinished(sample()))
         except Exception as exc:
             self.post_message(PySpyFinished(None, f"{type(exc).__name__}: {exc}"))
 
@@ -417,7 +264,7 @@ class TunerApp(App[None]):
     def action_pause(self) -> None:
         backend = self.session.backend
         backend.play() if backend.paused else backend.pause()
-        self._draw_header()
+        self.main.draw_header()
 
     def action_step(self, dt: float = 1.0) -> None:
         """One step of `dt` recording seconds (pauses first: stepping a running replay means nothing)."""
@@ -426,14 +273,13 @@ class TunerApp(App[None]):
             backend.pause()
         backend.step(dt)
         self.tick()
-        self._draw_header()
+        self.main.draw_header()
 
     def action_seek(self, delta: float) -> None:
         backend = self.session.backend
         target = min(max(self.session.now() + delta, backend.start_t), backend.start_t + backend.length_s)
         self.session.seek(target)
-        self._logged_until = -math.inf
-        self.query_one("#events", EventLog).clear()
+        self.main.clear_log()
         self.tick()
 
     def action_speed(self, factor: float) -> None:
@@ -444,7 +290,7 @@ class TunerApp(App[None]):
             setter(speed)
         else:
             backend.speed = speed
-        self._draw_header()
+        self.main.draw_header()
 
     # -- help and palette -------------------------------------------------------------------------
 
@@ -475,6 +321,55 @@ class TunerApp(App[None]):
         else:
             yield SystemCommand("Pause / resume replay", "space", self.action_pause)
         yield SystemCommand("Keys and panels", "the help screen", self.action_help)
+
+
+def capture_trace(session: Session, progress: Callable[..., None], num_steps: int = 5) -> dict:
+    """Glue for the capture key: the instruments capture and analyse, the result goes on the bus.
+
+    The rank files and the analysis become Trace records and a trace_captured event, so the store,
+    a recording and the report see the capture exactly as the analysis screen does.
+    """
+    from probes.capture import TraceCapture
+    from probes.trace_analysis import analyze_paths
+
+    backend = session.backend
+    dest = Path(tempfile.mkdtemp(prefix="specdecode-trace-"))
+
+    def on_progress(p: Any) -> None:
+        progress(p.message, p.files_ready / p.files_expected if p.files_expected else None)
+
+    cap = TraceCapture(backend.url, api_key=backend.api_key, on_progress=on_progress)
+    try:
+        result = cap.capture(dest, num_steps=num_steps)
+    finally:
+        cap.close()
+    progress(f"analysing {len(result.files)} rank file(s)…", None)
+    analysis = analyze_paths(result.files).to_dict()
+    now = session.now()
+    for rank, path in enumerate(result.files):
+        session.put(Trace(now, result.profile_id, rank, path.name, path.read_bytes(),
+                          analysis if rank == 0 else None))
+    session.put(Event(now, EventKind.TRACE_CAPTURED, {
+        "trace_id": result.profile_id, "files": [p.name for p in result.files],
+        "ranks": len(result.files), "mode": analysis.get("mode")}))
+    return analysis
+
+
+def pyspy_top(session: Session) -> Any:
+    """Glue for the py-spy key: the instruments sample the server's processes on this host."""
+    from probes.pyspy import sample_processes
+
+    pids = [int(r["pid"]) for r in session.backend.rank_info if r.get("pid")]
+    if not pids:
+        raise RuntimeError("the server did not say which processes are its ranks")
+    if not session.backend.LOCAL_GPUS and not is_local(session.backend.url):
+        raise RuntimeError("py-spy sees only this host's processes, and the server runs elsewhere")
+    return sample_processes(pids)
+
+
+def is_local(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def make_app(session: Session, *, load: int = 0, prompts: list[dict] | None = None,

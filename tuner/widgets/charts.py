@@ -8,7 +8,7 @@ y values may hold NaN for gaps. Choosing the window is the caller's job.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from textual_plotext import PlotextPlot
 

@@ -1,0 +1,213 @@
+"""The main screen: the panels, and how each one is filled from the session's store on a tick.
+
+The screen pulls every panel's window from the store (tuner.widgets.views) when the app says the
+revision moved; it never writes the store and never talks to the server. Operator state that is not
+in the store (a change in flight, the last refusal) is read from the app.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from tuner.backends.base import DRAFT_TOKENS as DRAFT
+from tuner.backends.base import PLACEMENT, STEPS, TOPK
+from tuner.widgets import views
+from tuner.widgets.ab import ABReadout, ABView, Metric
+from tuner.widgets.acceptance import PositionBars
+from tuner.widgets.charts import TimeChart
+from tuner.widgets.event_log import EventLog
+from tuner.widgets.gpus import GpuTable
+from tuner.widgets.header import HeaderView, ServerHeader, replay_detail
+from tuner.widgets.knobs import KnobsPanel, KnobView
+from tuner.widgets.phases import PhaseSplit
+
+if TYPE_CHECKING:
+    from tuner.app import TunerApp
+
+CHART_WINDOW_S = 60.0
+PHASE_WINDOW_S = 10.0
+TITLES = {"throughput-panel": "tok/s", "acceptance-panel": "acceptance", "gpus-panel": "GPUs",
+          "phases-panel": "decode iteration", "knobs-panel": "knobs", "ab-panel": "A/B",
+          "events-panel": "events"}
+
+
+class MainScreen(Screen[None]):
+    """Every panel of the live (or replayed) session."""
+
+    app: "TunerApp"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._logged_until = -math.inf
+        self._origin = math.nan
+
+    def compose(self) -> ComposeResult:
+        yield ServerHeader(id="header")
+        with Horizontal(id="body"):
+            with Vertical(id="left"):
+                with Vertical(id="throughput-panel", classes="panel"):
+                    yield Static(id="throughput-legend")
+                    yield TimeChart(id="throughput")
+                with Horizontal(id="acceptance-panel", classes="panel"):
+                    yield TimeChart(id="accept-chart")
+                    yield PositionBars(id="positions")
+                with Vertical(id="gpus-panel", classes="panel"):
+                    yield GpuTable(id="gpus")
+            with Vertical(id="right"):
+                with Vertical(id="phases-panel", classes="panel"):
+                    yield PhaseSplit(id="phases")
+                with Vertical(id="knobs-panel", classes="panel"):
+                    yield KnobsPanel(id="knobs")
+                with Vertical(id="ab-panel", classes="panel"):
+                    yield ABReadout(id="ab")
+                with Vertical(id="events-panel", classes="panel"):
+                    yield EventLog(id="events")
+        yield Static(id="capture-bar")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        for wid, title in TITLES.items():
+            self.query_one(f"#{wid}").border_title = title
+        if self.app.read_only:
+            self.query_one("#knobs-panel").border_title = "setting"
+        self.app.main_ready()
+
+    @property
+    def session(self) -> Any:
+        return self.app.session
+
+    def clear_log(self) -> None:
+        """Forget what the event log showed (a replay seek refills the store from the start)."""
+        self._logged_until = -math.inf
+        self.query_one("#events", EventLog).clear()
+
+    def origin(self) -> float:
+        """Session time 0 for every relative time shown (the recording's start on replay)."""
+        start = getattr(self.session.backend, "start_t", None)
+        if start is not None and math.isfinite(start):
+            return start
+        if math.isnan(self._origin) and math.isfinite(self.session.store.t_first):
+            self._origin = self.session.store.t_first
+        return self._origin if math.isfinite(self._origin) else self.session.now()
+
+    def refresh_panels(self) -> None:
+        """Pull every panel's window from the store and hand it to the panel."""
+        store, origin = self.session.store, self.origin()
+        now = self.session.now()
+        t_end = now if math.isfinite(now) else store.t_last
+        active = self.session.active_config()
+        self.draw_header(active)
+        chart = views.throughput_view(store, origin, t_end, self.app.chart_window_s)
+        self.query_one("#throughput", TimeChart).show(chart)
+        self.query_one("#throughput-legend", Static).update(self._legend(chart))
+        self.query_one("#accept-chart", TimeChart).show(
+            views.accept_chart_view(store, origin, t_end, self.app.chart_window_s))
+        steps = active.get(STEPS)
+        self.query_one("#positions", PositionBars).show(
+            views.accept_view(store, t_end, steps if isinstance(steps, int) else None))
+        self.query_one("#phases", PhaseSplit).show(
+            views.phase_view(store, t_end, PHASE_WINDOW_S, self._why_no_phases()))
+        self.query_one("#gpus", GpuTable).show(views.gpu_view(store, t_end, note=self._why_no_gpus()))
+        self.query_one("#knobs", KnobsPanel).show(self.knob_view(active))
+        self.query_one("#ab", ABReadout).show(self._ab_view(t_end))
+        events = store.events(t0=self._logged_until, t1=math.inf)
+        events = [e for e in events if e.t > self._logged_until]
+        if events:
+            self._logged_until = events[-1].t
+            lines = [line for e in events if (line := views.event_line(e, origin)) is not None]
+            self.query_one("#events", EventLog).add(lines)
+
+    # -- panel helpers (presentation only) --------------------------------------------------------
+
+    def draw_header(self, active: dict | None = None) -> None:
+        info = self.session.server_info()
+        active = self.session.active_config() if active is None else active
+        backend = self.session.backend
+        notes = self._notes(info)
+        if self.app.read_only:
+            state = "paused" if getattr(backend, "paused", False) else "replay"
+            detail = replay_detail(self.session.now() - self.origin(), getattr(backend, "length_s", math.nan),
+                                   getattr(backend, "speed", 1.0), getattr(backend, "paused", False))
+        else:
+            conn = self.session.connection()
+            state = "connecting" if math.isnan(conn.since) else ("connected" if conn.connected else "disconnected")
+            detail = conn.error if not conn.connected else ""
+        launch = info.get("launch") or {}
+        tp = info.get("tp_size", launch.get("tp_size"))
+        self.query_one("#header", ServerHeader).show(HeaderView(
+            kind=str(info.get("kind", "")), version=str(info.get("version", "")),
+            model=str(info.get("model", "")), tp=tp if isinstance(tp, int) else None,
+            host=str(info.get("host", "")), setting=views.setting_text(active),
+            connection=state, detail=detail, notes=tuple(notes)))
+
+    def _legend(self, chart: Any) -> str:
+        parts = []
+        for s in chart.series:
+            last = next((v for v in reversed(s.v) if v == v), math.nan)
+            r, g, b = s.color
+            parts.append(f"[rgb({r},{g},{b})]━━[/] {s.label} [b]{last:.1f}[/]" if last == last
+                         else f"[rgb({r},{g},{b})]━━[/] {s.label} [dim]n/a[/]")
+        if not parts:
+            return "[dim]waiting for readings…[/]"
+        return "   ".join(parts) + "   [dim]│ red line: setting changed[/]"
+
+    def knob_view(self, active: dict) -> KnobView:
+        unavailable = {k: r for k in (STEPS, TOPK, DRAFT, PLACEMENT) if (r := self.app.capability(k))}
+        return KnobView(
+            steps=active.get(STEPS), topk=active.get(TOPK), num_draft_tokens=active.get(DRAFT),
+            placement=active.get(PLACEMENT), unavailable=unavailable, pending=self.app.pending,
+            refused=self.app.refused, load=self._load_text(), read_only=self.app.read_only)
+
+    def _load_text(self) -> str:
+        if self.app.read_only:
+            return ""
+        load = self.session.load
+        if load is None:
+            return "off" if self.app.load_concurrency else "off (start with --load N)"
+        tok = self.session.store.value("load/tok_per_s")
+        return f"{self.app.load_concurrency} concurrent · {tok:.1f} tok/s" if tok == tok else \
+            f"{self.app.load_concurrency} concurrent"
+
+    def _ab_view(self, now: float) -> ABView:
+        change = self.session.store.last_event("config_changed", at=now)
+        if change is None:
+            return ABView()
+        label = views.change_label(change.data.get("old") or {}, change.data.get("new") or {})
+        tok = self.session.ab(now=now)
+        acc = self.session.ab("spec/accept_len", now=now)
+        if not tok.ready:
+            return ABView(label, False, tok.text().removeprefix("not yet").strip(" ()"))
+        metrics = [Metric("tok/s", tok.median_before, tok.median_after, tok.ratio, tok.lo, tok.hi)]
+        if acc.ready:
+            metrics.append(Metric("accept len", acc.median_before, acc.median_after, acc.ratio, acc.lo, acc.hi))
+        return ABView(label, True, "", tuple(metrics))
+
+    def _why_no_phases(self) -> str:
+        backend = self.session.backend
+        if backend is None or backend.HAS_PHASE_TIMERS or backend.READ_ONLY:
+            return ""
+        return ("this server has no phase timers: install the specdecode plugin in the server "
+                "(probes/inserver), or press c for a trace capture")
+
+    def _why_no_gpus(self) -> str:
+        backend = self.session.backend
+        if backend is not None and not backend.READ_ONLY and not backend.LOCAL_GPUS:
+            return "no local GPU readings: the server's GPUs are not on this host (or it runs on CPU)"
+        return "no GPU readings: the server runs on CPU, or NVML is not available here"
+
+    def _notes(self, info: dict) -> list[str]:
+        """Flags a reader must not miss, from the server's own description of itself."""
+        notes = []
+        launch = info.get("launch") or {}
+        emulated = launch.get("emulate_comm_latency") or info.get("emulate_comm_latency")
+        if emulated:
+            notes.append(f"emulated comm latency {emulated}")
+        if launch.get("load_format") == "dummy":
+            notes.append("random weights")
+        return notes
