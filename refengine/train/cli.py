@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seq-len", type=int, default=256)
     g.add_argument("--target-lr", type=float, default=2e-3)
     g.add_argument("--head-lr", type=float, default=1e-3)
+    g.add_argument("--eval-every", type=int, default=0,
+                   help="log held-out loss/accuracy every N steps (0 = only at the end)")
+    g.add_argument("--target-from", type=Path, default=None,
+                   help="reuse a trained target checkpoint directory (train only the head)")
     g.add_argument("--max-seconds", type=float, default=None,
                    help="wall-clock cap for each loop (makes the run non-reproducible)")
     g = p.add_argument_group("shape")
@@ -142,12 +146,23 @@ def run(args) -> int:
     _log(f"target: L={shape.layers} H={shape.hidden} heads {shape.heads}/{shape.kv_heads} "
          f"I={shape.intermediate}, aux layers {aux_ids}; device {dev} ({_hardware(dev)})")
 
-    target = models.build_target(tcfg).to(dev)
-    tloop = trainer.LoopConfig(steps=args.target_steps, batch=args.target_batch,
-                               seq_len=args.seq_len, lr=args.target_lr,
-                               warmup=min(50, max(1, args.target_steps // 10)), clip=1.0,
-                               max_seconds=args.max_seconds)
-    t_res = trainer.train_target(target, corpus.train, tloop, aux_ids, dev, args.seed, _log)
+    target = models.build_target(tcfg)
+    if args.target_from is not None:
+        tcfg = json.loads((args.target_from / "config.json").read_text())
+        if tcfg != configs.target_config(shape):
+            raise SystemExit(f"train-tiny: {args.target_from} has another shape than the flags")
+        checkpoint.load_state(target, args.target_from / "model.safetensors")
+        target = target.to(dev)
+        t_res = trainer.LoopResult(0, 0.0, 0, float("nan"), False)
+        _log(f"target: loaded from {args.target_from}")
+    else:
+        target = target.to(dev)
+        tloop = trainer.LoopConfig(steps=args.target_steps, batch=args.target_batch,
+                                   seq_len=args.seq_len, lr=args.target_lr,
+                                   warmup=min(50, max(1, args.target_steps // 10)), clip=1.0,
+                                   max_seconds=args.max_seconds, eval_every=args.eval_every)
+        t_res = trainer.train_target(target, corpus.train, tloop, aux_ids, dev, args.seed, _log,
+                                     corpus.val)
     val_loss = trainer.eval_target_loss(target, corpus.val, args.seq_len, 4, args.target_batch,
                                         aux_ids, dev)
     _log(f"target: {t_res.steps} steps in {t_res.seconds:.0f}s, val {val_loss:.3f} nats/byte")
@@ -161,9 +176,9 @@ def run(args) -> int:
     head = head.to(dev)
     hloop = trainer.LoopConfig(steps=args.head_steps, batch=args.head_batch, seq_len=args.seq_len,
                                lr=args.head_lr, warmup=min(50, max(1, args.head_steps // 10)),
-                               clip=0.5, max_seconds=args.max_seconds)
+                               clip=0.5, max_seconds=args.max_seconds, eval_every=args.eval_every)
     h_res = trainer.train_head(head, target, corpus.train, hloop, args.ttt_k, hcfg, aux_ids, dev,
-                               args.seed + 1, _log)
+                               args.seed + 1, _log, corpus.val)
     _log(f"head: {h_res.steps} steps in {h_res.seconds:.0f}s")
 
     out = Path(args.out)
@@ -175,14 +190,17 @@ def run(args) -> int:
         "corpus": {"digest": corpus.digest, "source": file_list.source,
                    "train_tokens": corpus.train.numel(), "val_tokens": corpus.val.numel()},
         "shape": shape.to_dict(),
-        "target": {"steps": t_res.steps, "seconds": round(t_res.seconds, 1),
+        "target": {"from": str(args.target_from) if args.target_from else None,
+                   "steps": t_res.steps, "seconds": round(t_res.seconds, 1),
                    "tokens": t_res.tokens, "batch": args.target_batch, "seq_len": args.seq_len,
-                   "lr": args.target_lr, "final_train_loss": round(t_res.final_loss, 4),
-                   "val_loss": round(val_loss, 4), "stopped_by_time": t_res.stopped_by_time},
+                   "lr": args.target_lr, "final_train_loss": None if t_res.steps == 0 else round(t_res.final_loss, 4),
+                   "val_loss": round(val_loss, 4), "stopped_by_time": t_res.stopped_by_time,
+                   "kept_step": t_res.best_step, "eval_every": args.eval_every,
+                   "history": t_res.history},
         "head": {"steps": h_res.steps, "seconds": round(h_res.seconds, 1), "tokens": h_res.tokens,
                  "batch": args.head_batch, "ttt_k": args.ttt_k, "lr": args.head_lr,
                  "final_loss": round(h_res.final_loss, 4), "stopped_by_time": h_res.stopped_by_time,
-                 "last_log": h_res.history[-1] if h_res.history else None},
+                 "history": h_res.history},
         "draft_vocab_coverage": coverage(counts, t2d),
     }
     if args.eval_prompts > 0:

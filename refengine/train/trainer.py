@@ -32,6 +32,7 @@ class LoopConfig:
     weight_decay: float = 0.0
     max_seconds: float | None = None
     log_every: int = 25
+    eval_every: int = 0  # 0 = no held-out evaluation during the loop
 
 
 @dataclass
@@ -42,6 +43,8 @@ class LoopResult:
     final_loss: float
     stopped_by_time: bool
     history: list[dict] = field(default_factory=list)
+    best_val_loss: float | None = None
+    best_step: int | None = None
 
 
 def lr_at(step: int, cfg: LoopConfig) -> float:
@@ -65,7 +68,8 @@ def _sync(device: torch.device) -> None:
 
 
 def _run_loop(params, cfg: LoopConfig, step_fn: Callable[[int], tuple[torch.Tensor, dict]],
-              device: torch.device, label: str, log: Callable[[str], None]) -> LoopResult:
+              device: torch.device, label: str, log: Callable[[str], None],
+              eval_fn: Callable[[int], dict] | None = None) -> LoopResult:
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     params = [p for g in opt.param_groups for p in g["params"]]
     t0 = time.perf_counter()
@@ -79,7 +83,12 @@ def _run_loop(params, cfg: LoopConfig, step_fn: Callable[[int], tuple[torch.Tens
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.clip)
         opt.step()
-        if step % cfg.log_every == 0 or step == cfg.steps - 1:
+        last = step == cfg.steps - 1
+        evaluated = eval_fn is not None and bool(cfg.eval_every) and (
+            step % cfg.eval_every == 0 or last)
+        if evaluated:
+            extra.update(eval_fn(step + 1))
+        if step % cfg.log_every == 0 or last or evaluated:
             loss_val = loss.item()
             elapsed = time.perf_counter() - t0
             tok_s = (step + 1) * cfg.batch * cfg.seq_len / max(elapsed, 1e-9)
@@ -100,7 +109,8 @@ def _run_loop(params, cfg: LoopConfig, step_fn: Callable[[int], tuple[torch.Tens
 
 
 def train_target(target, train_tokens: torch.Tensor, cfg: LoopConfig, aux_ids: list[int],
-                 device: torch.device, seed: int, log: Callable[[str], None]) -> LoopResult:
+                 device: torch.device, seed: int, log: Callable[[str], None],
+                 val_tokens: torch.Tensor | None = None) -> LoopResult:
     gen = torch.Generator().manual_seed(seed)
     target.train()
 
@@ -111,7 +121,27 @@ def train_target(target, train_tokens: torch.Tensor, cfg: LoopConfig, aux_ids: l
                                                  w[:, 1:].reshape(-1))
         return loss, {}
 
-    result = _run_loop(list(target.parameters()), cfg, step_fn, device, "target", log)
+    best: dict = {"loss": float("inf"), "step": None, "state": None}
+
+    def eval_fn(done: int) -> dict:
+        if val_tokens is None:
+            return {}
+        target.eval()
+        v = eval_target_loss(target, val_tokens, cfg.seq_len, 2, cfg.batch, aux_ids, device)
+        target.train()
+        if v < best["loss"]:
+            # Early stopping on held-out loss: a byte model of this size overfits 4 MB of text.
+            best.update(loss=v, step=done,
+                        state={k: t.detach().clone() for k, t in target.state_dict().items()})
+        return {"val_loss": round(v, 4)}
+
+    result = _run_loop(list(target.parameters()), cfg, step_fn, device, "target", log, eval_fn)
+    if best["state"] is not None:
+        target.load_state_dict(best["state"])
+        result.best_val_loss = round(best["loss"], 4)
+        result.best_step = best["step"]
+        log(f"[target] kept the weights after step {best['step']} "
+            f"(val {best['loss']:.4f})")
     target.eval()
     return result
 
@@ -135,7 +165,7 @@ def eval_target_loss(target, tokens: torch.Tensor, seq_len: int, batches: int, b
 
 def train_head(head, target, train_tokens: torch.Tensor, cfg: LoopConfig, ttt_k: int,
                head_config: dict, aux_ids: list[int], device: torch.device, seed: int,
-               log: Callable[[str], None]) -> LoopResult:
+               log: Callable[[str], None], val_tokens: torch.Tensor | None = None) -> LoopResult:
     """TTT training: the target is frozen and supplies aux features and soft labels on the fly."""
     gen = torch.Generator().manual_seed(seed)
     shape = models.head_attn_shape(head_config)
@@ -153,7 +183,22 @@ def train_head(head, target, train_tokens: torch.Tensor, cfg: LoopConfig, ttt_k:
         res = ttt_loss(draft_logits, logits, head.d2t, head.t2d)
         return res.total, {"acc": "/".join(f"{a:.2f}" for a in res.acc)}
 
+    val_gen = torch.Generator().manual_seed(seed + 1000)
+    val_batch = (sample_windows(val_tokens, cfg.batch, cfg.seq_len, val_gen)
+                 if val_tokens is not None else None)
+
+    @torch.no_grad()
+    def eval_fn(done: int) -> dict:
+        if val_batch is None:
+            return {}
+        head.eval()
+        w = val_batch.to(device)
+        logits, aux = models.target_forward(target, w, aux_ids)
+        res = ttt_loss(ttt_unroll(head, embed, aux, w, ttt_k, shape), logits, head.d2t, head.t2d)
+        head.train()
+        return {"val_acc": "/".join(f"{a:.2f}" for a in res.acc)}
+
     trainable = [p for p in head.parameters() if p.requires_grad]
-    result = _run_loop(trainable, cfg, step_fn, device, f"head K={ttt_k}", log)
+    result = _run_loop(trainable, cfg, step_fn, device, f"head K={ttt_k}", log, eval_fn)
     head.eval()
     return result
