@@ -7,8 +7,9 @@ Loaded by SGLang's `load_plugins()` through our distribution's entry point `spec
 scheduler (TP rank) processes
   EAGLEWorkerV2.forward_batch_generation   one decode iteration (wall, bs, active config)
   EagleDraftWorker.draft                   phase `draft`
-  EAGLEWorkerV2.verify                     `verify` + `verify_sample`; a `specdecode.verify` span
-  TpModelWorker.forward_batch_generation   the target forward inside verify (`verify`)
+  EAGLEWorkerV2.verify                     `verify` + `verify_sample`; `specdecode.verify` span
+  TpModelWorker.forward_batch_generation   the target forward inside verify (`verify`); after it,
+                                           a `specdecode.verify_sample` span until verify returns
   EagleDraftWorker._draft_extend_for_decode  phase `draft_extend`
   EAGLEWorkerV2.on_verify_complete_cpu     accepted drafts per request (already on the host)
   SchedulerInternalStateController._update_handlers   adds `specdecode_num_steps`, `specdecode_timers`
@@ -64,7 +65,8 @@ SCHEDULER_HOOKS = ("iteration", "draft", "verify", "target_forward", "draft_exte
                    "update_handlers", "policy_steps", "policy_feedback")
 MAIN_HOOKS = ("http_routes",)
 INTERNAL_STATE_MODULE = "sglang.srt.managers.scheduler_components.internal_state"
-VERIFY_SPAN = "specdecode.verify"
+VERIFY_SPAN = "specdecode.verify"            # the whole EAGLEWorkerV2.verify call
+SAMPLE_SPAN = "specdecode.verify_sample"     # from the end of the target forward to verify's end
 
 
 class _Probe:
@@ -79,8 +81,22 @@ class _Probe:
         self.metrics: Any = None
         self.broken: str | None = None      # set once a probe failed; timing stays off
         self.in_verify = False
+        self.sample_span: Any = None         # open specdecode.verify_sample record_function
         self.profiler_enabled: Callable[[], bool] = _profiler_enabled_lazy
         self.capturing: Callable[[], bool] = lambda: False
+
+    def open_sample_span(self) -> None:
+        import torch
+
+        self.close_sample_span()
+        rf = torch.profiler.record_function(SAMPLE_SPAN)
+        rf.__enter__()
+        self.sample_span = rf
+
+    def close_sample_span(self) -> None:
+        rf, self.sample_span = self.sample_span, None
+        if rf is not None:
+            rf.__exit__(None, None, None)
 
     def timing(self) -> bool:
         return self.broken is None and self.lease.on(time.monotonic())
@@ -223,17 +239,22 @@ def _phase_hook(mark: str, span: str | None = None) -> Callable:
         if not timed and not spanned:
             return original(*args, **kwargs)
         handle = tl.open(mark) if timed else -1
-        if mark == "verify_all":
+        verify = mark == "verify_all"
+        if verify:
             p.in_verify = True
         try:
             if spanned:
                 import torch
 
                 with torch.profiler.record_function(span):
-                    return original(*args, **kwargs)
+                    try:
+                        return original(*args, **kwargs)
+                    finally:
+                        if verify:
+                            p.close_sample_span()     # nested inside specdecode.verify
             return original(*args, **kwargs)
         finally:
-            if mark == "verify_all":
+            if verify:
                 p.in_verify = False
             if timed:
                 tl.close(handle)
@@ -251,9 +272,13 @@ _around_target = _phase_hook("target_verify")
 def around_target_forward(original: Callable, *args: Any, **kwargs: Any) -> Any:
     # TpModelWorker.forward_batch_generation also runs prefill and plain decode: time only the
     # verify forward inside EAGLEWorkerV2.verify.
-    if _probe.in_verify and kwargs.get("is_verify"):
-        return _around_target(original, *args, **kwargs)
-    return original(*args, **kwargs)
+    p = _probe
+    if not (p.in_verify and kwargs.get("is_verify")):
+        return original(*args, **kwargs)
+    out = _around_target(original, *args, **kwargs)
+    if p.profiler_enabled():
+        p.open_sample_span()
+    return out
 
 
 def around_accepted(original: Callable, self: Any, num_correct_drafts_per_req: Any,
