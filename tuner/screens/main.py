@@ -205,9 +205,11 @@ class MainScreen(Screen[None]):
         """Flags a reader must not miss, from the server's own description of itself."""
         notes = []
         launch = info.get("launch") or {}
-        emulated = launch.get("emulate_comm_latency") or info.get("emulate_comm_latency")
-        if emulated:
-            notes.append(f"emulated comm latency {emulated}")
+        if info.get("emulated_comm") or launch.get("emulate_comm_latency"):
+            value = launch.get("emulate_comm_latency")
+            notes.append(f"emulated comm latency {value} µs" if value else "emulated comm latency")
+        if info.get("simulated_accept") or launch.get("speculative_simulate_accept"):
+            notes.append("simulated acceptance")
         if launch.get("load_format") == "dummy":
             notes.append("random weights")
         return notes
