@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demo", "start the embedded engine with load and open the TUI on it; tears it all down on exit"),
     "replay": ("replay", "open a recording in the TUI (pause, step, seek, speed)"),
     "analyze": ("analyze", "show where decode time goes in a captured trace (a file or a directory of rank files)"),
+    "tune": ("tune", "predict tok/s for every setting from measured costs, apply the best and verify it live"),
 }
 
 # name -> one-line help; these are forwarded to `python -m refengine NAME ...`

@@ -147,16 +147,23 @@ class TuningResult:
 
     def to_json(self) -> dict:
         recs = {}
-        flags: dict[str, Any] = {"setting": sglang_flags(self.best), "note": placement_note(self.best)}
+        # SGLang runs the draft inside the TP group only: its flags come from the best sharded setting.
+        sglang_best = self.best
+        flags: dict[str, Any] = {"note": placement_note(self.best)}
         if self.model is not None:
-            from tuner.tuning.cost_model import recommend
+            from tuner.tuning.cost_model import best as best_of, recommend
             space = [p.setting for p in self.predictions]
             recs = {str(bs): p.to_json() for bs, p in recommend(self.model, space).items()}
+            if self.best.placement != "sharded":
+                top = best_of(p for p in self.predictions if p.setting.placement == "sharded")
+                sglang_best = top.setting if top is not None else Setting(0)
             chains = {bs: p.setting for bs, p in recommend(
-                self.model, [s for s in space if s.topk == 1]).items()}
+                self.model, [s for s in space if s.topk == 1 and s.placement == "sharded"]).items()}
             if chains:
                 flags["adaptive_config"] = adaptive_config(chains)
                 flags["adaptive_flags"] = adaptive_flags(chains, "tuned-adaptive.json")
+        flags["best"] = sglang_best.to_json()
+        flags["setting"] = sglang_flags(sglang_best)
         ao = self.acceptance_only
         ao_pred = self.model.predict(ao, self.bs) if self.model is not None and ao is not None else None
         what_if = None

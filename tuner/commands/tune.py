@@ -1,0 +1,215 @@
+"""`specdecode-tune tune URL [--budget D] [--apply] [--out FILE]`: headless live tuning.
+
+Connects to the server, keeps load on it (unless --load 0 and the server has its own traffic),
+runs the live tuner (tuner.tuning.live) to the end, prints each step and then the readout:
+chosen setting, the A/B evidence, predicted vs measured tok/s, fitted costs, what an
+acceptance-only policy would pick, the what-if for the draft's placement, and SGLang flags.
+Without --apply the server is put back to the setting it ran before; with --out everything
+(samples, events, the tuning events) is recorded into the same file format as `record`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+
+def parse_duration(text: str) -> float:
+    """'300', '90s', '5m', '1h' -> seconds; ValueError (one line) otherwise."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    if not m:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 300, 90s, 5m)")
+    value = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+    if value <= 0:
+        raise ValueError("the budget must be positive")
+    return value
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
+    if any(v < 1 for v in out):
+        raise argparse.ArgumentTypeError("values must be >= 1")
+    return out
+
+
+def _placements(text: str) -> list[str]:
+    from tuner.tuning.settings import PLACEMENTS
+    out = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in out if x not in PLACEMENTS]
+    if bad or not out:
+        raise argparse.ArgumentTypeError(f"placements are {', '.join(PLACEMENTS)} (got {text!r})")
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from tuner.commands.attach import add_load_arguments
+
+    parser.add_argument("url", metavar="URL", help="the server, e.g. http://127.0.0.1:30000")
+    parser.add_argument("--api-key", default=os.environ.get("SPECDECODE_API_KEY"),
+                        help="sent as a bearer token (default: $SPECDECODE_API_KEY)")
+    parser.add_argument("--budget", default="5m", help="time the tuner may take (e.g. 90s, 5m; default 5m)")
+    parser.add_argument("--apply", action="store_true",
+                        help="leave the best setting applied (default: restore the starting setting)")
+    parser.add_argument("--out", type=Path, default=None, help="record the session into this file")
+    parser.add_argument("--json", type=Path, default=None, dest="json_out",
+                        help="write the result (predictions, fitted model, flags) as JSON")
+    parser.add_argument("--max-steps", type=int, default=7, help="deepest chain to consider (default 7)")
+    parser.add_argument("--topk", type=_int_list, default=[1],
+                        help="topk values to consider, e.g. 1,4 (trees need --draft-tokens)")
+    parser.add_argument("--draft-tokens", type=_int_list, default=[],
+                        help="num_draft_tokens values for trees, e.g. 8,16")
+    parser.add_argument("--placements", type=_placements, default=None,
+                        help="draft placements to consider (default: every one the server can set live)")
+    parser.add_argument("--no-off", action="store_true", help="do not consider speculation off")
+    add_load_arguments(parser)
+    parser.set_defaults(load=4)
+
+
+TUNING_KINDS = ("tuning_started", "tuning_probe", "tuning_prediction", "tuning_applied",
+                "tuning_verified", "tuning_rolled_back", "tuning_refused", "tuning_problem",
+                "tuning_finished")
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _event_line(kind: str, d: dict) -> str | None:
+    from tuner.tuning.summary import label
+
+    if kind == "tuning_started":
+        return (f"tuning from {label(d['initial'])}: {len(d['space'])} settings, "
+                f"{len(d['probes'])} probes, budget {d['budget_s']:.0f} s")
+    if kind == "tuning_probe":
+        return f"  measured {label(d['setting'])} ({d['purpose']}): {d['tok_s']:.1f} tok/s over {d['n']} iterations"
+    if kind == "tuning_prediction" and d.get("best"):
+        b = d["best"]
+        return f"  model: best {label(b)} predicted {b['tok_s']:.1f} ± {b['sd']:.1f} tok/s (bs {d['bs']})"
+    if kind == "tuning_applied":
+        gain = d.get("predicted_gain")
+        return (f"applying {label(d['setting'])}: predicted {d['predicted_tok_s']:.1f} ± {d['sd']:.1f} tok/s"
+                + (f" ({gain * 100:+.1f} % vs {label(d['incumbent'])})" if gain is not None else "")
+                + "; verifying with an interleaved A/B")
+    if kind == "tuning_verified":
+        return (f"  A/B: {d['verdict']}, {(d['ratio'] - 1) * 100:+.1f} % "
+                f"[{(d['lo'] - 1) * 100:+.1f}, {(d['hi'] - 1) * 100:+.1f}]")
+    if kind == "tuning_rolled_back":
+        return f"  rolled back {label(d['setting'])} -> {label(d['to'])}: {d['reason']}"
+    if kind == "tuning_refused":
+        return f"  the server refused {label(d['setting'])}: {d['reason']}"
+    if kind == "tuning_problem":
+        return f"  problem: {d['message']}"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from tuner.backends import ServerError, connect
+    from tuner.commands.attach import prompts_for
+    from tuner.core.records import thaw
+    from tuner.core.session import Session
+    from tuner.tuning.live import InlineRunner, Tuner, TunerOptions, TuningError
+    from tuner.tuning.settings import PLACEMENTS, settings_space
+    from tuner.tuning.summary import summary
+
+    try:
+        budget = parse_duration(args.budget)
+        prompts = prompts_for(args) if args.load > 0 else []
+    except (OSError, ValueError) as e:
+        print(f"specdecode-tune tune: {e}", file=sys.stderr)
+        return 2
+    if args.max_steps < 1:
+        print("specdecode-tune tune: --max-steps must be at least 1", file=sys.stderr)
+        return 2
+    if any(k > 1 for k in args.topk) and not args.draft_tokens:
+        print("specdecode-tune tune: trees (--topk > 1) need --draft-tokens", file=sys.stderr)
+        return 2
+    try:
+        backend = connect(args.url, api_key=args.api_key)
+    except ServerError as e:
+        print(f"specdecode-tune tune: {e}", file=sys.stderr)
+        return 1
+    recorder = None
+    if args.out is not None:
+        try:
+            recorder = _open_recorder(args.out, backend)
+        except (OSError, ValueError, ImportError) as e:
+            print(f"specdecode-tune tune: cannot record to {args.out}: {e}", file=sys.stderr)
+            return 2
+    session = Session(backend, recorder=recorder)
+    session.start()
+    placements = args.placements or [p for p in PLACEMENTS if p == "sharded"
+                                     or backend.capabilities.can_set("speculative_draft_placement")]
+    space = settings_space(args.max_steps, args.topk, args.draft_tokens, placements,
+                           include_off=not args.no_off)
+    tuner = None
+    try:
+        try:
+            tuner = Tuner(session, space, TunerOptions(budget_s=budget, apply_best=args.apply),
+                          runner=InlineRunner())
+        except TuningError as e:
+            print(f"specdecode-tune tune: {e}", file=sys.stderr)
+            return 1
+        if args.load > 0:
+            session.start_load(prompts, args.load, args.max_new_tokens)
+        _say(f"tuning {args.url} ({backend.kind}); load: "
+             + (f"{args.load} requests in flight" if args.load else "the server's own traffic"))
+        tuner.start()
+        printed: list = []      # tuning events already printed (a few dozen at most)
+        interrupted = False
+        while True:
+            try:
+                running = tuner.step()
+                session.tick()
+                t0 = printed[-1].t if printed else -float("inf")
+                for e in session.store.events(TUNING_KINDS, t0=t0):
+                    if any(e is p for p in printed):
+                        continue
+                    printed.append(e)
+                    line = _event_line(e.kind, thaw(e.data))
+                    if line:
+                        _say(line)
+                if not running:
+                    break
+                time.sleep(0.1)
+            except KeyboardInterrupt:
+                if interrupted:
+                    raise
+                interrupted = True
+                _say("interrupted: putting the server back and summarising (Ctrl-C again to quit at once)")
+                tuner.cancel()
+        if tuner.result is None:
+            print(f"specdecode-tune tune: {tuner.status}", file=sys.stderr)
+            return 1
+        doc = tuner.result.to_json()
+        _say("")
+        for line in summary(doc):
+            _say(line)
+        if args.json_out is not None:
+            args.json_out.write_text(json.dumps(doc, indent=1) + "\n")
+            _say(f"result written to {args.json_out}")
+        if args.out is not None:
+            _say(f"recorded to {args.out}")
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if tuner is not None:
+            tuner.close()
+        session.close()
+
+
+def _open_recorder(path: Path, backend):  # noqa: ANN001, ANN202
+    """The core's Recorder with a header describing this server (same format as `record`)."""
+    from tuner.recording import Recorder  # type: ignore[attr-defined]
+
+    header = {"backend": backend.kind, "url": backend.url, "server_info": backend.info,
+              "capabilities": backend.capabilities.as_dict(), "command": "tune"}
+    return Recorder(path, header)

@@ -1,0 +1,102 @@
+"""Plain-text readouts of a tuning result, from its JSON (the `tuning_finished` event's data).
+
+Used by the headless `tune` command and usable by the report, which reads only the recording:
+everything here works from JSON-shaped dicts, never from live objects. Formatting only.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+
+def label(s: Mapping[str, Any]) -> str:
+    if not s or s.get("steps") == 0:
+        return "off (no speculation)"
+    return f"steps {s['steps']} topk {s['topk']} N {s['num_draft_tokens']} {s['placement']}"
+
+
+def _num(v: Any, fmt: str = ".1f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def table(result: Mapping[str, Any], limit: int | None = None) -> list[str]:
+    """Settings ranked by predicted tok/s, with the measured figure where there is one."""
+    measured = {(m["steps"], m["topk"], m["num_draft_tokens"], m["placement"]): m["tok_s"]
+                for m in result.get("measured_tok_s", [])}
+    best = result.get("best", {})
+    rows = sorted(result.get("predictions", []),
+                  key=lambda p: -(p["tok_s"] if p["tok_s"] is not None else -1))
+    out = [f"  {'setting':<34} {'predicted tok/s':>17} {'measured':>9}  {'tau':>5}  basis"]
+    for p in rows[:limit] if limit else rows:
+        key = (p["steps"], p["topk"], p["num_draft_tokens"], p["placement"])
+        mark = "*" if (p["steps"], p["topk"], p["num_draft_tokens"], p["placement"]) == (
+            best.get("steps"), best.get("topk"), best.get("num_draft_tokens"), best.get("placement")) else " "
+        if p["tok_s"] is None:
+            out.append(f"{mark} {label(p):<34} {'—':>17} {_num(measured.get(key)):>9}  {'':>5}  {p['reason']}")
+            continue
+        pred = f"{p['tok_s']:.1f} ± {p['sd']:.1f}"
+        out.append(f"{mark} {label(p):<34} {pred:>17} {_num(measured.get(key)):>9}  "
+                   f"{_num(p['tau'], '.2f'):>5}  {p['basis']}")
+    return out
+
+
+def costs(model: Mapping[str, Any], bs: int) -> list[str]:
+    """The fitted terms of each placement at this batch size, in ms, with standard errors."""
+    out = []
+    for g in model.get("groups", []):
+        if g["bs"] != bs or not g["terms"]:
+            continue
+
+        def c(term: str, name: str) -> str:
+            v = g["terms"][term]["coef"].get(name)
+            return "n/a" if v is None else f"{v['value']:.3f} ± {v['se']:.3f}"
+        comm = g["comm"]["draft"]["coef"].get("s-1")
+        out.append(f"  {g['placement']} (bs {bs}): draft step {c('draft', 's-1')} ms"
+                   + (f" (collectives {comm['value']:.3f})" if comm else "")
+                   + f"; verify {c('verify', '1')} + {c('verify', 'N')}·N ms"
+                   + f"; extend {c('draft_extend', '1')} + {c('draft_extend', 'N')}·N ms"
+                   + f"; sample+sched {c('verify_sample', '1')} + {c('sched', '1')} ms")
+    acc = model.get("acceptance", {})
+    if acc.get("p"):
+        taus = ", ".join(f"{s}:{v[0]:.2f}" for s, v in acc["tau_chain"].items())
+        out.append("  acceptance p_k: " + " ".join(f"{p:.2f}" for p in acc["p"]) + f"   tau(steps) {taus}")
+    return out
+
+
+def summary(result: Mapping[str, Any]) -> list[str]:
+    """The whole readout: choice, evidence (A/B), table, costs, comparisons, export."""
+    lines = [f"best: {label(result['best'])}   (started at {label(result['initial'])}; "
+             f"now applied: {label(result['applied'])})",
+             f"stopped: {result['stop_reason']} after {result['elapsed_s']:.0f} s, "
+             f"{result['probes']} probes, {len(result['verifications'])} A/B verification(s), bs {result['bs']}"]
+    for v in result.get("verifications", []):
+        pr = v.get("predicted_ratio")
+        lines.append(f"  A/B {label(v['setting'])} vs {label(v['incumbent'])}: {v['verdict']}, measured "
+                     f"{(v['ratio'] - 1) * 100:+.1f} % [{(v['lo'] - 1) * 100:+.1f}, {(v['hi'] - 1) * 100:+.1f}]"
+                     + (f", predicted {(pr - 1) * 100:+.1f} %" if pr is not None else "")
+                     + f" ({v['windows'][0]}+{v['windows'][1]} windows of {v['series']})")
+    lines.append("predicted vs measured (* = chosen):")
+    lines += table(result, limit=12)
+    if result.get("model"):
+        lines.append("fitted costs:")
+        lines += costs(result["model"], result["bs"])
+    ao = result.get("acceptance_only")
+    if ao:
+        lines.append(f"an acceptance-only policy (SGLang adaptive) would run {label(ao)}: predicted "
+                     f"{_num(ao.get('predicted_tok_s'))} tok/s")
+    w = result.get("what_if")
+    if w:
+        lines.append(f"what if the draft left the TP group ({w['to_placement']}): collectives are "
+                     f"{w['comm_share'] * 100:.0f} % of draft time; predicted {w['tok_s']:.1f} tok/s "
+                     f"(low {w['tok_s_low']:.1f}) vs {w['tok_s_now']:.1f} with it in the TP group")
+    sg = result.get("sglang", {})
+    if sg.get("note"):
+        lines.append("note: " + sg["note"])
+    if sg.get("setting") is not None:
+        lines.append(f"SGLang launch flags ({label(sg['best'])}): "
+                     + (" ".join(sg["setting"]) or "(none: speculation off)"))
+    if sg.get("adaptive_config"):
+        lines.append("SGLang per-batch-size steps: " + " ".join(sg.get("adaptive_flags", [])))
+        lines.append("  tuned-adaptive.json: " + json.dumps(sg["adaptive_config"]))
+    return lines
