@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 
 READY_TIMEOUT_S = 180.0
+READY = "The server is fired up and ready to roll!"
+URL_IN_LINE = re.compile(r"(http://127\.0\.0\.1:\d+)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="default: cuda when NVML sees a GPU, else cpu")
     parser.add_argument("--emulate-comm-latency", default=None, metavar="A_us[,B_us_per_KB]",
                         help="add an emulated latency to every collective (shown as emulation)")
-    parser.add_argument("--port", type=int, default=0, help="server port (default: a free one)")
+    parser.add_argument("--port", type=int, default=0, help="server port (default: any free one)")
     add_load_arguments(parser)
     parser.set_defaults(load=4)
 
@@ -45,12 +47,6 @@ def local_gpu_count() -> int:
             pynvml.nvmlShutdown()
     except Exception:   # no driver, no library, a container without devices: all mean "no GPU"
         return 0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_command(device: str, tp: int, port: int, emulate: str | None) -> list[str]:
@@ -72,20 +68,21 @@ class EngineProcess:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
 
-    def wait_ready(self, url: str, timeout: float = READY_TIMEOUT_S) -> None:
-        import httpx
-
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> str:
+        """Wait for the server's ready line (it names the URL, so `--port 0` works) and return the URL."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the engine exited with status {self.proc.returncode}")
             try:
-                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
+                text = self.log_path.read_text(errors="replace")
+            except OSError:
+                text = ""
+            for line in text.splitlines():
+                if READY in line and (m := URL_IN_LINE.search(line)):
+                    return m.group(1)
             time.sleep(0.25)
-        raise RuntimeError(f"the engine did not answer /health within {timeout:.0f} s")
+        raise RuntimeError(f"the engine was not ready within {timeout:.0f} s")
 
     def log_tail(self, lines: int = 15) -> str:
         try:
@@ -122,20 +119,18 @@ def run(args: argparse.Namespace) -> int:
     gpus = local_gpu_count()
     device = args.device or ("cuda" if gpus else "cpu")
     tp = args.tp_size or (gpus if device == "cuda" and gpus else 2)
-    port = args.port or free_port()
-    url = f"http://127.0.0.1:{port}"
     try:
         prompts = prompts_for(args)
     except (OSError, ValueError) as e:
         print(f"specdecode-tune demo: prompts: {e}", file=sys.stderr)
         return 2
     log_dir = Path(tempfile.mkdtemp(prefix="specdecode-demo-"))
-    cmd = server_command(device, tp, port, args.emulate_comm_latency)
-    print(f"starting the engine: TP {tp} on {device}, {url} (log: {log_dir / 'server.log'})", file=sys.stderr)
+    cmd = server_command(device, tp, args.port, args.emulate_comm_latency)
+    print(f"starting the engine: TP {tp} on {device} (log: {log_dir / 'server.log'}) …", file=sys.stderr)
     engine = EngineProcess(cmd, log_dir / "server.log")
     try:
         try:
-            engine.wait_ready(url)
+            url = engine.wait_ready()
             backend = connect(url)
         except (RuntimeError, ServerError) as e:
             print(f"specdecode-tune demo: {e}\n{engine.log_tail()}", file=sys.stderr)
