@@ -1,0 +1,405 @@
+"""EngineClient: the HTTP process's handle on the engine. It owns the rank processes.
+
+It spawns the TP ranks (spawn, never fork; threads per rank set before torch loads in them),
+hosts the TCP store they rendezvous on (a free port picked by the OS), supervises them (a dead
+rank ends the whole group with a message), and turns the ranks' output queue into callbacks,
+a phase-record ring buffer and counters. Thread-safe. Must not tokenize or speak HTTP.
+
+    client = EngineClient.start(EngineOptions(model_path="tiny-agreeing", load_format="dummy", tp_size=2))
+    client.submit(GenRequest("r1", ids, max_new_tokens=32), on_update)
+    client.set_config({"speculative_num_steps": 5, "speculative_draft_placement": "rank0"})
+    client.close()
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import multiprocessing as mp
+import os
+import queue
+import threading
+import time
+from dataclasses import asdict
+from multiprocessing.connection import wait
+from typing import Any, Callable
+
+from refengine.config import ConfigError, EngineOptions, ModelLimits, SpecConfig, resolve_config
+from refengine.messages import GenRequest, GenUpdate, SpecStats
+
+__all__ = ["EngineClient", "EngineOptions", "EngineStartError", "ConfigError", "GenRequest", "GenUpdate",
+           "SpecStats", "EngineDeadError"]
+
+RING = 4096
+
+
+class EngineStartError(RuntimeError):
+    """The ranks could not start (bad model path, init timeout, a rank died); one-line reason."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine is no longer running (a rank died or close() was called)."""
+
+
+class EngineClient:
+    def __init__(self, opts: EngineOptions):
+        self.opts = opts
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._callbacks: dict[str, Callable[[GenUpdate], None]] = {}
+        self._records: collections.deque = collections.deque(maxlen=RING)
+        self._seq = 0
+        self._ready: dict[int, dict] = {}
+        self._acks: dict[int, int] = {}
+        self._profile_done: dict[int, tuple[str | None, str | None]] = {}
+        self._rank_stats: dict[int, dict] = {}
+        self._errors: dict[int, str] = {}
+        self._config = SpecConfig(epoch=-1)
+        self._limits = ModelLimits()
+        self._closing = False
+        self._dead: str | None = None
+        self._profiling = False
+        self._last_profile: list[str] = []
+        self._counters = collections.Counter()
+        self._accept_hist: list[int] = []
+        self._procs: list[mp.Process] = []
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    @classmethod
+    def start(cls, opts: EngineOptions) -> "EngineClient":
+        """Spawn the ranks, wait until every rank loaded its models, apply the initial config.
+
+        Raises:
+            EngineStartError: with the failing rank's last error line, or a timeout.
+            ConfigError: the initial speculative settings are invalid.
+        """
+        client = cls(opts)
+        try:
+            client._spawn()
+            client._wait_ready()
+            cfg = resolve_config(SpecConfig(steps=0, topk=1, num_draft_tokens=1, placement=opts.speculative_draft_placement,
+                                            epoch=0), opts.initial_config(), client._limits)
+            client._apply(cfg if cfg.epoch > 0 else SpecConfig(**{**asdict(cfg), "epoch": 1}))
+        except BaseException:
+            client.close()
+            raise
+        return client
+
+    def _spawn(self) -> None:
+        import torch.distributed as dist
+
+        n = self.opts.tp_size
+        if n < 1:
+            raise EngineStartError(f"tp_size must be >= 1, got {n}")
+        threads = self.opts.threads_per_rank or max(1, (os.cpu_count() or 1) // n)
+        ctx = mp.get_context("spawn")
+        self._store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
+                                    timeout=datetime.timedelta(seconds=self.opts.init_timeout_s))
+        self._in_q, self._out_q = ctx.Queue(), ctx.Queue()
+        from refengine.rank import rank_main
+
+        saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
+        try:
+            for r in range(n):
+                p = ctx.Process(target=rank_main, name=f"refengine-rank{r}", daemon=True,
+                                args=(r, n, self.opts, "127.0.0.1", self._store.port,
+                                      self._in_q if r == 0 else None, self._out_q, threads))
+                p.start()
+                self._procs.append(p)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        self._reader = threading.Thread(target=self._read_loop, name="refengine-reader", daemon=True)
+        self._reader.start()
+        self._supervisor = threading.Thread(target=self._supervise, name="refengine-supervisor", daemon=True)
+        self._supervisor.start()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.opts.init_timeout_s + 120
+        with self._cond:
+            while len(self._ready) < self.opts.tp_size:
+                if self._dead:
+                    raise EngineStartError(self._dead)
+                if time.monotonic() > deadline:
+                    raise EngineStartError(f"ranks not ready after {self.opts.init_timeout_s + 120:.0f} s "
+                                           f"({len(self._ready)}/{self.opts.tp_size} ready)")
+                self._cond.wait(0.1)
+            self._limits = self._ready[0]["limits"]
+
+    def alive(self) -> bool:
+        return self._dead is None and not self._closing
+
+    @property
+    def death_message(self) -> str | None:
+        """Why the engine stopped, when a rank died (None while alive or after close())."""
+        return self._dead
+
+    def close(self) -> None:
+        """Stop every rank; no child process is left behind."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+        if self._procs and all(p.is_alive() for p in self._procs):
+            try:
+                self._in_q.put(("shutdown",))
+            except Exception:
+                pass
+            deadline = time.monotonic() + 5
+            for p in self._procs:
+                p.join(max(0.1, deadline - time.monotonic()))
+        for p in self._procs:
+            if p.is_alive():
+                p.terminate()
+        for p in self._procs:
+            p.join(2)
+            if p.is_alive():
+                p.kill()
+                p.join(2)
+        self._fail_pending("engine closed")
+        with self._cond:
+            self._cond.notify_all()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- requests --------------------------------------------------------------------------------
+    def submit(self, req: GenRequest, on_update: Callable[[GenUpdate], None]) -> None:
+        """Queue a request; `on_update` is called from the client's reader thread for every
+        batch of new tokens, the last time with finished=True (also on abort or engine death)."""
+        with self._lock:
+            if not self.alive():
+                on_update(GenUpdate(req.rid, [], True, "error", error=self._dead or "engine closed"))
+                return
+            self._callbacks[req.rid] = on_update
+            self._counters["requests"] += 1
+            self._counters["prompt_tokens"] += len(req.input_ids)
+        self._in_q.put(("submit", req))
+
+    def abort(self, rid: str) -> None:
+        if self.alive():
+            self._in_q.put(("abort", rid))
+
+    # -- configuration ---------------------------------------------------------------------------
+    def set_config(self, changes: dict[str, Any]) -> dict:
+        """Validate `changes` as one resulting config and apply it on every rank between two
+        iterations; returns the active config after all ranks applied it.
+
+        Raises:
+            ConfigError: invalid change (nothing applied); EngineDeadError: the engine is gone.
+        """
+        with self._lock:
+            cfg = resolve_config(self._config, changes, self._limits)
+            if cfg == self._config:
+                return self.active_config()
+            self._apply(cfg)
+            return self.active_config()
+
+    def _apply(self, cfg: SpecConfig) -> None:
+        self._require_alive()
+        self._in_q.put(("config", cfg))
+        deadline = time.monotonic() + 120
+        with self._cond:
+            while any(self._acks.get(r, -1) < cfg.epoch for r in range(self.opts.tp_size)):
+                self._require_alive()
+                if time.monotonic() > deadline:
+                    raise EngineDeadError("ranks did not apply the config within 120 s")
+                self._cond.wait(0.05)
+            self._config = cfg
+
+    def active_config(self) -> dict:
+        """steps, topk, num_draft_tokens, placement, epoch (plus the launch-time simulator flag)."""
+        d = self._config.as_dict()
+        d["simulate_accept"] = self.opts.speculative_simulate_accept
+        return d
+
+    # -- profiling -------------------------------------------------------------------------------
+    def start_profile(self, output_dir: str, num_steps: int | None = None, activities: list[str] | None = None,
+                      with_stack: bool = False, record_shapes: bool = False, profile_id: str | None = None) -> None:
+        """Start torch.profiler on every rank; with num_steps it stops by itself after that many
+        iterations. Files: `{output_dir}/{profile_id}-TP-{rank}.trace.json.gz`."""
+        self._require_alive()
+        with self._lock:
+            if self._profiling:
+                raise RuntimeError("a profile is already running")
+            self._profiling = True
+            self._profile_done = {}
+        self._in_q.put(("profile_start", {"output_dir": os.path.abspath(output_dir), "num_steps": num_steps,
+                                           "activities": activities, "with_stack": with_stack,
+                                           "record_shapes": record_shapes,
+                                           "profile_id": profile_id or str(int(time.time()))}))
+
+    def stop_profile(self, timeout: float = 120.0) -> list[str]:
+        """Stop the running profile (or collect one that stopped after num_steps) and return the
+        trace paths, one per rank."""
+        with self._lock:
+            if not self._profiling:
+                if self._last_profile:
+                    return list(self._last_profile)
+                raise RuntimeError("no profile is running")
+        if len(self._profile_done) < self.opts.tp_size:
+            self._in_q.put(("profile_stop",))
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while len(self._profile_done) < self.opts.tp_size:
+                self._require_alive()
+                if time.monotonic() > deadline:
+                    raise RuntimeError("ranks did not write their traces in time")
+                self._cond.wait(0.05)
+            self._profiling = False
+            errors = [e for _, e in self._profile_done.values() if e]
+            paths = [self._profile_done[r][0] for r in sorted(self._profile_done) if self._profile_done[r][0]]
+            self._last_profile = paths
+        if errors:
+            raise RuntimeError(errors[0])
+        return paths
+
+    # -- observation -----------------------------------------------------------------------------
+    def phase_records(self, after_seq: int = 0, limit: int = 1024) -> tuple[int, list[dict]]:
+        """Records with seq > after_seq (oldest first, at most `limit`), and the seq to ask after
+        next. Records older than the ring (4096) are gone: the caller sees a gap in seq."""
+        with self._lock:
+            out = [r for r in self._records if r["seq"] > after_seq][:limit]
+            return (out[-1]["seq"] if out else max(after_seq, 0)), out
+
+    def stats(self) -> dict:
+        """Counters for /metrics and /server_info (cumulative since start)."""
+        with self._lock:
+            c = self._counters
+            verify = c["verify_ct"]
+            per_rank = {r: {"phase_seconds": {p: v / 1e3 for p, v in s.get("phase_ms", {}).items()},
+                            "phase_comm_seconds": {p: v / 1e3 for p, v in s.get("comm_ms", {}).items()},
+                            "iterations": s.get("iterations", 0), "comm_calls_by_op": s.get("comm_by_op", {}),
+                            "comm_bytes": s.get("comm_bytes", {})}
+                        for r, s in self._rank_stats.items()}
+            running = len(self._callbacks)
+            return {
+                "num_requests_total": c["requests"], "num_running_reqs": running,
+                "prompt_tokens_total": c["prompt_tokens"], "generation_tokens_total": c["generation_tokens"],
+                "iterations_total": c["iterations"], "decode_tokens_total": c["committed"],
+                "spec_verify_ct_total": verify, "spec_accepted_drafts_total": c["accepted"],
+                "avg_spec_accept_length": (c["committed"] / verify) if verify else None,
+                "spec_correct_drafts_histogram": list(self._accept_hist),
+                "accept_position_total": {k: sum(self._accept_hist[k:]) for k in range(1, len(self._accept_hist))},
+                "per_rank": per_rank, "emulated_comm": self.opts.emulate_comm_latency,
+                "simulated_accept": self.opts.speculative_simulate_accept, "config": self.active_config(),
+            }
+
+    def rank_info(self) -> list[dict]:
+        """tp_rank, pid, pci_bus_id (None on CPU), host per rank."""
+        return [{k: v for k, v in self._ready[r].items() if k in ("tp_rank", "pid", "pci_bus_id", "host")}
+                for r in sorted(self._ready)]
+
+    def model_info(self) -> dict:
+        """Shapes and ids of the loaded models (vocab_size, eos_token_ids, aux_layer_ids, ...)."""
+        return dict(self._ready[0]["model"]) if 0 in self._ready else {}
+
+    @property
+    def limits(self) -> ModelLimits:
+        return self._limits
+
+    # -- threads ---------------------------------------------------------------------------------
+    def _require_alive(self) -> None:
+        if self._dead:
+            raise EngineDeadError(self._dead)
+        if self._closing:
+            raise EngineDeadError("engine closed")
+
+    def _read_loop(self) -> None:
+        while True:
+            try:
+                item = self._out_q.get(timeout=0.2)
+            except queue.Empty:
+                if self._closing or self._dead:
+                    return
+                continue
+            except (EOFError, OSError):
+                return
+            try:
+                self._dispatch(item)
+            except Exception as e:  # a failing callback must not stop the reader
+                import sys
+                print(f"refengine: update callback failed: {e!r}", file=sys.stderr)
+
+    def _dispatch(self, item: tuple) -> None:
+        kind = item[0]
+        if kind == "update":
+            u: GenUpdate = item[1]
+            with self._lock:
+                cb = self._callbacks.pop(u.rid, None) if u.finished else self._callbacks.get(u.rid)
+                self._counters["generation_tokens"] += len(u.token_ids)
+            if cb is not None:
+                cb(u)
+            return
+        with self._cond:
+            if kind == "phase":
+                rec = item[1]
+                self._seq += 1
+                rec["seq"] = self._seq
+                self._records.append(rec)
+                c = self._counters
+                c["iterations"] += 1
+                c["committed"] += rec["committed"]
+                if rec["steps"] > 0:
+                    c["verify_ct"] += len(rec["accepted"])
+                    c["accepted"] += sum(rec["accepted"])
+                    for a in rec["accepted"]:
+                        while len(self._accept_hist) <= a:
+                            self._accept_hist.append(0)
+                        self._accept_hist[a] += 1
+                else:
+                    c["verify_ct"] += rec["bs"]
+            elif kind == "ready":
+                self._ready[item[1]] = item[2]
+            elif kind == "config_applied":
+                self._acks[item[1]] = max(self._acks.get(item[1], -1), item[2])
+            elif kind == "profile_done":
+                self._profile_done[item[1]] = (item[2], item[3])
+                if len(self._profile_done) == self.opts.tp_size:
+                    self._profiling = False
+                    self._last_profile = [self._profile_done[r][0] for r in sorted(self._profile_done)
+                                          if self._profile_done[r][0]]
+            elif kind == "rank_stats":
+                self._rank_stats[item[1]] = item[2]
+            elif kind == "error":
+                self._errors[item[1]] = item[2]
+            self._cond.notify_all()
+
+    def _supervise(self) -> None:
+        sentinels = {p.sentinel: (r, p) for r, p in enumerate(self._procs)}
+        ready = wait(list(sentinels))
+        if self._closing:
+            return
+        r, p = sentinels[ready[0]]
+        p.join(1)
+        time.sleep(0.2)   # let the reader pick up the rank's own error report
+        err = self._errors.get(r, "").strip().splitlines()
+        why = err[-1] if err else f"exit code {p.exitcode}"
+        msg = f"TP rank {r} (pid {p.pid}) died: {why}; ending all ranks"
+        with self._cond:
+            self._dead = msg
+            self._cond.notify_all()
+        for q in self._procs:
+            if q.is_alive():
+                q.terminate()
+        for q in self._procs:
+            q.join(2)
+            if q.is_alive():
+                q.kill()
+        self._fail_pending(msg)
+
+    def _fail_pending(self, msg: str) -> None:
+        with self._lock:
+            cbs, self._callbacks = self._callbacks, {}
+        for rid, cb in cbs.items():
+            try:
+                cb(GenUpdate(rid, [], True, "error", error=msg))
+            except Exception:
+                pass
