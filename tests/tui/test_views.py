@@ -117,3 +117,22 @@ def test_setting_text():
                                "speculative_num_draft_tokens": 4, "speculative_draft_placement": "rank0"}) \
         == "steps 3 · topk 1 · draft 4 · rank0"
     assert views.setting_text({"speculative_num_steps": 0}).startswith("speculation off")
+
+
+def test_knob_markup_parses_with_every_control_and_hides_them_read_only():
+    from tuner.widgets.knobs import KnobsPanel, KnobView
+
+    view = KnobView(steps=3, topk=1, num_draft_tokens=4, placement="sharded", load="off",
+                    refused="draft=5: [not] markup", pending="steps 3 → 4")
+    text = KnobsPanel.markup(view).plain
+    assert " - " in text and " + " in text and " p " in text and "[not] markup" in text
+    read_only = KnobsPanel.markup(KnobView(steps=3, placement="rank0", read_only=True)).plain
+    assert " + " not in read_only and "rank0" in read_only
+
+
+def test_trailing_mean_skips_gaps_and_forgets_old_values():
+    t = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5)
+    v = (10.0, math.nan, 20.0, 30.0, math.nan, math.nan)
+    out = views.trailing_mean(t, v, span=1.0)
+    assert out[:4] == (10.0, 10.0, 20.0, 25.0)
+    assert out[4] == 30.0 and math.isnan(out[5])

@@ -155,7 +155,7 @@ class MainScreen(Screen[None]):
                          else f"[rgb({r},{g},{b})]━━[/] {s.label} [dim]n/a[/]")
         if not parts:
             return "[dim]waiting for readings…[/]"
-        return "   ".join(parts) + "   [dim]│ red line: setting changed[/]"
+        return "   ".join(parts) + f"   [dim]{views.SMOOTH_S:g}-s means · red: setting changed[/]"
 
     def knob_view(self, active: dict) -> KnobView:
         unavailable = {k: r for k in (STEPS, TOPK, DRAFT, PLACEMENT) if (r := self.app.capability(k))}
@@ -170,7 +170,8 @@ class MainScreen(Screen[None]):
         load = self.session.load
         if load is None:
             return "off" if self.app.load_concurrency else "off (start with --load N)"
-        tok = self.session.store.value("load/tok_per_s")
+        now = self.session.now()
+        tok = views.mean(self.session.store.window("load/tok_per_s", now - views.SMOOTH_S, now).v)
         return f"{self.app.load_concurrency} concurrent · {tok:.1f} tok/s" if tok == tok else \
             f"{self.app.load_concurrency} concurrent"
 

@@ -46,7 +46,7 @@ def _verdict(m: Metric) -> Text:
         return Text("better", style="bold #8bc34a")
     if m.hi < 1.0:
         return Text("worse", style="bold #d96e6e")
-    return Text("no clear change", style="dim")
+    return Text("unclear", style="dim")
 
 
 class ABReadout(Static):
@@ -59,7 +59,7 @@ class ABReadout(Static):
     def show(self, view: ABView) -> None:
         if view != self._view:
             self._view = view
-            self.refresh()
+            self.refresh(layout=True)  # height: auto follows the new content
 
     def render(self) -> Group | Text:
         view = self._view

@@ -37,7 +37,7 @@ class PositionBars(Static):
     def show(self, view: AcceptView) -> None:
         if view != self._view:
             self._view = view
-            self.refresh()
+            self.refresh(layout=True)  # height: auto follows the new content
 
     def render(self) -> Group | Text:
         view = self._view

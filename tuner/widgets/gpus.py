@@ -60,7 +60,7 @@ class GpuTable(Static):
     def show(self, view: GpuView) -> None:
         if view != self._view:
             self._view = view
-            self.refresh()
+            self.refresh(layout=True)  # height: auto follows the new content
 
     def render(self) -> Table | Text:
         view = self._view

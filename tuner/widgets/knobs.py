@@ -42,7 +42,8 @@ ROWS = (
 
 
 def _button(action: str, key: str) -> str:
-    return f"[@click={action}][reverse] {escape(key)} [/reverse][/]"
+    # Quoted: the markup parser reads `steps(-1)` unquoted as a broken value.
+    return f"[@click=\"{action}\"][reverse] {escape(key)} [/reverse][/]"
 
 
 class KnobsPanel(Static):

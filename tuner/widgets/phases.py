@@ -107,7 +107,7 @@ class PhaseSplit(Static):
     def show(self, view: PhaseView) -> None:
         if view != self._view:
             self._view = view
-            self.refresh()
+            self.refresh(layout=True)  # height: auto follows the new content
 
     def render(self) -> Group | Text:
         view = self._view

@@ -33,7 +33,7 @@ KNOB_SHORT = {
 }
 
 
-def _mean(values: Iterable[float]) -> float:
+def mean(values: Iterable[float]) -> float:
     vals = [v for v in values if is_num(v)]
     return sum(vals) / len(vals) if vals else NAN
 
@@ -69,22 +69,45 @@ def change_label(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     return ", ".join(diffs) or "setting"
 
 
+SMOOTH_S = 2.0
+"""Charts draw a trailing mean over this many seconds: per-poll rates of a busy server jump between
+0 and twice the mean, which hides the change a person is looking for."""
+
+
+def trailing_mean(t: tuple[float, ...], v: tuple[float, ...], span: float) -> tuple[float, ...]:
+    """Mean of the available values in (t_i - span, t_i] at every t_i; NaN where there are none."""
+    out, lo, acc, n = [], 0, 0.0, 0
+    for i, (ti, vi) in enumerate(zip(t, v)):
+        if is_num(vi):
+            acc, n = acc + vi, n + 1
+        while t[lo] <= ti - span:
+            if is_num(v[lo]):
+                acc, n = acc - v[lo], n - 1
+            lo += 1
+        out.append(acc / n if n else NAN)
+    return tuple(out)
+
+
+def _chart_series(store: Store, name: str, label: str, color: tuple[int, int, int], origin: float,
+                  t0: float, t1: float) -> Series | None:
+    w = store.window(name, t0 - SMOOTH_S, t1)
+    if not len(w):
+        return None
+    return Series(label, tuple(t - origin for t in w.t), trailing_mean(w.t, w.v, SMOOTH_S), color)
+
+
 def throughput_view(store: Store, origin: float, t_end: float, window_s: float) -> ChartView:
     t0 = t_end - window_s
-    out = []
-    for name, label, color in ((S.SERVER_TOK_PER_S, "server", SERVER_COLOR),
-                               (S.LOAD_TOK_PER_S, "client", CLIENT_COLOR)):
-        w = store.window(name, t0, t_end)
-        if len(w):
-            out.append(Series(label, tuple(t - origin for t in w.t), w.v, color))
+    out = [s for name, label, color in ((S.SERVER_TOK_PER_S, "server", SERVER_COLOR),
+                                        (S.LOAD_TOK_PER_S, "client", CLIENT_COLOR))
+           if (s := _chart_series(store, name, label, color, origin, t0, t_end)) is not None]
     return ChartView(tuple(out), _markers(store, origin, t0, t_end), t_end - origin, window_s)
 
 
 def accept_chart_view(store: Store, origin: float, t_end: float, window_s: float) -> ChartView:
     t0 = t_end - window_s
-    w = store.window(S.SPEC_ACCEPT_LEN, t0, t_end)
-    series = (Series("τ", tuple(t - origin for t in w.t), w.v, ACCEPT_COLOR),) if len(w) else ()
-    return ChartView(series, _markers(store, origin, t0, t_end, short=True), t_end - origin, window_s)
+    s = _chart_series(store, S.SPEC_ACCEPT_LEN, "τ", ACCEPT_COLOR, origin, t0, t_end)
+    return ChartView((s,) if s else (), _markers(store, origin, t0, t_end, short=True), t_end - origin, window_s)
 
 
 def _markers(store: Store, origin: float, t0: float, t1: float, short: bool = False
@@ -96,12 +119,14 @@ def _markers(store: Store, origin: float, t0: float, t1: float, short: bool = Fa
     return tuple(out)
 
 
-def accept_view(store: Store, t_end: float, steps: int | None) -> AcceptView:
+def accept_view(store: Store, t_end: float, steps: int | None, window_s: float = 10.0) -> AcceptView:
+    """τ and p_k as means over the last `window_s` (a single poll often saw no verify: NaN)."""
     n = steps if steps is not None else _max_position(store)
-    positions = tuple(store.value(S.accept_pos(k), t_end) for k in range(1, n + 1))
+    t0 = t_end - window_s
+    positions = tuple(mean(store.window(S.accept_pos(k), t0, t_end).v) for k in range(1, n + 1))
     if positions and not any(is_num(p) for p in positions):
         positions = ()
-    return AcceptView(store.value(S.SPEC_ACCEPT_LEN, t_end), positions, steps)
+    return AcceptView(mean(store.window(S.SPEC_ACCEPT_LEN, t0, t_end).v), positions, steps)
 
 
 def _max_position(store: Store) -> int:
@@ -112,9 +137,9 @@ def _max_position(store: Store) -> int:
 
 def phase_view(store: Store, t_end: float, window_s: float, unavailable: str = "") -> PhaseView:
     t0 = t_end - window_s
-    phase = {p: _mean(store.window(S.phase_ms(p), t0, t_end).v) for p in S.PHASES}
-    comm = {p: _mean(store.window(S.phase_comm_ms(p), t0, t_end).v) for p in S.PHASES}
-    wall = _mean(store.window(S.PHASE_WALL_MS, t0, t_end).v)
+    phase = {p: mean(store.window(S.phase_ms(p), t0, t_end).v) for p in S.PHASES}
+    comm = {p: mean(store.window(S.phase_comm_ms(p), t0, t_end).v) for p in S.PHASES}
+    wall = mean(store.window(S.PHASE_WALL_MS, t0, t_end).v)
     iters = store.window(S.SERVER_ITERATIONS, t0, t_end).finite()
     count = int(iters[-1] - iters[0]) if len(iters) >= 2 else (0 if not is_num(wall) else 1)
     if not is_num(wall) and not any(is_num(v) for v in phase.values()):
