@@ -35,14 +35,14 @@ class PhaseMetrics:
         self.accept_position = Counter(
             "specdecode:accept_position", "Request-verify rounds that accepted at least k drafts "
             "(k=0: all rounds); rank 0 only.", ["k"], registry=reg)
-        # "max" keeps one series per label set without the pid label the collector would add.
+        # "all": the multiprocess collector keeps the pid label (it strips it in other modes).
         self.rank_info = Gauge(
             "specdecode:rank_info", "One series per TP rank process running the specdecode plugin.",
-            ["tp_rank", "pid", "pci_bus_id", "host"], registry=reg, multiprocess_mode="max")
+            ["tp_rank", "pid", "pci_bus_id", "host"], registry=reg, multiprocess_mode="all")
 
-    def set_rank_info(self, pci_bus_id: str | None) -> None:
-        self.rank_info.labels(tp_rank=self.rank, pid=str(os.getpid()),
-                              pci_bus_id=pci_bus_id or "", host=socket.gethostname()).set(1)
+    def set_rank_info(self, pci_bus_id: str | None, host: str | None = None) -> None:
+        self.rank_info.labels(tp_rank=self.rank, pid=str(os.getpid()), pci_bus_id=pci_bus_id or "",
+                              host=host or socket.gethostname()).set(1)
 
     def add(self, records: list[dict[str, Any]]) -> None:
         for r in records:
