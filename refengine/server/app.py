@@ -18,7 +18,7 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 
 from refengine.server import decode_log
-from refengine.server.generation import Generation
+from refengine.server.generation import Admission, Generation
 from refengine.server.handlers import Handler
 from refengine.server.inputs import BadRequest, GenerateInput
 from refengine.server.metrics import Metrics
@@ -26,6 +26,7 @@ from refengine.server.options import OptionsError, ServerOptions, parse_options
 from refengine.server.outputs import RequestOutput
 from refengine.server.phase_stats import PhaseStats
 from refengine.server.profiles import ProfileRequest, TraceFiles
+from refengine.server.tokenizer import load_tokenizer
 
 log = logging.getLogger("refengine.server")
 
@@ -38,6 +39,10 @@ SUPERVISE_PERIOD_S = 0.25
 def say(message: str, tp_size: int = 1) -> None:
     """One log line in SGLang's `[time TPn] message` format on stdout."""
     print(decode_log.log_line(message, tp_size), flush=True)
+
+
+class StartupInterrupted(BaseException):
+    """SIGINT/SIGTERM arrived while the ranks were starting (BaseException: it must unwind them)."""
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -65,6 +70,8 @@ def engine_options(opts: ServerOptions) -> Any:
         kw["model_path"] = opts.model_path
     if opts.max_running_requests is not None:
         kw["max_running_requests"] = opts.max_running_requests
+    if opts.context_length is not None:
+        kw["context_length"] = opts.context_length
     if opts.speculative_algorithm == "NONE":
         kw["speculative_num_steps"] = 0
     else:
@@ -89,8 +96,10 @@ class ServerApp:
         self.traces = TraceFiles()
         self.metrics = Metrics(opts.model_name, self.metrics_snapshot)
         self._profile_lock = threading.Lock()
-        self._inflight = 0
-        self._inflight_lock = threading.Lock()
+        self.admission: Admission | None = None
+        self._profile_started = False
+        self.model: dict[str, Any] = {}
+        self.engine_opts = engine_options(opts)
         self.httpd: _HTTPServer | None = None
 
     # ----- lifecycle ------------------------------------------------------------------------------
@@ -110,8 +119,10 @@ class ServerApp:
     def start_engine(self) -> None:
         from refengine.client import EngineClient
 
-        self.client = EngineClient.start(engine_options(self.opts))
-        self.tokenizer = self.client.tokenizer
+        self.client = EngineClient.start(self.engine_opts)
+        self.admission = Admission(self.client, self.max_running_requests())
+        self.model = self.client.model_info()
+        self.tokenizer = load_tokenizer(self.opts.model_path, int(self.model["vocab_size"]))
         self.launch_config = dict(self.client.active_config())
         self.startup_time = time.time()
 
@@ -127,28 +138,31 @@ class ServerApp:
             raise RuntimeError(f"warmup request failed: {out.finish_reason.get('message')}")
 
     def serve(self) -> int:
+        """Start the engine behind the already-bound socket, announce readiness, run until told to stop."""
         assert self.httpd is not None
-        threads = [threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2},
-                                    name="http", daemon=True)]
-        threads[0].start()
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2},
+                         name="http", daemon=True).start()
         try:
-            self.start_engine()
-            if not self.opts.skip_server_warmup:
-                self.warmup()
-        except Exception as e:  # noqa: BLE001 - report why the engine did not start, then clean up
-            say(f"the engine failed to start: {type(e).__name__}: {e}", self.opts.tp_size)
-            self.exit_code = 1
-            self.stopping.set()
-        if not self.stopping.is_set():
-            for target, name in ((self._follow_phases, "phase-follower"), (self._supervise, "supervisor")):
-                t = threading.Thread(target=target, name=name, daemon=True)
-                t.start()
-                threads.append(t)
-            self.ready.set()
-            say(f"{READY_LINE} Serving at {self.url}", self.opts.tp_size)
-        while not self.stopping.wait(0.5):
-            pass
-        self.shutdown()
+            try:
+                self.start_engine()
+                if not self.opts.skip_server_warmup:
+                    self.warmup()
+            except StartupInterrupted:
+                raise
+            except Exception as e:  # noqa: BLE001 - report why the engine did not start, then clean up
+                say(f"The engine failed to start: {type(e).__name__}: {e}", self.opts.tp_size)
+                self.request_stop(1)
+            if not self.stopping.is_set():
+                for target, name in ((self._follow_phases, "phase-follower"), (self._supervise, "supervisor")):
+                    threading.Thread(target=target, name=name, daemon=True).start()
+                self.ready.set()
+                say(f"{READY_LINE} Serving at {self.url}", self.opts.tp_size)
+            while not self.stopping.wait(0.5):
+                pass
+        except StartupInterrupted:
+            self.stopping.set()  # a signal during start-up; EngineClient.start cleaned up its ranks
+        finally:
+            self.shutdown()
         return self.exit_code
 
     def request_stop(self, code: int = 0) -> None:
@@ -167,7 +181,7 @@ class ServerApp:
     def _supervise(self) -> None:
         while not self.stopping.wait(SUPERVISE_PERIOD_S):
             if not self.client.alive():
-                reason = getattr(self.client, "death_reason", None) or "a rank process exited"
+                reason = self.client.death_message or "a rank process exited"
                 say(f"Shutting down: the engine died ({reason}).", self.opts.tp_size)
                 self.request_stop(1)
                 return
@@ -183,13 +197,20 @@ class ServerApp:
                 self._log_window(w)
 
     def _log_window(self, w: Any) -> None:
-        st = self._engine_stats()
+        st = self._load()
         say(decode_log.decode_line(
-            running=int(st.get("num_running_reqs", 0)), tokens=int(st.get("num_used_tokens", 0)),
-            token_usage=float(st.get("token_usage", 0.0)), speculative=self.opts.speculative,
-            accept_len=w.accept_len, accept_rate=w.accept_rate, device=self.opts.device,
-            gen_throughput=w.gen_throughput, queued=int(st.get("num_queue_reqs", 0))),
+            running=st["num_running_reqs"], tokens=st["num_used_tokens"], token_usage=st["token_usage"],
+            speculative=self.opts.speculative, accept_len=w.accept_len, accept_rate=w.accept_rate,
+            device=self.opts.device, gen_throughput=w.gen_throughput, queued=st["num_queue_reqs"]),
             self.opts.tp_size)
+
+    def _load(self) -> dict[str, Any]:
+        """Running/queued requests and KV tokens in use (prompt + generated of running requests)."""
+        running, waiting = self.admission.snapshot() if self.admission else ([], [])
+        used = sum(g.out.prompt_tokens + len(g.out.output_ids) for g in running)
+        capacity = self.max_running_requests() * (self.context_length() or 1)
+        return {"num_running_reqs": len(running), "num_queue_reqs": len(waiting),
+                "num_used_tokens": used, "token_usage": used / capacity if capacity else 0.0}
 
     # ----- engine facade used by the handlers ----------------------------------------------------
 
@@ -197,48 +218,49 @@ class ServerApp:
         return self.client is not None and self.client.alive()
 
     def vocab_size(self) -> int | None:
-        return getattr(self.client, "vocab_size", None)
+        return self.model.get("vocab_size")
 
     def context_length(self) -> int | None:
-        return getattr(self.client, "context_length", None)
+        return self.model.get("context_length")
+
+    def max_running_requests(self) -> int:
+        return int(self.engine_opts.max_running_requests)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
 
     def busy(self) -> bool:
-        st = self._engine_stats()
-        return bool(self._inflight or st.get("num_running_reqs") or st.get("num_queue_reqs"))
+        running, waiting = self.admission.snapshot() if self.admission else ([], [])
+        return bool(running or waiting)
 
     def new_generation(self, item: GenerateInput, count: bool = True) -> Generation:
         if self.stopping.is_set():
             raise BadRequest("the server is shutting down", 503, "ServiceUnavailable")
-        with self._inflight_lock:
-            self._inflight += 1
+        if item.sampling.temperature > 0:
+            raise BadRequest(
+                f"temperature {item.sampling.temperature} needs sampling verification, which the reference "
+                "engine does not have yet; send temperature 0 (greedy)")
 
         def finished(out: RequestOutput) -> None:
-            with self._inflight_lock:
-                self._inflight -= 1
             if count:
                 e2e = (out.finished_at or time.time()) - out.created
                 ttft = out.first_token_at - out.created if out.first_token_at else None
                 verify = out.spec.spec_verify_ct if out.spec else 0
                 self.metrics.request_finished(out.prompt_tokens, len(out.output_ids), verify, e2e, ttft)
 
-        try:
-            return Generation(self.client, self.tokenizer, item, speculative=self.opts.speculative,
-                              context_length=self.context_length(), on_finish=finished)
-        except BaseException:
-            with self._inflight_lock:
-                self._inflight -= 1
-            raise
+        assert self.admission is not None
+        return Generation(self.admission, self.tokenizer, item, speculative=self.opts.speculative,
+                          context_length=self.context_length(), on_finish=finished)
 
     def set_config(self, changes: dict[str, Any]) -> dict[str, Any]:
-        from refengine.config import ConfigError
+        from refengine.client import ConfigError, EngineDeadError
 
         try:
             return self.client.set_config(changes)
         except ConfigError as e:
             raise BadRequest(str(e)) from None
+        except EngineDeadError as e:
+            raise BadRequest(f"the engine is not running: {e}", 503, "ServiceUnavailable") from None
 
     def start_profile(self, req: ProfileRequest) -> None:
         with self._profile_lock:
@@ -251,14 +273,20 @@ class ServerApp:
                 self.client.start_profile(req.output_dir, req.num_steps, list(req.activities),
                                           req.with_stack, req.record_shapes, req.profile_id)
             except RuntimeError as e:
-                raise BadRequest(str(e)) from None
+                raise BadRequest(f"cannot start profiling: {e}") from None
+            self._profile_started = True
 
     def stop_profile(self) -> list[str]:
         with self._profile_lock:
+            # A profile that stopped by itself after num_steps can still be collected once.
+            if not self._profile_started:
+                raise BadRequest("no profile is running; POST /start_profile first")
             try:
-                return self.client.stop_profile()
+                paths = self.client.stop_profile()
             except RuntimeError as e:
-                raise BadRequest(str(e)) from None
+                raise BadRequest(f"cannot stop profiling: {e}") from None
+            self._profile_started = False
+            return paths
 
     def phase_page(self, after: int, limit: int) -> dict[str, Any]:
         nxt, records = self.client.phase_records(after, limit)
@@ -267,21 +295,16 @@ class ServerApp:
 
     # ----- information ---------------------------------------------------------------------------
 
-    def _engine_stats(self) -> dict[str, Any]:
-        try:
-            return dict(self.client.stats()) if self.client is not None else {}
-        except Exception:  # noqa: BLE001 - a scrape during shutdown sees no engine, not a crash
-            return {}
-
     def metrics_snapshot(self) -> dict[str, Any]:
         if self.client is None or not self.ready.is_set():
             return {}
-        snap: dict[str, Any] = {}
-        st = self._engine_stats()
-        for k in ("num_running_reqs", "num_queue_reqs", "token_usage", "num_used_tokens",
-                  "phase_seconds", "phase_comm_seconds", "phase_comm_calls"):
-            if k in st:
-                snap[k] = st[k]
+        snap: dict[str, Any] = dict(self._load())
+        try:
+            per_rank = self.client.stats().get("per_rank", {})
+        except Exception:  # noqa: BLE001 - a scrape during shutdown sees no engine, not a crash
+            per_rank = {}
+        for key in ("phase_seconds", "phase_comm_seconds"):
+            snap[key] = {(phase, rank): v for rank, st in per_rank.items() for phase, v in st.get(key, {}).items()}
         ps = self.phase_stats.snapshot()
         for k in ("decode_tokens", "forward_seconds", "accept_position", "accept_len", "accept_rate",
                   "gen_throughput"):
@@ -305,8 +328,12 @@ class ServerApp:
             d.update(speculative_num_steps=lc.get("steps"), speculative_eagle_topk=lc.get("topk"),
                      speculative_num_draft_tokens=lc.get("num_draft_tokens"),
                      speculative_draft_placement=lc.get("placement"))
-        d["max_running_requests"] = getattr(self.client, "max_running_requests", d["max_running_requests"])
+        if self.httpd is not None:
+            d["port"] = self.httpd.server_address[1]  # the real port when --port 0 picked one
+        d["max_running_requests"] = self.max_running_requests()
         d["context_length"] = self.context_length()
+        d["model_path"] = self.engine_opts.model_path
+        d["speculative_draft_model_path"] = self.engine_opts.speculative_draft_model_path
         return d
 
     def server_info(self) -> dict[str, Any]:
@@ -329,7 +356,7 @@ class ServerApp:
             **launch,
             "status": "ready" if self.ready.is_set() else "starting",
             "startup_time": self.startup_time,
-            "max_total_num_tokens": getattr(self.client, "max_total_num_tokens", None),
+            "max_total_num_tokens": self.max_running_requests() * (self.context_length() or 0),
             "max_req_input_len": self.context_length(),
             "internal_states": [state],
             "version": _version(),
@@ -339,7 +366,7 @@ class ServerApp:
 
     def model_info(self) -> dict[str, Any]:
         return {
-            "model_path": self.opts.model_path or self.launch_args_model_path(),
+            "model_path": self.engine_opts.model_path,
             "served_model_name": self.opts.model_name,
             "tokenizer_path": self.opts.model_path,
             "is_generation": True,
@@ -354,9 +381,6 @@ class ServerApp:
             "model_type": "llama",
             "architectures": ["LlamaForCausalLM"],
         }
-
-    def launch_args_model_path(self) -> str | None:
-        return getattr(self.client, "model_path", None)
 
 
 def _version() -> str:
@@ -386,7 +410,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_signal(signum: int, _frame: Any) -> None:
         say(f"Received {signal.Signals(signum).name}; shutting down.", opts.tp_size)
+        starting = not app.ready.is_set() and not app.stopping.is_set()
         app.request_stop(0)
+        if starting:
+            # The main thread is blocked starting the ranks: interrupt it so they are cleaned up now.
+            raise StartupInterrupted()
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)

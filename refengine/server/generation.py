@@ -6,7 +6,9 @@ Used by the /generate and /v1/completions handlers, streaming or not. Must not f
 
 from __future__ import annotations
 
+import collections
 import queue
+import threading
 import time
 from typing import Any, Callable, Iterator, Protocol
 
@@ -28,12 +30,53 @@ class Engine(Protocol):
     def abort(self, rid: str) -> None: ...
 
 
+class Admission:
+    """SGLang's waiting queue: at most `cap` requests in the engine, the rest wait here in order.
+
+    Requests join the engine's batch as soon as one leaves (the engine batches continuously
+    between iterations), so the queue only holds what exceeds --max-running-requests.
+    """
+
+    def __init__(self, engine: Engine, cap: int) -> None:
+        self.engine = engine
+        self.cap = cap
+        self._lock = threading.Lock()
+        self._running: list[Generation] = []
+        self._waiting: collections.deque[Generation] = collections.deque()
+
+    def enter(self, gen: Generation) -> None:
+        with self._lock:
+            now = len(self._running) < self.cap
+            (self._running if now else self._waiting).append(gen)
+        if now:
+            gen.submit_now()
+
+    def leave(self, gen: Generation) -> None:
+        """`gen` finished in the engine or gave up waiting; admit the next waiting request."""
+        with self._lock:
+            if gen in self._waiting:
+                self._waiting.remove(gen)
+            if gen in self._running:
+                self._running.remove(gen)
+            admitted = []
+            while self._waiting and len(self._running) < self.cap:
+                nxt = self._waiting.popleft()
+                self._running.append(nxt)
+                admitted.append(nxt)
+        for g in admitted:
+            g.submit_now()
+
+    def snapshot(self) -> tuple[list[Generation], list[Generation]]:
+        with self._lock:
+            return list(self._running), list(self._waiting)
+
+
 class Generation:
     """One prompt in flight: its engine request and its SGLang-shaped output so far."""
 
-    def __init__(self, engine: Engine, tokenizer: Tokenizer, item: GenerateInput, *,
+    def __init__(self, admission: Admission, tokenizer: Tokenizer, item: GenerateInput, *,
                  speculative: bool, context_length: int | None, on_finish: Callable[[RequestOutput], None]):
-        self.engine = engine
+        self.admission = admission
         self.updates: queue.Queue[GenUpdate] = queue.Queue()
         ids = list(item.input_ids) if item.input_ids is not None else tokenizer.encode(item.text or "")
         if not ids:
@@ -49,20 +92,37 @@ class Generation:
         self.req = GenRequest(rid=self.out.rid, input_ids=ids, max_new_tokens=sp.max_new_tokens,
                               temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
                               stop_token_ids=list(sp.stop_token_ids), ignore_eos=sp.ignore_eos)
+        self.submitted = False
         self.engine_done = False
+        self.started = False
         self._reported = False
+        self._lock = threading.Lock()
 
     def start(self) -> None:
+        self.started = True
         if self.req.max_new_tokens == 0:
             # Nothing to generate: answer at once, as SGLang does for max_new_tokens 0.
             self.out.add([], finished=True, reason="length")
             self.engine_done = True
             self._report()
             return
-        try:
-            self.engine.submit(self.req, self.updates.put)
-        except (ValueError, TypeError) as e:
-            raise BadRequest(str(e)) from None
+        self.admission.enter(self)
+
+    def submit_now(self) -> None:
+        with self._lock:
+            if self.engine_done:  # cancelled while it waited
+                return
+            self.submitted = True
+        self.admission.engine.submit(self.req, self._on_update)
+
+    def _on_update(self, u: GenUpdate) -> None:
+        # Called on the engine client's reader thread: free the batch slot at once, even if
+        # the HTTP thread is still busy writing to a slow client.
+        if u.finished:
+            with self._lock:
+                self.engine_done = True
+            self.admission.leave(self)
+        self.updates.put(u)
 
     def step(self, timeout: float = UPDATE_TIMEOUT_S) -> bool:
         """Wait for one engine update and apply it; True when something changed."""
@@ -75,10 +135,8 @@ class Generation:
             return True
         stopped = self.out.add(list(u.token_ids), finished=u.finished, reason=u.finish_reason,
                                matched=u.matched, spec=u.spec, message=u.error)
-        if u.finished:
-            self.engine_done = True
-        if stopped and not self.engine_done:
-            self.engine.abort(self.out.rid)  # a stop string ended it: free the batch slot now
+        if stopped and not u.finished:
+            self._abort_in_engine()  # a stop string ended it: free the batch slot now
         if self.out.finished:
             self._report()
         return True
@@ -88,13 +146,21 @@ class Generation:
             if self.step():
                 yield self.out
 
-    def cancel(self, message: str) -> None:
-        """The client went away or the server is stopping: abort the engine request."""
-        if not self.engine_done:
+    def _abort_in_engine(self) -> None:
+        with self._lock:
+            waiting = not self.submitted and not self.engine_done
+            self.engine_done = self.engine_done or waiting
+        if waiting:
+            self.admission.leave(self)
+        elif not self.engine_done:
             try:
-                self.engine.abort(self.out.rid)
+                self.admission.engine.abort(self.out.rid)
             except Exception:  # noqa: BLE001 - the engine may already be gone; nothing else to free
                 pass
+
+    def cancel(self, message: str) -> None:
+        """The client went away or the server is stopping: abort the engine request."""
+        self._abort_in_engine()
         if not self.out.finished:
             self.out.add([], finished=True, reason="abort", message=message)
         self._report()

@@ -40,6 +40,7 @@ class ServerOptions:
     host: str = "127.0.0.1"
     port: int = 30000
     max_running_requests: int | None = None
+    context_length: int | None = None
     api_key: str | None = None
     enable_metrics: bool = True
     decode_log_interval: int = 40
@@ -131,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     r = p.add_argument_group("runtime")
     r.add_argument("--tp-size", "--tensor-parallel-size", type=_positive_int, default=1)
     r.add_argument("--max-running-requests", type=_positive_int, default=None)
+    r.add_argument("--context-length", type=_positive_int, default=None,
+                   help="per-request token capacity (prompt + output)")
     r.add_argument("--emulate-comm-latency", default=None, metavar="A_us[,B_us_per_KB]",
                    help="add an emulated latency to every collective (labelled as emulation)")
     h = p.add_argument_group("http")
@@ -197,7 +200,7 @@ def parse_options(argv: list[str]) -> ServerOptions:
         speculative_draft_placement=a.speculative_draft_placement,
         speculative_simulate_accept=a.speculative_simulate_accept,
         tp_size=a.tp_size, device=a.device, dtype=a.dtype, host=a.host, port=a.port,
-        max_running_requests=a.max_running_requests, api_key=a.api_key,
+        max_running_requests=a.max_running_requests, context_length=a.context_length, api_key=a.api_key,
         enable_metrics=True, decode_log_interval=a.decode_log_interval,
         emulate_comm_latency=a.emulate_comm_latency, skip_server_warmup=a.skip_server_warmup,
         random_seed=a.random_seed, launch_command=["specdecode-tune", "serve", *argv],
