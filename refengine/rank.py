@@ -87,6 +87,10 @@ def _run(rank, world, opts, store_host, store_port, in_q, out_q, threads) -> Non
                                "model": _model_info(engine, target, head)}))
     Follower(engine, comm, in_q, out_q).loop()
     dist.destroy_process_group()
+    # Flush our queue, then leave at once: interpreter teardown with torch loaded takes seconds.
+    out_q.close()
+    out_q.join_thread()
+    os._exit(0)
 
 
 def _model_info(engine, target, head) -> dict:
@@ -180,9 +184,10 @@ class Follower:
                 self.profiler.step()
             self._accumulate(record)
             if self.rank == 0:
+                # The record first: a reader woken by a final update already has its iteration.
+                self.out_q.put(("phase", record))
                 for u in updates:
                     self.out_q.put(("update", u))
-                self.out_q.put(("phase", record))
         self._send_stats()
         return False
 

@@ -1,0 +1,1 @@
+"""Tests of the reference engine (refengine/, without its HTTP server)."""
