@@ -46,11 +46,10 @@ def feed(session: Session, gpus: int, hz: float, stop: threading.Event) -> None:
         recs += [Sample(t, S.accept_pos(k), 0.8 ** k) for k in range(1, 4)]
         for g in range(gpus):
             recs += [Sample(t, S.gpu(g, "sm_active_pct"), 50 + 40 * math.sin(i / 10 + g)),
-                     Sample(t, S.gpu(g, "mem_used_bytes"), 40e9), Sample(t, S.gpu(g, "mem_total_bytes"), 141e9),
+                     Sample(t, S.gpu(g, "mem_used_mib"), 40e3), Sample(t, S.gpu(g, "mem_total_mib"), 143e3),
                      Sample(t, S.gpu(g, "power_w"), 400.0), Sample(t, S.gpu(g, "power_limit_w"), 700.0),
-                     Sample(t, S.gpu(g, "pcie_rx_bytes_per_s"), 1e9), Sample(t, S.gpu(g, "pcie_tx_bytes_per_s"), 1e8),
-                     Sample(t, S.gpu(g, "nvlink_rx_bytes_per_s"), 1e10),
-                     Sample(t, S.gpu(g, "nvlink_tx_bytes_per_s"), 1e10)]
+                     Sample(t, S.gpu(g, "pcie_rx_mbps"), 1e3), Sample(t, S.gpu(g, "pcie_tx_mbps"), 1e2),
+                     Sample(t, S.gpu(g, "nvlink_rx_mbps"), 1e4), Sample(t, S.gpu(g, "nvlink_tx_mbps"), 1e4)]
         session.bus.put_many(recs)
         i += 1
 

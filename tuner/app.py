@@ -70,7 +70,8 @@ class TunerApp(App[None]):
 
     def __init__(self, session: Session, *, tick_s: float | None = 0.25, load_concurrency: int = 0,
                  prompts: list[dict] | None = None, chart_window_s: float = CHART_WINDOW_S,
-                 start_load: bool = False, max_new_tokens: int = 128) -> None:
+                 start_load: bool = False, max_new_tokens: int = 128,
+                 gpu_labels: dict[int, str] | None = None) -> None:
         super().__init__()
         self.session = session
         self.tick_s = tick_s
@@ -79,6 +80,7 @@ class TunerApp(App[None]):
         self.chart_window_s = chart_window_s
         self.autostart_load = start_load
         self.max_new_tokens = max_new_tokens
+        self.gpu_labels = gpu_labels or {}
         self.read_only = bool(getattr(session.backend, "READ_ONLY", False))
         self.pending = ""
         self.refused = ""
@@ -373,7 +375,8 @@ def is_local(url: str) -> bool:
 
 
 def make_app(session: Session, *, load: int = 0, prompts: list[dict] | None = None,
-             max_new_tokens: int = 128, tick_s: float | None = 0.25, start_load: bool = True) -> TunerApp:
+             max_new_tokens: int = 128, tick_s: float | None = 0.25, start_load: bool = True,
+             gpu_labels: dict[int, str] | None = None) -> TunerApp:
     """The app as every command and test builds it (Posting's make_posting)."""
     return TunerApp(session, tick_s=tick_s, load_concurrency=load, prompts=prompts,
-                    max_new_tokens=max_new_tokens, start_load=start_load and load > 0)
+                    max_new_tokens=max_new_tokens, start_load=start_load and load > 0, gpu_labels=gpu_labels)

@@ -47,7 +47,7 @@ def test_keys_change_the_setting_and_the_server_confirms_it(engine):
                            why="placement read back")
             new_placement = session.active_config()[PLACEMENT]
             assert server_active(engine.url)[PLACEMENT] == new_placement
-            await wait_for(pilot, lambda: "now running" in "\n".join(str(line) for line in app.main.query_one("#events").lines),
+            await wait_for(pilot, lambda: "now running" in app.main.query_one("#events").plain(),
                            why="the change in the event log")
             # Put the server back the way the other tests expect it.
             await pilot.press("minus")
@@ -110,7 +110,7 @@ def test_a_killed_server_shows_disconnected_and_recovers_after_restart():
                 await pilot.pause(1.0)
                 server.restart()
                 await wait_for(pilot, lambda: "● connected" in header_text(app), timeout=120, why="reconnected")
-                log = "\n".join(str(line) for line in app.main.query_one("#events").lines)
+                log = app.main.query_one("#events").plain()
                 assert "disconnected" in log and "after" in log
         asyncio.run(scenario())
     finally:

@@ -88,11 +88,15 @@ def test_accept_view_reads_positions_up_to_steps():
 def test_gpu_view_finds_every_gpu_and_converts_units():
     recs = []
     for g in range(8):
-        recs += [Sample(1.0, S.gpu(g, "sm_active_pct"), 10.0 * g), Sample(1.0, S.gpu(g, "mem_used_mib"), 1024.0)]
+        recs += [Sample(1.0, S.gpu(g, "sm_active_pct"), 10.0 * g if g else math.nan),
+                 Sample(1.0, S.gpu(g, "util_pct"), 99.0),
+                 Sample(1.0, S.gpu(g, "mem_used_mib"), 1024.0), Sample(1.0, S.gpu(g, "pcie_rx_mbps"), 2.0)]
     view = views.gpu_view(_store(recs), t_end=1.0)
     assert [r.index for r in view.rows] == list(range(8))
     assert view.rows[3].sm_pct == 30.0
+    assert view.rows[0].sm_pct == 99.0, "no GPM reading: utilisation stands in"
     assert view.rows[0].mem_used == 1024.0 * 2**20
+    assert view.rows[0].pcie_rx == 2e6
     assert math.isnan(view.rows[0].power_w)
 
 

@@ -77,31 +77,43 @@ def run_tui(backend, load: int, prompts: list[dict], max_new_tokens: int = 128) 
     from tuner.core.session import Session
 
     session = Session(backend)
-    samplers = start_local_samplers(session)
+    sampler = start_nvml(session)
+    labels = gpu_labels(sampler)
     try:
-        make_app(session, load=load, prompts=prompts, max_new_tokens=max_new_tokens).run()
+        make_app(session, load=load, prompts=prompts, max_new_tokens=max_new_tokens, gpu_labels=labels).run()
     finally:
-        for s in samplers:
-            s.stop()
+        if sampler is not None:
+            sampler.stop()
         session.close()
     return 0
 
 
-def start_local_samplers(session) -> list:
+def start_nvml(session):
     """NVML readings of this host's GPUs onto the session's bus, when the server's GPUs are here.
 
-    Returns the started samplers (each has stop()). A host without NVML gets none, which the GPU
-    panel explains; that is not an error.
+    Returns the started sampler, or None: a host without NVML (or a server elsewhere) gets no
+    readings, which the GPU panel explains; that is not an error.
     """
+    from probes.nvml import NvmlSampler
+    from tuner.core.records import Sample
+
     backend = session.backend
-    if backend is None or backend.READ_ONLY:
-        return []
-    try:
-        from probes.nvml import NvmlSampler
-    except ImportError:
-        return []
-    sampler = NvmlSampler(session.put, session.clock)
+    if backend is None or backend.READ_ONLY or not backend.LOCAL_GPUS:
+        return None
+    sampler = NvmlSampler(lambda t, series, value: session.put(Sample(t, series, value)), session.clock,
+                          rank_info=backend.rank_info)
     if not sampler.available:
-        return []
+        return None
     sampler.start()
-    return [sampler]
+    return sampler
+
+
+def gpu_labels(sampler) -> dict[int, str]:
+    """`H200 r0` per GPU index: the short device name and the server rank on it, when known."""
+    if sampler is None:
+        return {}
+    out = {}
+    for d in sampler.devices:
+        name = d.name.replace("NVIDIA ", "").split()[0] if d.name else ""
+        out[d.index] = f"{name} r{d.rank}" if d.rank is not None else name
+    return out

@@ -113,7 +113,8 @@ class MainScreen(Screen[None]):
             views.accept_view(store, t_end, steps if isinstance(steps, int) else None))
         self.query_one("#phases", PhaseSplit).show(
             views.phase_view(store, t_end, PHASE_WINDOW_S, self._why_no_phases()))
-        self.query_one("#gpus", GpuTable).show(views.gpu_view(store, t_end, note=self._why_no_gpus()))
+        self.query_one("#gpus", GpuTable).show(views.gpu_view(store, t_end, note=self._why_no_gpus(),
+                                                                labels=self.app.gpu_labels))
         self.query_one("#knobs", KnobsPanel).show(self.knob_view(active))
         self.query_one("#ab", ABReadout).show(self._ab_view(t_end))
         events = store.events(t0=self._logged_until, t1=math.inf)
@@ -186,7 +187,7 @@ class MainScreen(Screen[None]):
             return ABView(label, False, tok.text().removeprefix("not yet").strip(" ()"))
         metrics = [Metric("tok/s", tok.median_before, tok.median_after, tok.ratio, tok.lo, tok.hi)]
         if acc.ready:
-            metrics.append(Metric("accept len", acc.median_before, acc.median_after, acc.ratio, acc.lo, acc.hi))
+            metrics.append(Metric("accept len", acc.median_before, acc.median_after, acc.ratio, acc.lo, acc.hi, "τ"))
         return ABView(label, True, "", tuple(metrics))
 
     def _why_no_phases(self) -> str:

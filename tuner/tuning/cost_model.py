@@ -68,9 +68,10 @@ class GroupFit:
     comm_per_call: float                                 # ms of one collective in the draft phase
     off: Mapping[str, tuple[float, float]] | None        # measured steps=0 terms (mean, se)
     settings: tuple[Setting, ...]                        # speculative settings measured
+    n_iters: int = 0                                     # settled iterations behind the fit
 
     def to_json(self) -> dict:
-        return {"placement": self.placement, "bs": self.bs,
+        return {"placement": self.placement, "bs": self.bs, "n_iters": self.n_iters,
                 "terms": {k: {"features": list(TERM_COLS[k]), **v.to_json()}
                           for k, v in self.terms.items()},
                 "comm": {k: {"features": list(TERM_COLS[k]), **v.to_json()}
@@ -152,7 +153,7 @@ def _fit_group(placement: str, bs: int, stats: Sequence[SettingStats]) -> GroupF
     if not terms and off is None:
         return None
     return GroupFit(placement, bs, terms, comm, per_call, off,
-                    tuple(sorted({s.setting for s in spec})))
+                    tuple(sorted({s.setting for s in spec})), sum(s.n for s in stats))
 
 
 @dataclass(frozen=True)
@@ -319,10 +320,13 @@ def best(predictions: Iterable[Prediction]) -> Prediction | None:
     return max(ok, key=lambda p: p.tok_s) if ok else None  # type: ignore[arg-type,return-value]
 
 
-def recommend(model: CostModel, space: Sequence[Setting]) -> dict[int, Prediction]:
-    """The best setting per measured batch size."""
+def recommend(model: CostModel, space: Sequence[Setting], min_iters: int = 100) -> dict[int, Prediction]:
+    """The best setting per batch size measured well enough (≥ min_iters settled iterations in
+    its groups: batch sizes seen only while requests came and went say little)."""
     out = {}
     for bs in model.batch_sizes():
+        if sum(g.n_iters for (p, b), g in model.groups.items() if b == bs) < min_iters:
+            continue
         b = best(model.predict_all(space, bs))
         if b is not None:
             out[bs] = b

@@ -242,9 +242,12 @@ class Tuner:
         self.feed = feed
         self.runner = runner or ThreadRunner()
         if tp_size is None:
-            info = session.server_info() if hasattr(session, "server_info") else {}
-            tp = info.get("tp_size") if isinstance(info, dict) else None
-            tp_size = tp if isinstance(tp, int) else None
+            for info in (getattr(backend, "info", None),
+                         session.server_info() if hasattr(session, "server_info") else None):
+                tp = info.get("tp_size") if isinstance(info, Mapping) else None
+                if isinstance(tp, int):
+                    tp_size = tp
+                    break
         self.tp_size = tp_size
         self.state = "idle"
         self.stage = "waiting for the first decode iteration"

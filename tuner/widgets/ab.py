@@ -23,6 +23,8 @@ class Metric:
     ratio: float = float("nan")
     lo: float = float("nan")
     hi: float = float("nan")
+    short: str = ""
+    """A shorter name for the interval line (e.g. "τ")."""
 
 
 @dataclass(frozen=True)
@@ -70,14 +72,17 @@ class ABReadout(Static):
             return Text.assemble(title, "\n", ("not yet", "bold #e0b040"),
                                  (f" — {view.waiting}" if view.waiting else "", "dim"))
         lines = [title]
+        intervals = []
         for m in view.metrics:
-            line = Text(f"{m.name:<11}", style="bold")
             digits = 2 if is_num(m.before) and m.before < 10 else 1
-            line.append(f"{num(m.before, digits)} → {num(m.after, digits)}  ")
-            line.append(_change(m.ratio), style="bold")
+            line = Text(f"{m.name:<11}", style="bold")
+            line.append(f"{num(m.before, digits):>6} → {num(m.after, digits):<6} ")
+            line.append(f"{_change(m.ratio):>7}", style="bold")
             line.append("  ")
             line.append(_verdict(m))
             lines.append(line)
             if is_num(m.lo):
-                lines.append(Text(f"{'':<11}95% interval {_change(m.lo)} … {_change(m.hi)}", style="dim"))
+                intervals.append(f"{m.short or m.name} {_change(m.lo)[:-1]}…{_change(m.hi)}")
+        if intervals:
+            lines.append(Text("95%: " + ", ".join(intervals), style="dim"))
         return Group(*lines)

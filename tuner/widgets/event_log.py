@@ -1,7 +1,8 @@
 """The event log panel: setting changes, refusals, captures, disconnects, one line each.
 
-Lines are appended as the app hands over events it has not shown yet; the widget keeps no other
-state. Times are relative to the session start so a replayed log reads the same as the live one.
+Lines are appended as the app hands over events it has not shown yet. The newest line stays in view
+unless the operator scrolled up to read older ones. Times are relative to the session start so a
+replayed log reads the same as the live one.
 """
 
 from __future__ import annotations
@@ -9,11 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rich.text import Text
-from textual.widgets import RichLog
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.widgets import Static
 
 from tuner.widgets.fmt import rel_time
 
 LEVEL_STYLE = {"info": "", "good": "#8bc34a", "warn": "#e0b040", "error": "#d96e6e", "dim": "dim"}
+MAX_LINES = 500
 
 
 @dataclass(frozen=True)
@@ -24,14 +28,41 @@ class LogLine:
     level: str = "info"
 
 
-class EventLog(RichLog):
-    DEFAULT_CSS = "EventLog { height: 1fr; background: transparent; }"
+def render_line(line: LogLine) -> Text:
+    text = Text(rel_time(line.t) + " ", style="dim")
+    text.append(line.text, style=LEVEL_STYLE.get(line.level, ""))
+    return text
+
+
+class EventLog(VerticalScroll):
+    DEFAULT_CSS = """
+    EventLog { height: 1fr; background: transparent; scrollbar-size-vertical: 1; }
+    EventLog > Static { width: 1fr; }
+    """
 
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id, max_lines=500, wrap=True, min_width=20, markup=False, highlight=False, auto_scroll=True)
+        super().__init__(id=id)
+        self.lines: list[LogLine] = []
+
+    def compose(self) -> ComposeResult:
+        yield Static()
 
     def add(self, lines: list[LogLine]) -> None:
-        for line in lines:
-            text = Text(rel_time(line.t) + " ", style="dim")
-            text.append(line.text, style=LEVEL_STYLE.get(line.level, ""))
-            self.write(text)
+        if not lines:
+            return
+        follow = self.scroll_y >= self.max_scroll_y - 1
+        self.lines = (self.lines + lines)[-MAX_LINES:]
+        self._show()
+        if follow:
+            self.call_after_refresh(self.scroll_end, animate=False)
+
+    def clear(self) -> None:
+        self.lines = []
+        self._show()
+
+    def plain(self) -> str:
+        """The log as a person reads it (tests and the tmux check compare this)."""
+        return "\n".join(render_line(line).plain for line in self.lines)
+
+    def _show(self) -> None:
+        self.query_one(Static).update(Text("\n").join(render_line(line) for line in self.lines))

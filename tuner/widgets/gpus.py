@@ -21,6 +21,7 @@ NAN = float("nan")
 class GpuRow:
     index: int
     name: str = ""
+    """A short label, e.g. "H200 r1" (device and the server's TP rank on it)."""
     sm_pct: float = NAN
     sm_history: tuple[float, ...] = ()
     mem_used: float = NAN
@@ -33,8 +34,6 @@ class GpuRow:
     pcie_tx: float = NAN
     nvlink_rx: float = NAN
     nvlink_tx: float = NAN
-    rank: int | None = None
-    """The server's TP rank on this GPU, when known."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,7 @@ class GpuTable(Static):
         table.add_column("NVLink ↓/↑", justify="right", no_wrap=True)
         for r in view.rows:
             sm = r.sm_pct / 100 if is_num(r.sm_pct) else NAN
-            label = f"{r.index}" + (f" r{r.rank}" if r.rank is not None else "")
+            label = f"{r.index} {r.name}".rstrip()
             sm_cell = Text(hbar(sm, bar_w), style=_level_style(sm)) + Text(f" {num(r.sm_pct, 0):>3}%"
                                                                           if is_num(r.sm_pct) else f" {NA:>4}")
             cells: list[Text | str] = [label, sm_cell]

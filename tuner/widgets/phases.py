@@ -122,17 +122,13 @@ class PhaseSplit(Static):
         table.add_column(ratio=1)
         table.add_column(justify="right", width=8)
         table.add_column(justify="right", width=6)
-        table.add_row(Text("phase", style="bold"), Text("ms/iter", style="bold"), Text("%", style="bold"))
         for s in SEGMENTS:
             ms = parts[s.key]
             label = Text(s.glyph + " ", style=s.color) + Text(s.label, style="" if ms > 0 else "dim")
-            table.add_row(label, num(ms, 2), f"{ms / total * 100:.1f}")
+            table.add_row(label, num(ms, 2), f"{ms / total * 100:.1f}%")
         comm = parts["draft_comm"] + parts["verify_comm"] + parts["draft_extend_comm"]
-        table.add_row(
-            Text("iteration", style="bold"),
-            Text(num(total, 2), style="bold"),
-            Text("100.0", style="bold"),
-        )
-        foot = Text(f"collectives {comm / total * 100:.1f}% of the iteration · "
-                    f"mean of {view.iterations} iterations, last {view.window_s:.0f} s", style="dim")
+        table.add_row(Text("iteration", style="bold"), Text(num(total, 2), style="bold"),
+                      Text("100%", style="bold"))
+        foot = Text.assemble(("collectives ", "dim"), (f"{comm / total * 100:.1f}%", "bold"),
+                             (f" · {view.iterations} iters, last {view.window_s:.0f} s", "dim"))
         return Group(stacked_bar(parts, width), table, foot)

@@ -147,26 +147,25 @@ def phase_view(store: Store, t_end: float, window_s: float, unavailable: str = "
     return PhaseView(phase, comm, wall, count, window_s, unavailable)
 
 
-# NVML sampler names tried in order for each column (the first series that exists wins).
+# NVML sampler names (probes/gpu_readings.py SERIES) tried in order for each column: the first with
+# a reading wins (SM activity needs GPM, Hopper and later; older GPUs fall back to utilisation).
 GPU_METRICS: dict[str, tuple[str, ...]] = {
-    "sm_pct": ("sm_active_pct", "sm_util_pct", "util_pct", "gpu_util_pct"),
-    "mem_used": ("mem_used_bytes", "mem_used_mib", "mem_used_gb"),
-    "mem_total": ("mem_total_bytes", "mem_total_mib", "mem_total_gb"),
+    "sm_pct": ("sm_active_pct", "util_pct"),
+    "mem_used": ("mem_used_mib",),
+    "mem_total": ("mem_total_mib",),
     "power_w": ("power_w",),
     "power_limit_w": ("power_limit_w",),
-    "pcie_rx": ("pcie_rx_bytes_per_s", "pcie_rx_mb_per_s", "pcie_rx_kb_per_s"),
-    "pcie_tx": ("pcie_tx_bytes_per_s", "pcie_tx_mb_per_s", "pcie_tx_kb_per_s"),
-    "nvlink_rx": ("nvlink_rx_bytes_per_s", "nvlink_rx_mb_per_s", "nvlink_rx_kb_per_s"),
-    "nvlink_tx": ("nvlink_tx_bytes_per_s", "nvlink_tx_mb_per_s", "nvlink_tx_kb_per_s"),
+    "pcie_rx": ("pcie_rx_mbps",),
+    "pcie_tx": ("pcie_tx_mbps",),
+    "nvlink_rx": ("nvlink_rx_mbps",),
+    "nvlink_tx": ("nvlink_tx_mbps",),
 }
-_TO_BYTES = {"bytes": 1.0, "mib": 2**20, "gb": 1e9, "mb": 1e6, "kb": 1e3}
+# To the units the GPU table shows: bytes and bytes per second.
+_TO_BYTES = {"_mib": 2.0**20, "_mbps": 1e6}
 
 
 def _scale(name: str) -> float:
-    for unit, k in _TO_BYTES.items():
-        if f"_{unit}" in name:
-            return k
-    return 1.0
+    return next((k for unit, k in _TO_BYTES.items() if name.endswith(unit)), 1.0)
 
 
 def gpu_indices(store: Store) -> list[int]:
@@ -176,17 +175,21 @@ def gpu_indices(store: Store) -> list[int]:
 
 
 def gpu_view(store: Store, t_end: float, history_s: float = 30.0, note: str = "",
-             names: Mapping[int, str] | None = None) -> GpuView:
+             labels: Mapping[int, str] | None = None) -> GpuView:
     rows = []
-    known = set(store.series_names("gpu"))
     for i in gpu_indices(store):
         values: dict[str, Any] = {}
         for col, candidates in GPU_METRICS.items():
-            name = next((S.gpu(i, c) for c in candidates if S.gpu(i, c) in known), None)
-            values[col] = NAN if name is None else store.value(name, t_end) * _scale(name)
-            if col == "sm_pct" and name is not None:
-                values["sm_history"] = store.window(name, t_end - history_s, t_end).v
-        rows.append(GpuRow(index=i, name=(names or {}).get(i, ""), **values))
+            value, used = NAN, None
+            for c in candidates:
+                v = store.value(S.gpu(i, c), t_end)
+                if is_num(v):
+                    value, used = v * _scale(c), S.gpu(i, c)
+                    break
+            values[col] = value
+            if col == "sm_pct" and used is not None:
+                values["sm_history"] = store.window(used, t_end - history_s, t_end).v
+        rows.append(GpuRow(index=i, name=(labels or {}).get(i, ""), **values))
     return GpuView(tuple(rows), note)
 
 

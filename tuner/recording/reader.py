@@ -1,0 +1,254 @@
+"""Reading recordings: the header, records in the order they were seen, time seeks; damaged files
+read as far as they go.
+
+A crashed recording (.db plus -wal) is recovered by opening it read-write once, which lets SQLite
+replay its WAL. A file that is not a recording, or is from a newer schema, or is truncated, gives a
+one-line `problem` (or a RecordingError when nothing at all can be read); whatever is readable is
+still returned. Must not write anything but that WAL recovery, and must not import textual.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import sqlite3
+from pathlib import Path
+from typing import Any, Iterator
+
+from tuner.core.records import Event, Record, Sample, Trace
+from tuner.recording.schema import (
+    APPLICATION_ID, SCHEMA_VERSION, RecordingError, loads, unpack_trace, value_out,
+)
+
+CHUNK = 5000
+
+
+def open_recording(path: str | Path) -> "RecordingReader":
+    """Open a recording for reading. Raises RecordingError only when nothing in it can be read."""
+    return RecordingReader(path)
+
+
+class RecordingReader:
+    """Attributes:
+        header: the meta table (schema_version, tool_version, backend, server_info, launch, active, gpus, ...).
+        problem: one line saying what is wrong with the file, or None.
+        warnings: every problem met while reading (problem is the first).
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.warnings: list[str] = []
+        if not self.path.is_file():
+            raise RecordingError(f"{self.path}: no such recording")
+        self.db = self._connect()
+        self.header = self._read_header()
+        self.schema_version = int(self.header.get("schema_version", 0) or 0)
+        if self.schema_version > SCHEMA_VERSION:
+            self._warn(f"{self.path.name} was written by a newer specdecode-tune (schema {self.schema_version} > "
+                       f"{SCHEMA_VERSION}); upgrade to read all of it — showing what this version understands")
+        self._series = self._read_series()
+        self.t_first, self.t_last = self._time_range()
+
+    @property
+    def problem(self) -> str | None:
+        return self.warnings[0] if self.warnings else None
+
+    def _warn(self, msg: str) -> None:
+        if msg not in self.warnings:
+            self.warnings.append(msg)
+
+    # -- opening ----------------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        wal = Path(str(self.path) + "-wal")
+        self._check_length()
+        try:
+            if wal.exists():
+                # A recorder that died left its last commits in the WAL: a read-write open replays
+                # them into the file; the checkpoint makes it one file again.
+                db = sqlite3.connect(str(self.path))
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                db.execute("PRAGMA journal_mode=DELETE")
+                self._warn_later = f"{self.path.name} was not closed cleanly (recovered from its WAL)"
+            else:
+                db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+            # On a truncated file SQLite refuses everything unless told to tolerate a database shorter
+            # than its header says; reads then fail only on the pages that are really gone.
+            db.execute("PRAGMA writable_schema=ON")
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return db
+        except sqlite3.DatabaseError as e:
+            if "not a database" in str(e) or "file is encrypted" in str(e):
+                raise RecordingError(f"{self.path} is not a specdecode-tune recording (not an SQLite file)") from None
+            try:   # a WAL-mode file without its -wal, in a read-only place
+                db = sqlite3.connect(f"file:{self.path}?immutable=1", uri=True)
+                db.execute("PRAGMA writable_schema=ON")
+                db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+                return db
+            except sqlite3.DatabaseError:
+                raise RecordingError(f"{self.path} cannot be opened: {e}") from None
+
+    def _check_length(self) -> None:
+        """Compare the file's length with the page count in its SQLite header (bytes 16-17, 28-31)."""
+        with open(self.path, "rb") as f:
+            head = f.read(100)
+        if len(head) < 100 or not head.startswith(b"SQLite format 3\0"):
+            if head.startswith(b"SQLite format 3"[: len(head)]) and len(head) < 100:
+                raise RecordingError(f"{self.path} is truncated to {len(head)} bytes: nothing readable")
+            raise RecordingError(f"{self.path} is not a specdecode-tune recording (not an SQLite file)")
+        page = int.from_bytes(head[16:18], "big")
+        page = 65536 if page == 1 else page
+        pages = int.from_bytes(head[28:32], "big")
+        size = self.path.stat().st_size
+        if pages and size < pages * page and not Path(str(self.path) + "-wal").exists():
+            self._warn(f"{self.path.name} is truncated ({size} of {pages * page} bytes); reading what is left")
+
+    def _read_header(self) -> dict[str, Any]:
+        try:
+            app_id = self.db.execute("PRAGMA application_id").fetchone()[0]
+            tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        except sqlite3.DatabaseError as e:
+            raise RecordingError(f"{self.path} is damaged beyond reading: {e}") from None
+        if "meta" not in tables:
+            raise RecordingError(f"{self.path} is an SQLite file but not a specdecode-tune recording")
+        if app_id not in (0, APPLICATION_ID):
+            self._warn(f"{self.path.name}: unexpected application id {app_id:#x}")
+        header: dict[str, Any] = {}
+        try:
+            for key, value in self.db.execute("SELECT key, value FROM meta"):
+                try:
+                    header[key] = loads(value)
+                except ValueError:
+                    header[key] = value
+        except sqlite3.DatabaseError as e:
+            self._warn(f"{self.path.name}: header partly unreadable ({e})")
+        if "schema_version" not in header:
+            raise RecordingError(f"{self.path} has no schema version: not a specdecode-tune recording")
+        warn = getattr(self, "_warn_later", None)
+        if warn:
+            self._warn(warn)
+        if "closed_at" not in header and not warn:
+            self._warn(f"{self.path.name} was not closed cleanly (the recorder was killed); reading what it holds")
+        self._tables = tables
+        return header
+
+    def _read_series(self) -> dict[int, str]:
+        try:
+            return {int(i): str(n) for i, n in self.db.execute("SELECT id, name FROM series")}
+        except sqlite3.DatabaseError as e:
+            self._warn(f"{self.path.name} is truncated or corrupt: series names unreadable ({e})")
+            return {}
+
+    def _time_range(self) -> tuple[float, float]:
+        lo, hi = math.inf, -math.inf
+        for table in ("samples", "events", "traces"):
+            if table not in self._tables:
+                continue
+            try:
+                a, b = self.db.execute(f"SELECT min(t), max(t) FROM {table}").fetchone()
+            except sqlite3.DatabaseError as e:
+                self._warn(f"{self.path.name} is truncated or corrupt ({table}: {e})")
+                continue
+            if a is not None:
+                lo, hi = min(lo, a), max(hi, b)
+        return (lo, hi) if lo <= hi else (math.nan, math.nan)
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def series_names(self) -> list[str]:
+        return sorted(set(self._series.values()))
+
+    def _rows(self, table: str, cols: str, where: str, args: tuple) -> Iterator[tuple]:
+        """Rows in seq order, in chunks; stops with a warning at the first unreadable page."""
+        if table not in self._tables:
+            return
+        last = -1
+        while True:
+            try:
+                rows = self.db.execute(f"SELECT seq, {cols} FROM {table} WHERE seq > ? AND {where} "
+                                       f"ORDER BY seq LIMIT {CHUNK}", (last, *args)).fetchall()
+            except sqlite3.DatabaseError as e:
+                self._warn(f"{self.path.name} is truncated or corrupt: {table} after seq {last} unreadable ({e})")
+                return
+            if not rows:
+                return
+            yield from rows
+            last = rows[-1][0]
+
+    def _samples(self, where: str, args: tuple) -> Iterator[tuple[int, Record]]:
+        for seq, t, sid, v in self._rows("samples", "t, series_id, value", where, args):
+            name = self._series.get(sid)
+            if name is None:
+                self._warn(f"{self.path.name}: samples of an unknown series id {sid} skipped")
+                continue
+            yield seq, Sample(t, name, value_out(v))
+
+    def _events(self, where: str, args: tuple) -> Iterator[tuple[int, Record]]:
+        for seq, t, kind, data in self._rows("events", "t, kind, data", where, args):
+            try:
+                yield seq, Event(t, kind, loads(data))
+            except ValueError:
+                self._warn(f"{self.path.name}: event {seq} has unreadable data")
+
+    def _traces(self, where: str, args: tuple) -> Iterator[tuple[int, Record]]:
+        for seq, t, tid, rank, name, comp, blob, analysis in self._rows(
+                "traces", "t, trace_id, rank, name, compression, data, analysis", where, args):
+            try:
+                yield seq, Trace(t, tid, int(rank), name, unpack_trace(comp, blob),
+                                 None if analysis is None else loads(analysis))
+            except (RecordingError, ValueError, Exception) as e:   # zlib.error is not a ValueError
+                self._warn(f"{self.path.name}: trace {name} unreadable ({e})")
+
+    def records(self, t0: float = -math.inf, t1: float = math.inf, *, after_seq: int = -1,
+                upto_seq: int | None = None, kinds: tuple[str, ...] = ("samples", "events", "traces"),
+                with_seq: bool = False) -> Iterator[Any]:
+        """Records with t0 <= t <= t1 in the order the session saw them (their seq).
+
+        after_seq / upto_seq bound the seq range; kinds picks among samples, events and traces.
+        """
+        where, args = "t >= ? AND t <= ?", (_f(t0), _f(t1))
+        if after_seq >= 0:
+            where += " AND seq > ?"
+            args = (*args, after_seq)
+        if upto_seq is not None:
+            where += " AND seq <= ?"
+            args = (*args, upto_seq)
+        sources = {"samples": self._samples, "events": self._events, "traces": self._traces}
+        merged = heapq.merge(*(sources[k](where, args) for k in kinds), key=lambda x: x[0])
+        for seq, rec in merged:
+            yield (seq, rec) if with_seq else rec
+
+    def events(self, kind: str | None = None) -> list[Event]:
+        evs = [r for _, r in self._events("1=1", ())]
+        return [e for e in evs if kind is None or e.kind == kind]  # type: ignore[union-attr]
+
+    def traces(self) -> list[Trace]:
+        return [r for _, r in self._traces("1=1", ())]  # type: ignore[misc]
+
+    def seq_at(self, t: float) -> int:
+        """The seq of the first record at or after time t (-1 before everything)."""
+        best = None
+        for table in ("samples", "events", "traces"):
+            if table not in self._tables:
+                continue
+            try:
+                row = self.db.execute(f"SELECT seq FROM {table} WHERE t >= ? ORDER BY t LIMIT 1", (_f(t),)).fetchone()
+            except sqlite3.DatabaseError:
+                continue
+            if row is not None:
+                best = row[0] if best is None else min(best, row[0])
+        return -1 if best is None else best - 1
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> "RecordingReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _f(x: float) -> float:
+    # SQLite compares REAL with +-inf correctly, but Python's inf must be passed as a float.
+    return float(x)
