@@ -1,0 +1,83 @@
+"""The live tuner against the real engine: `serve --tp-size 2` on CPU over loopback HTTP, with the
+emulated slow link so moving the draft off the TP group matters, driven by the real `tune` command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from tests.server.helpers import MODEL_ARGS, ROOT, ServerProc, rank_pids, wait_gone
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def slow_link_server():
+    # 3 ms per collective: a sharded draft step pays several of them, a replicated one none.
+    s = ServerProc([*MODEL_ARGS, "--tp-size", "2", "--port", "0", "--max-running-requests", "2",
+                    "--speculative-num-steps", "3", "--emulate-comm-latency", "3000"])
+    s.wait_ready()
+    pids = rank_pids(s.url) + [s.proc.pid]
+    yield s
+    assert s.stop() == 0, s.output()[-3000:]
+    assert wait_gone(pids) == []
+
+
+def _tune(url: str, tmp_path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp_path / "tune.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tuner", "tune", url, "--budget", "100s", "--load", "2",
+         "--max-new-tokens", "64", "--max-steps", "4", "--json", str(out), *extra],
+        cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    return proc, json.loads(out.read_text())
+
+
+def _active(url: str) -> dict:
+    info = httpx.get(f"{url}/server_info", timeout=10).json()
+    st = info["internal_states"][0]
+    return {"steps": st["speculative_num_steps"], "placement": st["speculative_draft_placement"]}
+
+
+def test_tune_applies_and_explains_on_a_slow_link(slow_link_server, tmp_path):
+    url = slow_link_server.url
+    proc, res = _tune(url, tmp_path, "--apply")
+    text = proc.stdout
+    assert "tuning from steps 3 topk 1 N 4 sharded" in text
+    assert "predicted vs measured" in text and "fitted costs:" in text
+    # The measured collective share of the sharded draft is large on the slowed link ...
+    w = res["what_if"] or {}
+    model = res["model"]
+    sharded = [g for g in model["groups"] if g["placement"] == "sharded" and g["terms"]]
+    assert sharded, model["groups"]
+    step = sharded[0]["terms"]["draft"]["coef"]["s-1"]["value"]
+    comm = sharded[0]["comm"]["draft"]["coef"]["s-1"]["value"]
+    assert comm > 0.5 * step > 0
+    # ... so the what-if sends the tuner to measure the draft off the TP group.
+    probed = {(m["placement"]) for m in res["measured_tok_s"]}
+    assert probed & {"replicated", "rank0"}, probed
+    if w:
+        assert w["comm_share"] > 0.5
+    # Every chain setting of the space is predicted, with an error bar.
+    chains = [p for p in res["predictions"] if p["steps"] > 0 and p["topk"] == 1]
+    assert chains and all(p["tok_s"] is not None and p["sd"] is not None for p in chains)
+    # With --apply the server runs what the tuner says it applied.
+    assert _active(url) == {"steps": res["applied"]["steps"], "placement": res["applied"]["placement"]
+                            if res["applied"]["steps"] else _active(url)["placement"]}
+    assert res["applied"] == res["best"]
+    # The acceptance-only policy's pick is reported for comparison.
+    assert res["acceptance_only"]["steps"] in (1, 3, 5, 7)
+
+
+def test_tune_without_apply_restores_the_starting_setting(slow_link_server, tmp_path):
+    url = slow_link_server.url
+    httpx.post(f"{url}/set_internal_state", json={"server_args": {
+        "speculative_num_steps": 2, "speculative_num_draft_tokens": 3,
+        "speculative_draft_placement": "sharded"}}, timeout=60).raise_for_status()
+    _, res = _tune(url, tmp_path)
+    assert res["initial"]["steps"] == 2
+    assert _active(url) == {"steps": 2, "placement": "sharded"}
