@@ -95,7 +95,7 @@ def wait_gone(pids: list[int], timeout: float = 15.0) -> list[int]:
 
 
 def rank_pids(base: str, headers: dict | None = None) -> list[int]:
-    text = httpx.get(f"{base}/metrics", headers=headers, timeout=10).text
+    text = httpx.get(f"{base}/metrics", headers=headers, timeout=60).text
     return [int(m) for m in re.findall(r'specdecode:rank_info\{[^}]*pid="(\d+)"', text)]
 
 

@@ -38,22 +38,25 @@ def test_cli_entry_point_prints_usage():
 @pytest.mark.slow
 def test_api_key_and_sigint_shutdown():
     s = ServerProc([*MODEL_ARGS, "--port", "0", "--api-key", "sekret", "--skip-server-warmup"])
+    # A loaded 2-core CI machine can take seconds for a first forward: generous timeouts.
+    c = httpx.Client(timeout=120)
     try:
         base = s.wait_ready()
         auth = {"Authorization": "Bearer sekret"}
         body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
-        assert httpx.post(f"{base}/generate", json=body).status_code == 401
-        assert httpx.post(f"{base}/generate", json=body, headers={"Authorization": "Bearer nope"}).status_code == 401
-        assert httpx.post(f"{base}/generate", json=body, headers=auth).status_code == 200
-        assert httpx.post(f"{base}/set_internal_state", json={"server_args": {"speculative_num_steps": 1}}
+        assert c.post(f"{base}/generate", json=body).status_code == 401
+        assert c.post(f"{base}/generate", json=body, headers={"Authorization": "Bearer nope"}).status_code == 401
+        assert c.post(f"{base}/generate", json=body, headers=auth).status_code == 200
+        assert c.post(f"{base}/set_internal_state", json={"server_args": {"speculative_num_steps": 1}}
                           ).status_code == 401
-        assert httpx.get(f"{base}/server_info").status_code == 401
-        info = httpx.get(f"{base}/server_info", headers=auth).json()
+        assert c.get(f"{base}/server_info").status_code == 401
+        info = c.get(f"{base}/server_info", headers=auth).json()
         assert "sekret" not in str(info)
-        assert httpx.get(f"{base}/health").status_code == 200
+        assert c.get(f"{base}/health").status_code == 200
         pids = rank_pids(base)
         assert len(pids) == 1
     finally:
+        c.close()
         rc = s.stop(signal.SIGINT)
     assert rc == 0, s.output()[-2000:]
     assert wait_gone(pids) == []
