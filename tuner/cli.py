@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("replay", "open a recording in the TUI (pause, step, seek, speed)"),
     "analyze": ("analyze", "show where decode time goes in a captured trace (a file or a directory of rank files)"),
     "tune": ("tune", "predict tok/s for every setting from measured costs, apply the best and verify it live"),
+    "once": ("once", "watch a server for a few seconds headless and print tok/s, acceptance and the phase split"),
     "launch": ("launch", "start and own an SGLang server (`launch -- python -m sglang.launch_server ARGS…`), relaunching for settings it cannot change live"),
 }
 
