@@ -1,0 +1,177 @@
+"""`specdecode-tune once URL`: watch a server for a few seconds headless and print its readings.
+
+For people (a quick look over SSH) and for tests: tok/s, acceptance with per-position p_k and a_k,
+per-phase ms per iteration with their comm parts, the active setting and what can change live.
+Optionally applies changes first (--set) and drives load (--load). Prints, never draws: no Textual.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from typing import Any
+
+DEFAULT_PROMPTS = [
+    {"text": "The quick brown fox jumps over the lazy dog. " * 4},
+    {"text": "def fibonacci(n):\n    if n < 2:\n        return n\n    return"},
+    {"text": "Once upon a time, in a small village by the sea, there lived"},
+    {"text": "import os\nimport sys\n\ndef main():\n"},
+]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="server base URL, e.g. http://127.0.0.1:30000")
+    p.add_argument("--api-key", default=None, help="sent as Authorization: Bearer KEY")
+    p.add_argument("--seconds", type=float, default=3.0, help="how long to watch (default 3)")
+    p.add_argument("--set", dest="changes", action="append", default=[], metavar="KEY=VALUE",
+                   help="apply a live change first, e.g. --set speculative_num_steps=2 (repeatable)")
+    p.add_argument("--load", type=int, default=0, metavar="N", help="keep N streaming requests in flight while watching")
+    p.add_argument("--prompts", default=None, help="JSONL prompt file for --load (default: a few built-in prompts)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def _parse_change(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--set wants KEY=VALUE, got {text!r}")
+    try:
+        return key.strip(), int(value)
+    except ValueError:
+        try:
+            return key.strip(), float(value)
+        except ValueError:
+            return key.strip(), value.strip()
+
+
+def _mean(store: Any, series: str, t0: float) -> float:
+    vals = store.window(series, t0).finite()
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+def readings(session: Any, t0: float) -> dict[str, Any]:
+    """What the session saw since t0, as one JSON-ready dict (NaN -> None)."""
+    from tuner.core import series as S
+
+    st = session.store
+    out: dict[str, Any] = {
+        "server": {k: session.server_info().get(k) for k in ("kind", "version", "model", "tp_size")},
+        "url": getattr(session.backend, "url", ""),
+        "connection": session.connection().text(),
+        "active": session.active_config(),
+        "tok_per_s": _mean(st, S.SERVER_TOK_PER_S, t0),
+        "client_tok_per_s": _mean(st, S.LOAD_TOK_PER_S, t0),
+        "accept_len": _mean(st, S.SPEC_ACCEPT_LEN, t0),
+        "accept_rate": _mean(st, S.SPEC_ACCEPT_RATE, t0),
+        "iter_per_s": _mean(st, S.SERVER_ITER_PER_S, t0),
+        "batch_size": _mean(st, S.SERVER_BATCH, t0),
+        "accept_pos": {}, "accept_cond": {}, "phase_ms": {}, "phase_comm_ms": {}, "phase_share_pct": {},
+    }
+    for name in st.series_names("spec/accept_pos/"):
+        out["accept_pos"][name.rsplit("/", 1)[1]] = _mean(st, name, t0)
+    for name in st.series_names("spec/accept_cond/"):
+        out["accept_cond"][name.rsplit("/", 1)[1]] = _mean(st, name, t0)
+    for phase in S.PHASES:
+        for key, fn in (("phase_ms", S.phase_ms), ("phase_comm_ms", S.phase_comm_ms),
+                        ("phase_share_pct", S.phase_share_pct)):
+            if st.latest(fn(phase)) is not None:
+                out[key][phase] = _mean(st, fn(phase), t0)
+    for key, series in (("wall_ms", S.PHASE_WALL_MS), ("idle_ms", S.PHASE_IDLE_MS)):
+        out[key] = _mean(st, series, t0)
+    caps = session.backend.capabilities if session.backend is not None else None
+    out["live"] = {k: (caps.why_not(k) or "live") for k in ("speculative_num_steps", "speculative_eagle_topk",
+                                                            "speculative_num_draft_tokens",
+                                                            "speculative_draft_placement")} if caps else {}
+    out["has_phase_timers"] = bool(caps and caps.HAS_PHASE_TIMERS)
+    out["problems"] = [e.data.get("error") for e in st.events(("poll_error", "load_error"))]
+    return _nan_to_none(out)
+
+
+def _nan_to_none(x: Any) -> Any:
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _nan_to_none(v) for k, v in x.items()}
+    return x
+
+
+def _f(x: Any, fmt: str = "{:.2f}") -> str:
+    return "n/a" if x is None else fmt.format(x)
+
+
+def format_table(r: dict[str, Any]) -> str:
+    s, a = r["server"], r["active"]
+    lines = [
+        f"server    {s.get('kind')} {s.get('version')} · {s.get('model')} · TP {s.get('tp_size')} · {r['url']} ({r['connection']})",
+        "setting   " + " · ".join(f"{k.replace('speculative_', '')}={v}" for k, v in a.items()
+                                  if k.startswith("speculative_") and k != "speculative_algorithm"),
+        f"tok/s     {_f(r['tok_per_s'], '{:.1f}')} (server)"
+        + (f"   {_f(r['client_tok_per_s'], '{:.1f}')} (client)" if r["client_tok_per_s"] is not None else "")
+        + f"   iterations/s {_f(r['iter_per_s'], '{:.1f}')}   batch {_f(r['batch_size'], '{:.1f}')}",
+        f"accept    length {_f(r['accept_len'])}   rate {_f(r['accept_rate'])}",
+    ]
+    if r["accept_pos"]:
+        ks = sorted(r["accept_pos"], key=int)
+        lines.append("p_k       " + "  ".join(f"p{k} {_f(r['accept_pos'][k])}" for k in ks))
+        lines.append("a_k       " + "  ".join(f"a{k} {_f(r['accept_cond'].get(k))}" for k in ks))
+    if r["phase_ms"]:
+        lines.append(f"phase     {'ms/iter':>9} {'comm ms':>9}")
+        for p, v in r["phase_ms"].items():
+            lines.append(f"  {p:<14}{_f(v, '{:9.3f}')} {_f(r['phase_comm_ms'].get(p), '{:9.3f}')}")
+        lines.append(f"  {'wall':<14}{_f(r.get('wall_ms'), '{:9.3f}')}   idle {_f(r.get('idle_ms'), '{:.3f}')}")
+    elif r["phase_share_pct"]:
+        lines.append("phase     " + "  ".join(f"{p} {_f(v, '{:.1f}')}%" for p, v in r["phase_share_pct"].items())
+                     + "  (share of wall time; no iteration count)")
+    elif r.get("has_phase_timers"):
+        lines.append("phase     n/a (no decode iterations while watching: try --load N)")
+    else:
+        lines.append("phase     n/a (no phase timers on this server)")
+    lines.append("live      " + "  ".join(f"{k.replace('speculative_', '')}: {'yes' if v == 'live' else 'no'}"
+                                          for k, v in r["live"].items()))
+    for p in dict.fromkeys(r["problems"]):
+        lines.append(f"problem   {p}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tuner.backends import ServerError, connect
+    from tuner.backends.load import PromptFileError, load_prompts
+    from tuner.core.session import Session
+
+    try:
+        changes = dict(_parse_change(c) for c in args.changes)
+        prompts = load_prompts(args.prompts) if args.prompts else DEFAULT_PROMPTS
+        backend = connect(args.url, api_key=args.api_key)
+    except (ServerError, PromptFileError, ValueError) as e:
+        print(f"specdecode-tune once: {e}", file=sys.stderr)
+        return 2
+    rc = 0
+    with Session(backend) as session:
+        if changes:
+            res = session.set_config(changes, by="once")
+            if not res.ok:
+                print(f"specdecode-tune once: change refused: {res.reason}", file=sys.stderr)
+                rc = 1
+        if args.load > 0:
+            session.start_load(prompts, args.load, max_new_tokens=args.max_new_tokens)
+        # Settle first when something changed (ARCHITECTURE "What better means"), then watch.
+        settle = 2.0 if changes or args.load else 0.5
+        end_settle = time.time() + settle
+        while time.time() < end_settle:
+            session.tick()
+            time.sleep(0.1)
+        t0 = session.now()
+        end = time.time() + args.seconds
+        while time.time() < end:
+            session.tick()
+            time.sleep(0.1)
+        session.stop_load()
+        session.tick()
+        r = readings(session, t0)
+    if not r["server"].get("kind") or r["connection"].startswith("disconnected"):
+        rc = 1
+    print(json.dumps(r, indent=1, sort_keys=True) if args.json else format_table(r))
+    return rc
