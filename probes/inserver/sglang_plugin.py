@@ -365,7 +365,7 @@ def phases_reply(params: Any, directory: Path | None) -> tuple[int, dict]:
                                "type": "not_found", "code": 404}}
     try:
         after = _query_int(params, "after", 0, 0, 2**62)
-        limit = _query_int(params, "limit", 256, 1, MAX_LIMIT)
+        limit = _query_int(params, "limit", 1024, 1, MAX_LIMIT)
         rank = _query_int(params, "rank", 0, 0, 1 << 16)
         dp = _query_int(params, "dp", 0, 0, 1 << 16)
     except ValueError as e:
