@@ -92,7 +92,8 @@ class LoadDriver:
         self._threads: list[threading.Thread] = []
         self._next = itertools.count()
         self.tokens = 0            # generated tokens counted so far (output_ids)
-        self.requests = 0          # finished requests
+        self.requests = 0          # requests that ran to [DONE]
+        self.done_tokens = 0       # tokens of those requests
         self.errors = 0
         self.inflight = 0
         self._last_error = ""
@@ -140,7 +141,8 @@ class LoadDriver:
 
     def _worker(self, i: int) -> None:
         while not self._stop.is_set():
-            err = None
+            err: str | None = None
+            done = False
             with self._lock:
                 self.inflight += 1
                 self._live[i] = 0
@@ -150,41 +152,45 @@ class LoadDriver:
                         resp.read()
                         err = f"/generate: HTTP {resp.status_code}: {resp.text[:120]}"
                     else:
-                        err = self._consume(i, resp.iter_lines())
+                        err, done = self._consume(i, resp.iter_lines())
             except (httpx.HTTPError, RuntimeError) as e:
                 err = None if self._stop.is_set() else f"/generate: {type(e).__name__}: {str(e)[:120]}"
             with self._lock:
                 self.inflight -= 1
-                self.tokens += self._live.pop(i, 0)
+                n = self._live.pop(i, 0)
+                self.tokens += n          # tokens generated count even when stop cut the stream
                 if err:
                     self.errors += 1
-                else:
+                elif done:
                     self.requests += 1
+                    self.done_tokens += n
             if err:
                 self._error(err)
                 self._stop.wait(0.5)     # a dead or refusing server is not hammered
 
-    def _consume(self, i: int, lines: Any) -> str | None:
+    def _consume(self, i: int, lines: Any) -> tuple[str | None, bool]:
+        """Read one SSE stream: (error or None, whether it reached [DONE])."""
         for line in lines:
             if self._stop.is_set():
-                return None
+                return None, False
             if not line.startswith("data:"):
                 continue
             data = line[5:].strip()
             if data == "[DONE]":
-                return None
+                return None, True
             try:
                 obj = json.loads(data)
             except json.JSONDecodeError:
-                return f"/generate: bad SSE chunk {data[:60]!r}"
+                return f"/generate: bad SSE chunk {data[:60]!r}", False
             if isinstance(obj, dict) and "error" in obj:
                 e = obj["error"]
-                return "/generate: " + str(e.get("message", e) if isinstance(e, dict) else e)
+                return "/generate: " + str(e.get("message", e) if isinstance(e, dict) else e), False
+            # Chunks are cumulative: output_ids is the whole list so far, so take its length.
             ids = obj.get("output_ids") if isinstance(obj, dict) else None
             if isinstance(ids, list):
                 with self._lock:
                     self._live[i] = max(self._live.get(i, 0), len(ids))
-        return None
+        return ("/generate: the stream ended without [DONE]" if not self._stop.is_set() else None), False
 
     def _error(self, err: str) -> None:
         with self._lock:

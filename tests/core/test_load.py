@@ -1,0 +1,63 @@
+"""The load driver against the stand-in server's SSE /generate (core_standin.py): constant
+concurrency, tokens counted by output_ids (not chunks), prompt files with clear errors."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tuner.backends.load import LoadDriver, PromptFileError, load_prompts
+from tuner.core import series as S
+from tuner.core.events import EventKind
+from tuner.core.session import Session
+
+
+def test_tokens_are_counted_by_output_ids(standin):
+    standin.generate_tokens = 6            # chunks carry 1, 3, 4, 6, 7, 9 ids: 9 tokens, 6 chunks
+    s = Session()
+    drv = LoadDriver(standin.url, s.bus, s.clock, [{"text": "hi"}, {"input_ids": [1, 2]}], concurrency=3,
+                     max_new_tokens=9)
+    drv.start()
+    deadline = time.monotonic() + 30
+    while drv.requests < 12 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    drv.stop()
+    s.tick()
+    assert drv.errors == 0 and drv.requests >= 12
+    assert drv.done_tokens == 9 * drv.requests and drv.tokens >= drv.done_tokens
+    assert s.store.last_event(EventKind.LOAD_STARTED).data["concurrency"] == 3
+    assert s.store.last_event(EventKind.LOAD_STOPPED).data["tokens"] == drv.tokens
+    assert max(s.store.window(S.LOAD_INFLIGHT).v) <= 3
+    assert any(v > 0 for v in s.store.window(S.LOAD_TOK_PER_S).v)
+
+
+def test_errors_are_folded_into_one_event(standin):
+    standin.mode = "500"
+    s = Session()
+    drv = LoadDriver(standin.url, s.bus, s.clock, [{"text": "hi"}], concurrency=2)
+    drv.start()
+    deadline = time.monotonic() + 30
+    while drv.errors < 4 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    drv.stop()
+    s.tick()
+    errs = s.store.events(EventKind.LOAD_ERROR)
+    assert len(errs) == 1 and "HTTP 500" in errs[0].data["error"]
+
+
+def test_prompt_files(tmp_path):
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"text": "a"}\n\n# comment\n"plain string"\n{"input_ids": [1, 2]}\n')
+    assert load_prompts(p) == [{"text": "a"}, {"text": "plain string"}, {"input_ids": [1, 2]}]
+    p.write_text('{"text": "a"}\n{nope\n')
+    with pytest.raises(PromptFileError, match=r"p.jsonl:2: not JSON"):
+        load_prompts(p)
+    p.write_text('{"prompt": "a"}\n')
+    with pytest.raises(PromptFileError, match=r":1: each line needs"):
+        load_prompts(p)
+    with pytest.raises(PromptFileError, match="cannot read"):
+        load_prompts(tmp_path / "missing.jsonl")
+    p.write_text("")
+    with pytest.raises(PromptFileError, match="no prompts"):
+        load_prompts(p)
