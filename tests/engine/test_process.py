@@ -1,0 +1,102 @@
+"""The rank process model: a killed rank ends the group with a message within seconds, start
+failures say why, close() leaves no child, and torch.profiler traces come from every rank."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from refengine.client import EngineClient, EngineOptions, EngineStartError, GenRequest
+
+from .conftest import PROMPTS, generate
+
+
+def _opts(**kw) -> EngineOptions:
+    base = dict(model_path="tiny-agreeing", load_format="dummy", tp_size=2, threads_per_rank=1,
+                init_timeout_s=30, context_length=256, max_running_requests=4)
+    base.update(kw)
+    return EngineOptions(**base)
+
+
+@pytest.mark.slow
+def test_killed_rank_ends_group_with_message():
+    client = EngineClient.start(_opts())
+    try:
+        finals = []
+        got = threading.Event()
+
+        def cb(u):
+            if u.finished:
+                finals.append(u)
+                got.set()
+
+        # A long request is running when the rank dies: it must end with the reason.
+        client.submit(GenRequest("long", [2, 40, 6], max_new_tokens=200, ignore_eos=True), cb)
+        pid = client.rank_info()[1]["pid"]
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        while client.alive() and time.monotonic() - t0 < 10:
+            time.sleep(0.05)
+        assert not client.alive()
+        assert time.monotonic() - t0 < 5
+        assert "TP rank 1" in client.death_message and "died" in client.death_message
+        assert got.wait(5) and finals[0].finish_reason == "error" and "rank 1" in finals[0].error
+        deadline = time.monotonic() + 5
+        while any(p.is_alive() for p in client._procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(p.is_alive() for p in client._procs), "a rank survived the group's end"
+    finally:
+        client.close()
+
+
+def test_start_failure_says_why(tmp_path):
+    with pytest.raises(EngineStartError, match="config.json: missing"):
+        EngineClient.start(_opts(model_path=str(tmp_path / "nowhere"), load_format="auto", tp_size=1,
+                                 speculative_draft_model_path="tiny-agreeing-eagle3"))
+
+
+def test_close_leaves_no_child_process():
+    client = EngineClient.start(_opts(tp_size=1))
+    procs = list(client._procs)
+    client.close()
+    assert all(not p.is_alive() for p in procs)
+    assert not client.alive()
+
+
+def test_profile_writes_one_trace_per_rank_with_span_names(pool2, tmp_path):
+    pool2.set_config({"speculative_num_steps": 3, "speculative_draft_placement": "sharded"})
+    pool2.start_profile(str(tmp_path), activities=["CPU"], profile_id="p1")
+    generate(pool2, PROMPTS[:2], 8)
+    paths = pool2.stop_profile()
+    assert sorted(os.path.basename(p) for p in paths) == ["p1-TP-0.trace.json.gz", "p1-TP-1.trace.json.gz"]
+    for p in paths:
+        names = {e.get("name") for e in json.load(gzip.open(p))["traceEvents"]}
+        assert {"draft", "draft_extend", "specdecode.verify_sample", "specdecode.comm.all_reduce",
+                "specdecode.comm.all_gather", "specdecode.comm.broadcast"} <= names
+        assert any(n and n.startswith("step[VERIFY bs=") for n in names)
+        assert any(n and n.startswith("step[DRAFT bs=") for n in names)
+
+
+def test_profile_num_steps_stops_by_itself(pool1, tmp_path):
+    pool1.start_profile(str(tmp_path), num_steps=3, activities=["CPU"], profile_id="auto")
+    generate(pool1, PROMPTS[:1], 12)
+    assert [os.path.basename(p) for p in pool1.stop_profile()] == ["auto-TP-0.trace.json.gz"]
+
+
+def test_rank_info_and_stats(pool2):
+    info = pool2.rank_info()
+    assert [r["tp_rank"] for r in info] == [0, 1] and all(r["pid"] > 0 for r in info)
+    generate(pool2, PROMPTS[:1], 8, config={"speculative_num_steps": 2})
+    time.sleep(0.4)   # rank totals are sent every 0.25 s
+    s = pool2.stats()
+    assert s["generation_tokens_total"] > 0 and s["spec_verify_ct_total"] > 0
+    assert set(s["per_rank"]) == {0, 1}
+    assert s["per_rank"][1]["phase_seconds"]["verify"] > 0
+    assert s["accept_position_total"].get(1, 0) <= s["spec_verify_ct_total"]
