@@ -53,7 +53,8 @@ class TunerOptions:
     budget_s: float = 300.0
     settle_s: float = 2.0            # "What better means": drop the first 2 s ...
     settle_iters: int = 20           # ... or 20 iterations, whichever is later
-    probe_s: float = 3.0             # measured seconds per probe, after settling
+    probe_s: float = 1.5             # measured seconds per probe, after settling (phase means
+                                     # settle fast; tok/s windows for the A/B need longer)
     probe_min_iters: int = 30
     ab_segment_s: float = 3.0        # measured seconds per A/B segment (3 one-second windows)
     ab_pairs: int = 2                # candidate/incumbent segment pairs per verification
@@ -273,6 +274,7 @@ class Tuner:
         self._probes = 0
         self._planned = 1
         self._ab_jobs: list[_Job] = []
+        self._first_job: _Job | None = None
         self._candidate: Prediction | None = None
         self._predicted_ratio = math.nan
         self._stop_reason = ""
@@ -395,6 +397,7 @@ class Tuner:
                 self.stage = "probing"
                 self._queue = [_Job(s, "probe", self.opts.probe_s, self.opts.probe_min_iters)
                                for s in probe_plan(self.space, it.setting)]
+                self._first_job = self._queue[0]
                 self._planned = len(self._queue) + 2 * self.opts.ab_pairs + 1
                 job = None
             if job is None or not job.applied or job.measure_s <= 0:
@@ -411,6 +414,14 @@ class Tuner:
                 continue
             job.iters.append(it)
 
+    def _steady(self, now: float) -> bool:
+        """No configuration change in the last settle_s seconds (as far as the session knows)."""
+        store = getattr(self.session, "store", None)
+        if store is None:
+            return False
+        last = store.last_event("config_changed", at=now)
+        return last is None or now - last.t >= self.opts.settle_s
+
     @staticmethod
     def _belongs(job: _Job, it: Iteration) -> bool:
         if job.epoch is not None:
@@ -423,6 +434,9 @@ class Tuner:
             if job.future is None:
                 if job.setting == self._current:
                     job.applied, job.t_apply = True, now
+                    if job is self._first_job and self._steady(now):
+                        # The server ran this setting before tuning began: nothing to settle.
+                        job.settled_at, job.end_at = now, now + job.measure_s
                 else:
                     self.status = f"applying {job.setting.label()}"
                     job.future = self.runner.submit(self.session.set_config,

@@ -1,0 +1,305 @@
+"""The tuner against the exhaustive grid on the same live server.
+
+    python benchmarks/tuner_vs_grid.py [--emulate-comm-latency 3000] [--repeats 3] [--out FILE]
+
+Starts `python -m refengine serve` (TP 2 on CPU by default), keeps `--load` generate requests in
+flight, then
+  1. measures every setting of the space `--repeats` times in shuffled order (live switching, the
+     same settle rule and 1-s tok/s windows the A/B uses), which gives each setting's tok/s, the
+     grid's own noise (median relative spread across repeats) and the grid's best;
+  2. restores the starting setting and runs the live tuner (tuner.tuning.live) on the same server.
+It prints, side by side: the time until the tuner first proposed a setting whose grid tok/s is within
+max(2 %, grid noise) of the grid's best, as a fraction of one grid pass's wall time (goal ≤ 25 %);
+the tuner's final choice against the grid; and what an acceptance-only policy (SGLang's adaptive
+steps, which never moves the draft off the TP group) would run, with its grid tok/s.
+Nothing here asserts a time: the figures are the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tuner.backends import connect  # noqa: E402
+from tuner.commands.attach import builtin_prompts  # noqa: E402
+from tuner.core import ab as core_ab  # noqa: E402
+from tuner.core.records import thaw  # noqa: E402
+from tuner.core.session import Session  # noqa: E402
+from tuner.tuning.live import InlineRunner, Tuner, TunerOptions  # noqa: E402
+from tuner.tuning.observations import parse_record  # noqa: E402
+from tuner.tuning.phase_feed import HttpPhaseFeed  # noqa: E402
+from tuner.tuning.settings import Setting, settings_space  # noqa: E402
+
+
+def shipped_model_args() -> list[str]:
+    """The shipped tiny model when it is in the tree, else the agreeing random-weight preset."""
+    tiny = ROOT / "refengine" / "data" / "tiny"
+    if any(tiny.glob("**/*.safetensors")):
+        return []          # serve's default is the shipped model
+    return ["--model-path", "tiny-agreeing", "--load-format", "dummy"]
+
+
+READY = re.compile(r"ready to roll! Serving at (http://\S+)")
+
+
+class Server:
+    """`python -m refengine serve` as a child process group (its ranks included), log to a file."""
+
+    def __init__(self, cmd: list[str], log: Path) -> None:
+        self.log = log
+        self._out = open(log, "wb")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._out,
+                                     stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+
+    def wait_ready(self, timeout: float = 300.0) -> str:
+        end = time.time() + timeout
+        while time.time() < end:
+            m = READY.search(self.log.read_text(errors="replace"))
+            if m:
+                return m.group(1)
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.5)
+        raise RuntimeError("server did not start:\n" + self.log.read_text(errors="replace")[-3000:])
+
+    def stop(self) -> None:
+        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 5)):
+            if self.proc.poll() is None:
+                try:
+                    os.killpg(self.proc.pid, sig)
+                    self.proc.wait(wait)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    pass
+        self._out.close()
+
+
+class Driver:
+    """Ticks the session while waiting, so the store keeps filling."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def wait(self, seconds: float) -> None:
+        end = time.time() + seconds
+        while time.time() < end:
+            self.session.tick()
+            time.sleep(0.05)
+        self.session.tick()
+
+
+def measure(session: Session, feed: HttpPhaseFeed, drv: Driver, s: Setting, measure_s: float,
+            settle_s: float = 2.0, settle_iters: int = 20, timeout_s: float = 120.0) -> dict:
+    """Apply s, settle like the A/B does, then median of 1-s tok/s windows over measure_s."""
+    res = session.set_config(s.as_server_args(), by="grid")
+    if not res.ok:
+        return {"setting": s.to_json(), "error": res.reason}
+    epoch = (res.active or {}).get("epoch")
+    feed.poll()
+    first_t, seen, settled_at = math.nan, 0, math.nan
+    committed, wall = 0, 0.0
+    start = time.time()
+    while True:
+        drv.wait(0.1)
+        for rec in feed.poll():
+            try:
+                it = parse_record(rec)
+            except ValueError:
+                continue
+            if (epoch is not None and it.epoch != epoch) or (epoch is None and it.setting != s):
+                continue
+            if seen == 0:
+                first_t = it.t
+            seen += 1
+            if math.isnan(settled_at):
+                if seen > settle_iters and it.t - first_t >= settle_s:
+                    settled_at = session.now()
+            else:
+                committed += it.committed
+                wall += it.wall_ms
+        if not math.isnan(settled_at) and session.now() >= settled_at + measure_s:
+            break
+        if time.time() - start > timeout_s:
+            return {"setting": s.to_json(), "error": "no iterations (is the load running?)"}
+    windows = core_ab.window_means(session.store, session.throughput_series(), settled_at,
+                                   settled_at + measure_s)
+    return {"setting": s.to_json(), "tok_s": statistics.median(windows) if windows else math.nan,
+            "windows": len(windows), "phase_tok_s": 1000.0 * committed / wall if wall else math.nan}
+
+
+def run_grid(session, feed, drv, space, repeats, measure_s, seed=0) -> tuple[dict, float]:
+    rng = random.Random(seed)
+    runs: dict[Setting, list[float]] = {s: [] for s in space}
+    t0 = time.time()
+    for r in range(repeats):
+        order = list(space)
+        rng.shuffle(order)
+        for s in order:
+            m = measure(session, feed, drv, s, measure_s)
+            if "error" in m:
+                print(f"  grid: {s.label()}: {m['error']}", flush=True)
+                continue
+            runs[s].append(m["tok_s"])
+            print(f"  grid pass {r + 1}: {s.label():<28} {m['tok_s']:8.1f} tok/s "
+                  f"(phase {m['phase_tok_s']:.1f})", flush=True)
+    return runs, time.time() - t0
+
+
+def run_tuner(session, drv, space, budget_s, start: Setting) -> tuple[Tuner, float, list]:
+    session.set_config(start.as_server_args(), by="benchmark")
+    drv.wait(3.0)
+    tuner = Tuner(session, space, TunerOptions(budget_s=budget_s, apply_best=True),
+                  runner=InlineRunner())
+    t0 = session.now()
+    tuner.start()
+    while tuner.step():
+        drv.wait(0.1)
+    drv.wait(0.2)
+    events = [(e.t - t0, e.kind, thaw(e.data)) for e in session.store.events()
+              if e.kind.startswith("tuning_") and e.t >= t0]
+    tuner.close()
+    return tuner, session.now() - t0, events
+
+
+def scenario(args, emulate: str | None) -> dict:
+    cmd = [sys.executable, "-m", "refengine", "serve", "--tp-size", str(args.tp_size), "--device",
+           args.device, "--host", "127.0.0.1", "--port", "0", "--max-running-requests",
+           str(args.load), "--speculative-num-steps", str(args.start_steps), *shipped_model_args(),
+           *args.server_args]
+    if emulate:
+        cmd += ["--emulate-comm-latency", emulate]
+    log = Path(tempfile.mkdtemp(prefix="tuner-bench-")) / "server.log"
+    print(f"== {'slow link ' + emulate + ' us' if emulate else 'no emulated latency'}: {' '.join(cmd[1:])}",
+          flush=True)
+    engine = Server(cmd, log)
+    try:
+        url = engine.wait_ready()
+        backend = connect(url)
+        session = Session(backend).start()
+        drv = Driver(session)
+        session.start_load(builtin_prompts(), args.load, args.max_new_tokens)
+        feed = HttpPhaseFeed(url)
+        drv.wait(5.0)
+        space = settings_space(args.max_steps, placements=args.placements)
+        runs, grid_wall = run_grid(session, feed, drv, space, args.repeats, args.measure_s)
+        means = {s: statistics.mean(v) for s, v in runs.items() if v}
+        spread = [statistics.stdev(v) / statistics.mean(v) for v in runs.values() if len(v) >= 2]
+        noise = statistics.median(spread) if spread else math.nan
+        grid_best = max(means, key=means.get)
+        threshold = max(0.02, noise if math.isfinite(noise) else 0.0)
+        good = {s for s, m in means.items() if m >= means[grid_best] * (1 - threshold)}
+        one_pass = grid_wall / args.repeats
+
+        start = Setting(args.start_steps)
+        tuner, tuner_wall, events = run_tuner(session, drv, space, args.budget, start)
+        reach = math.nan
+        for t, kind, data in events:
+            if kind in ("tuning_applied", "tuning_finished"):
+                key = data["setting"] if kind == "tuning_applied" else data["best"]
+                if Setting.from_json(key) in good:
+                    reach = t
+                    break
+        res = tuner.result
+        ao = res.acceptance_only if res else None
+        out = {
+            "emulate_comm_latency": emulate, "space": len(space), "repeats": args.repeats,
+            "grid_wall_s": grid_wall, "grid_one_pass_s": one_pass, "grid_noise": noise,
+            "threshold": threshold, "grid_best": {**grid_best.to_json(), "tok_s": means[grid_best]},
+            "grid": [{**s.to_json(), "runs": runs[s], "mean": means.get(s)} for s in space],
+            "tuner_wall_s": tuner_wall, "tuner_reach_s": reach,
+            "reach_fraction_of_one_pass": reach / one_pass if math.isfinite(reach) else None,
+            "reach_fraction_of_full_grid": reach / grid_wall if math.isfinite(reach) else None,
+            "tuner_best": res.best.to_json() if res else None,
+            "tuner_best_grid_tok_s": means.get(res.best) if res else None,
+            "tuner_stop": res.stop_reason if res else tuner.status,
+            "acceptance_only": ao.to_json() if ao else None,
+            "acceptance_only_grid_tok_s": means.get(ao) if ao else None,
+            "events": [(round(t, 2), k) for t, k, _ in events],
+            "result": res.to_json() if res else None,
+        }
+        feed.close()
+        session.close()
+        return out
+    finally:
+        engine.stop()
+
+
+def report(r: dict) -> list[str]:
+    link = f"slow link ({r['emulate_comm_latency']} us/collective)" if r["emulate_comm_latency"] \
+        else "no emulated latency"
+    gb = r["grid_best"]
+    lines = [f"{link}: {r['space']} settings x {r['repeats']} repeats, grid {r['grid_wall_s']:.0f} s "
+             f"({r['grid_one_pass_s']:.0f} s a pass), grid noise {r['grid_noise'] * 100:.1f} %, "
+             f"target within {r['threshold'] * 100:.1f} % of the best",
+             f"  grid best:   {Setting.from_json(gb).label():<28} {gb['tok_s']:.1f} tok/s"]
+    if r["tuner_best"]:
+        tb = Setting.from_json(r["tuner_best"])
+        ratio = (r["tuner_best_grid_tok_s"] or math.nan) / gb["tok_s"]
+        lines.append(f"  tuner chose: {tb.label():<28} {r['tuner_best_grid_tok_s'] or math.nan:.1f} tok/s "
+                     f"on the grid ({ratio:.3f} of best); tuner ran {r['tuner_wall_s']:.0f} s ({r['tuner_stop']})")
+    if r["reach_fraction_of_one_pass"] is not None:
+        lines.append(f"  time to a setting within target: {r['tuner_reach_s']:.0f} s = "
+                     f"{r['reach_fraction_of_one_pass'] * 100:.0f} % of one grid pass, "
+                     f"{r['reach_fraction_of_full_grid'] * 100:.0f} % of the repeated grid (goal <= 25 %)")
+    else:
+        lines.append("  the tuner never proposed a setting within target")
+    if r["acceptance_only"]:
+        ao = Setting.from_json(r["acceptance_only"])
+        g = r["acceptance_only_grid_tok_s"]
+        lines.append(f"  acceptance-only policy: {ao.label():<22} "
+                     + (f"{g:.1f} tok/s on the grid; tuned/acceptance-only = "
+                        f"{(r['tuner_best_grid_tok_s'] or math.nan) / g:.2f}" if g else "not in the grid"))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tp-size", type=int, default=2)
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--emulate-comm-latency", action="append", default=None,
+                   help="one scenario per value; 'none' for no emulation (default: none and 3000)")
+    p.add_argument("--max-steps", type=int, default=5)
+    p.add_argument("--placements", default="sharded,replicated,rank0")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--measure-s", type=float, default=3.0, help="measured seconds per grid point")
+    p.add_argument("--budget", type=float, default=300.0, help="tuner budget (s)")
+    p.add_argument("--load", type=int, default=2)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--start-steps", type=int, default=3, help="the server's launch steps (SGLang's default 3)")
+    p.add_argument("--server-arg", action="append", default=[], dest="server_args",
+                   help="extra argument for serve (repeatable)")
+    p.add_argument("--out", type=Path, default=None, help="write all figures as JSON")
+    args = p.parse_args(argv)
+    args.placements = [x for x in args.placements.split(",") if x]
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    scenarios = args.emulate_comm_latency or ["none", "3000"]
+    results = []
+    for e in scenarios:
+        results.append(scenario(args, None if e == "none" else e))
+        for line in report(results[-1]):
+            print(line, flush=True)
+        if args.out:   # after every scenario, so a run cut short keeps what it measured
+            args.out.write_text(json.dumps({"argv": argv or sys.argv[1:], "results": results},
+                                           indent=1, default=str) + "\n")
+    print("\n== summary (command: python benchmarks/tuner_vs_grid.py " + " ".join(argv or sys.argv[1:]) + ")")
+    for r in results:
+        for line in report(r):
+            print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
