@@ -290,8 +290,14 @@ class ServerApp:
 
     def phase_page(self, after: int, limit: int) -> dict[str, Any]:
         nxt, records = self.client.phase_records(after, limit)
-        first = records[0]["seq"] if records else nxt + 1
-        return {"next": nxt, "dropped": max(0, first - after - 1) if records else 0, "records": records}
+        if not records and after > 0:
+            # `after` beyond the end means the reader followed an earlier server on this port
+            # (seq restarts at 1): point it at the real end so it is not stuck forever.
+            _, tail = self.client.phase_records(-1, 4096)
+            newest = tail[-1]["seq"] if tail else 0
+            nxt = min(nxt, newest)
+        dropped = max(0, records[0]["seq"] - max(after, 0) - 1) if records else 0
+        return {"next": nxt, "dropped": dropped, "records": records}
 
     # ----- information ---------------------------------------------------------------------------
 
@@ -306,6 +312,8 @@ class ServerApp:
         for key in ("phase_seconds", "phase_comm_seconds"):
             snap[key] = {(phase, rank): v for rank, st in per_rank.items() for phase, v in st.get(key, {}).items()}
         ps = self.phase_stats.snapshot()
+        # Collective counts per phase travel in rank 0's phase records (every rank runs the same ones).
+        snap["phase_comm_calls"] = {(phase, 0): n for phase, n in ps["comm_calls"].items()}
         for k in ("decode_tokens", "forward_seconds", "accept_position", "accept_len", "accept_rate",
                   "gen_throughput"):
             snap[k] = ps[k]

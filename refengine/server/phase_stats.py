@@ -46,6 +46,7 @@ class PhaseStats:
     decode_tokens: int = 0
     iterations: int = 0
     forward_seconds: dict[str, float] = field(default_factory=dict)
+    comm_calls: dict[str, int] = field(default_factory=dict)   # rank 0's collectives per phase
     # accept_position[0] = request-verify rounds; [k] = rounds that accepted at least k drafts.
     accept_position: dict[int, int] = field(default_factory=dict)
     lifetime_verifies: int = 0
@@ -74,6 +75,8 @@ class PhaseStats:
             cat = "decode" if (phase == "verify" and steps == 0) else CATEGORY.get(phase)
             if cat is not None:
                 self.forward_seconds[cat] = self.forward_seconds.get(cat, 0.0) + float(ms) / 1e3
+        for phase, n in r.get("comm_calls", {}).items():
+            self.comm_calls[phase] = self.comm_calls.get(phase, 0) + int(n)
         w = self.window
         t = float(r.get("t", 0.0))
         if w.t_start is None:
@@ -114,6 +117,7 @@ class PhaseStats:
                 "decode_tokens": self.decode_tokens,
                 "iterations": self.iterations,
                 "forward_seconds": dict(self.forward_seconds),
+                "comm_calls": dict(self.comm_calls),
                 "accept_position": dict(self.accept_position),
                 "accept_len": lw.accept_len if lw else 0.0,
                 "accept_rate": lw.accept_rate if lw else 0.0,

@@ -200,7 +200,8 @@ def test_metrics_surface(http):
                  "sglang:spec_num_draft_tokens", "sglang:gen_throughput", "sglang:num_running_reqs",
                  "sglang:num_queue_reqs", "sglang:realtime_tokens_total",
                  "sglang:forward_execution_seconds_total", "specdecode:phase_seconds_total",
-                 "specdecode:phase_comm_seconds_total", "specdecode:accept_position_total",
+                 "specdecode:phase_comm_seconds_total", "specdecode:phase_comm_calls_total",
+                 "specdecode:accept_position_total",
                  "specdecode:rank_info"):
         assert name in mv, name
     assert {l["mode"] for l, _ in mv["sglang:realtime_tokens_total"]} == {"decode"}
@@ -226,6 +227,9 @@ def test_phase_stream(http):
         assert k in rec, k
     assert set(rec["phase_ms"]) >= {"draft", "verify", "verify_sample", "draft_extend"}
     assert rec["seq"] > first["next"] and page["next"] >= page["records"][-1]["seq"]
+    # A reader still following an earlier server (seq beyond the end) is pointed at the real end.
+    beyond = http.get("/specdecode/phases", params={"after": 10**9}).json()
+    assert beyond["records"] == [] and page["records"][-1]["seq"] <= beyond["next"] < 10**9
     assert http.get("/specdecode/phases", params={"after": "x"}).status_code == 400
     assert http.get("/specdecode/phases", params={"limit": 0}).status_code == 400
 

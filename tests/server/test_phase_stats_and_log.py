@@ -11,7 +11,7 @@ def rec(seq, t, accepted, steps=3, ndt=4, wall_ms=10.0):
             "placement": "sharded", "bs": len(accepted), "committed": sum(a + 1 for a in accepted),
             "wall_ms": wall_ms, "phase_ms": {"draft": 3.0, "verify": 5.0, "verify_sample": 1.0,
                                                "draft_extend": 1.0, "other": 0.0},
-            "comm_ms": {}, "accepted": accepted}
+            "comm_ms": {}, "comm_calls": {"draft": 2, "verify": 3}, "accepted": accepted}
 
 
 def test_window_closes_every_interval_with_sglang_arithmetic():
@@ -26,6 +26,7 @@ def test_window_closes_every_interval_with_sglang_arithmetic():
     assert abs(snap["forward_seconds"]["eagle_draft"] - 0.006) < 1e-12
     assert abs(snap["forward_seconds"]["target_verify"] - 0.010) < 1e-12
     assert snap["avg_spec_accept_length"] == 2.5
+    assert snap["comm_calls"] == {"draft": 4, "verify": 6}
 
 
 def test_steps_zero_counts_as_plain_decode():
