@@ -192,11 +192,14 @@ class StandIn:
                     self.send_header("Content-Type", "text/event-stream")
                     self.end_headers()
                     ids: list[int] = []
-                    for i in range(standin.generate_tokens):
-                        ids = ids + [100 + i, 200 + i] if i % 2 else ids + [100 + i]   # uneven chunks
-                        chunk = {"text": "x" * len(ids), "output_ids": ids, "meta_info": {"id": "r"}}
-                        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                    self.wfile.write(b"data: [DONE]\n\n")
+                    try:
+                        for i in range(standin.generate_tokens):
+                            ids = ids + [100 + i, 200 + i] if i % 2 else ids + [100 + i]   # uneven chunks
+                            chunk = {"text": "x" * len(ids), "output_ids": ids, "meta_info": {"id": "r"}}
+                            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                        self.wfile.write(b"data: [DONE]\n\n")
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass          # the client stopped reading (the load driver was stopped)
                 else:
                     self._send(404, {"error": {"message": "Not Found"}})
 
