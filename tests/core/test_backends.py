@@ -240,3 +240,18 @@ def test_api_key_is_sent_and_its_absence_explained(wire):
         assert b.set_config({STEPS: 1}).ok
     finally:
         s.stop()
+
+
+def test_backlog_on_attach_is_skipped_not_reported_as_current(standin, wire):
+    for i in range(2500):                       # more than two pages of history
+        standin.iterate([1], t=1000.0 + i * 0.01)
+    b = RefEngineBackend(standin.url)
+    session, clock = wire(b)
+    b.poll_phases()
+    session.tick()
+    assert b.phases.cursor == 2500 and session.store.series_names("phase/") == []
+    standin.iterate([2])
+    clock.advance(0.25)
+    b.poll_phases()
+    session.tick()
+    assert session.store.value(S.SERVER_ITERATIONS) == 1

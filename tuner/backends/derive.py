@@ -197,8 +197,12 @@ class PhaseStreamReader:
         self.cursor = None
         self._last_server_t = NAN
 
-    def update(self, now: float, page: Mapping[str, Any]) -> tuple[list[Sample], list[Event]]:
-        """Digest one page. Raises ValueError (one line) when the page is not a phase page."""
+    def update(self, now: float, page: Mapping[str, Any], history: bool = False) -> tuple[list[Sample], list[Event]]:
+        """Digest one page. Raises ValueError (one line) when the page is not a phase page.
+
+        history=True: the page is from before we attached (catching up): only adopt its cursor and
+        configuration.
+        """
         if not isinstance(page, Mapping) or "records" not in page or "next" not in page:
             raise ValueError("/specdecode/phases answered something that is not a phase page")
         records = [r for r in page["records"] if isinstance(r, Mapping)]
@@ -207,7 +211,7 @@ class PhaseStreamReader:
         events: list[Event] = []
         if self.cursor is not None and nxt < self.cursor:
             self.reset()                     # the server restarted: its sequence began again
-        first_page = self.cursor is None
+        first_page = self.cursor is None or history
         self.cursor = nxt
         if first_page:
             # History from before we attached says nothing about now; keep only its configuration.

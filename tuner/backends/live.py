@@ -68,6 +68,7 @@ class LiveBackend(Backend):
         self._bus: Bus | None = None
         self._monitor: ConnectionMonitor | None = None
         self._stop = threading.Event()
+        self._restarted = threading.Event()
         self._threads: list[threading.Thread] = []
 
     # -- identity and capabilities ----------------------------------------------------------------
@@ -203,6 +204,10 @@ class LiveBackend(Backend):
         out: list[Record] = []
         key = (info.get("startup_time"), info.get("version"), repr(sorted(info.get("launch", {}).items())))
         if key != self._emitted_info_key:
+            if self._emitted_info_key is not None:
+                # A relaunched server: its counters and phase sequence began again.
+                self._restarted.set()
+                self.metrics.reset()
             self._emitted_info_key = key
             self._readback = None
             out.append(Event(now, EventKind.SERVER_INFO, {**info, "capabilities": self.capabilities.as_dict()}))
@@ -232,11 +237,20 @@ class LiveBackend(Backend):
     def poll_phases(self) -> bool:
         if self.phase_stream is False:
             return False
+        if self._restarted.is_set():
+            self._restarted.clear()
+            self.phases.reset()
         try:
-            page = self._http["phases"].get_json("/specdecode/phases",
-                                                 {"after": self.phases.after(), "limit": PHASE_PAGE_LIMIT})
+            history = self.phases.cursor is None
+            page = self._fetch_phases()
+            # On attaching, page through the server's backlog without reporting it as current.
+            for _ in range(16):
+                if not history or len(page.get("records") or ()) < PHASE_PAGE_LIMIT:
+                    break
+                self.phases.update(self._now(), page, history=True)
+                page = self._fetch_phases()
             now = self._now()
-            samples, events = self.phases.update(now, page)
+            samples, events = self.phases.update(now, page, history=history)
         except BadAnswer as e:
             if e.status == 404:
                 self._no_phase_stream()
@@ -258,6 +272,13 @@ class LiveBackend(Backend):
             self._monitor.ok("/specdecode/phases")
         self._put(events + samples)
         return True
+
+    def _fetch_phases(self) -> Any:
+        page = self._http["phases"].get_json("/specdecode/phases",
+                                             {"after": self.phases.after(), "limit": PHASE_PAGE_LIMIT})
+        if not isinstance(page, dict):
+            raise ValueError("/specdecode/phases answered something that is not a phase page")
+        return page
 
     def _no_phase_stream(self) -> None:
         self.phase_stream = False
