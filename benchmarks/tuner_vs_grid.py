@@ -48,8 +48,8 @@ from tuner.tuning.settings import Setting, settings_space  # noqa: E402
 def shipped_model_args() -> list[str]:
     """The shipped tiny model when it is in the tree, else the agreeing random-weight preset."""
     tiny = ROOT / "refengine" / "data" / "tiny"
-    if any(tiny.glob("**/*.safetensors")):
-        return []          # serve's default is the shipped model
+    if (tiny / "target" / "model.safetensors").exists() and (tiny / "eagle3" / "model.safetensors").exists():
+        return ["--model-path", str(tiny / "target"), "--speculative-draft-model-path", str(tiny / "eagle3")]
     return ["--model-path", "tiny-agreeing", "--load-format", "dummy"]
 
 
