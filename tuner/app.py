@@ -22,12 +22,13 @@ from textual.widgets import Static
 from tuner.backends.base import DRAFT_TOKENS as DRAFT
 from tuner.backends.base import PLACEMENT, PLACEMENTS, STEPS, TOPK
 from tuner.core.events import EventKind
-from tuner.core.records import Event, Trace
+from tuner.core.records import Event, Trace, thaw
 from tuner.core.session import Session
 from tuner.messages import CaptureFinished, CaptureProgress, ControlFinished, PySpyFinished
 from tuner.screens.help import HelpScreen
 from tuner.screens.main import CHART_WINDOW_S, MainScreen
 from tuner.widgets import views
+from tuner.widgets.fmt import rel_time
 from tuner.widgets.knobs import KnobsPanel
 
 CONTROL_ACTIONS = {"steps", "topk", "draft_tokens", "placement", "toggle_load", "capture_trace", "pyspy"}
@@ -58,10 +59,11 @@ class TunerApp(App[None]):
         Binding("l", "toggle_load", "load"),
         Binding("c", "capture_trace", "trace"),
         Binding("y", "pyspy", "py-spy"),
+        Binding("a", "analysis", "analysis"),
         Binding("space", "pause", "pause"),
         Binding("full_stop", "step", "step", key_display="."),
-        Binding("left", "seek(-10)", "-10s", key_display="←"),
-        Binding("right", "seek(10)", "+10s", key_display="→"),
+        Binding("left", "seek(-10)", "-10s", key_display="←", priority=True),
+        Binding("right", "seek(10)", "+10s", key_display="→", priority=True),
         Binding("less_than_sign", "speed(0.5)", "slower", key_display="<"),
         Binding("greater_than_sign", "speed(2)", "faster", key_display=">"),
         Binding("question_mark,f1", "help", "help", key_display="?"),
@@ -240,6 +242,20 @@ class TunerApp(App[None]):
         from tuner.screens.trace import TraceScreen
         self.push_screen(TraceScreen(message.analysis))
 
+    def action_analysis(self) -> None:
+        """Open the newest capture's analysis again (on a replay, the recorded one)."""
+        from tuner.screens.trace import TraceScreen
+
+        analysed = [tr for tr in self.session.store.traces() if tr.analysis is not None]
+        if not analysed:
+            hint = "" if self.read_only else ": press c to capture one"
+            self.notify(f"no analysed trace yet{hint}", severity="warning")
+            return
+        latest = analysed[-1]
+        when = latest.t - self.main.origin()
+        self.push_screen(TraceScreen(thaw(latest.analysis), f"trace analysis · {latest.trace_id} · "
+                                                            f"captured at {rel_time(when)}"))
+
     def action_pyspy(self) -> None:
         self._show_capture("⧗ sampling the server's Python stacks with py-spy…")
         self._pyspy_worker()
@@ -296,14 +312,16 @@ class TunerApp(App[None]):
 
     # -- help and palette -------------------------------------------------------------------------
 
-    def key_help(self) -> list[tuple[str, str]]:
+    def key_help(self) -> list[tuple[str, str, str]]:
+        """(key, action name, footer label) for every key that works in this mode."""
         keys = []
         for b in self.BINDINGS:
             assert isinstance(b, Binding)
             name = b.action.split("(")[0]
             if self.check_action(name, ()) is False:
                 continue
-            keys.append((b.key_display or b.key.split(",")[0], b.description))
+            keys.append((b.key_display or b.key.split(",")[0], name, b.description))
+        keys.append(("ctrl+p", "command_palette", "palette"))
         return keys
 
     def action_help(self) -> None:

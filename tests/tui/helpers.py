@@ -26,8 +26,9 @@ MODEL_ARGS = ["--model-path", "tiny-agreeing", "--load-format", "dummy"]
 class Engine:
     """One `serve` process group; `kill()` takes the ranks with it, `restart()` reuses the port."""
 
-    def __init__(self, *args: str, port: int = 0) -> None:
+    def __init__(self, *args: str, port: int = 0, model_args: list[str] | None = None) -> None:
         self.args = list(args)
+        self.model_args = model_args or MODEL_ARGS
         self.lines: list[str] = []
         self.url: str | None = None
         self.port = port
@@ -37,7 +38,7 @@ class Engine:
         self._ready = threading.Event()
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "refengine", "serve", *MODEL_ARGS, "--tp-size", "2",
+            [sys.executable, "-m", "refengine", "serve", *self.model_args, "--tp-size", "2",
              "--port", str(self.port), *self.args],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
             start_new_session=True)

@@ -50,8 +50,8 @@ def test_help_lists_the_keys_and_closes():
             await pilot.press("question_mark")
             await pilot.pause()
             assert isinstance(app.screen, HelpScreen)
-            keys = dict(app.key_help())
-            assert keys["+"] == "steps+" and keys["p"] == "placement" and keys["c"] == "trace"
+            keys = {k: action for k, action, _ in app.key_help()}
+            assert keys["+"] == "steps" and keys["p"] == "placement" and keys["c"] == "capture_trace"
             assert "space" not in keys, "replay keys are hidden on a live session"
             await pilot.press("escape")
             await pilot.pause()

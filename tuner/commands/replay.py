@@ -20,27 +20,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def open_replay(path: Path, start: float = 0.0, speed: float = 1.0, paused: bool = False):
-    """A started session over the recording, positioned at `start` seconds (shared with tests)."""
+    """A started session over the recording, positioned `start` seconds in (shared with the tests)."""
     from tuner.core.session import Session
     from tuner.recording import ReplayBackend
 
-    backend = ReplayBackend(path)
+    backend = ReplayBackend(path, speed=speed, paused=paused)
     session = Session(backend)
     session.start()
-    if paused:
-        backend.pause()
-    _set_speed(backend, speed)
     if start:
         session.seek(backend.start_t + start)
     return session
-
-
-def _set_speed(backend, speed: float) -> None:
-    setter = getattr(backend, "set_speed", None)
-    if setter is not None:
-        setter(speed)
-    else:
-        backend.speed = speed
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,9 +48,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     from tuner.app import make_app
 
-    reader = getattr(session.backend, "warnings", None)
-    for w in (reader() if callable(reader) else reader or []):
-        print(f"specdecode-tune replay: warning: {w}", file=sys.stderr)
+    if session.backend.problem:
+        print(f"specdecode-tune replay: {args.file}: {session.backend.problem} (showing what is readable)",
+              file=sys.stderr)
     try:
         make_app(session).run()
     finally:

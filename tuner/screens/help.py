@@ -5,28 +5,66 @@ Built from the app's own bindings, so the list cannot drift from what the keys d
 
 from __future__ import annotations
 
+from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Markdown
+from textual.widgets import Markdown, Static
+
+# action name -> what the key does, in words (the footer's labels are too short to explain).
+ACTION_HELP = {
+    "steps": "one more / one fewer draft step (speculative_num_steps; 0 turns speculation off)",
+    "topk": "wider / narrower draft tree (speculative_eagle_topk)",
+    "draft_tokens": "more / fewer tokens verified per step (speculative_num_draft_tokens)",
+    "placement": "move the draft: sharded (target's TP group) → replicated (every rank) → rank0",
+    "toggle_load": "start or stop the client load (concurrency from --load)",
+    "capture_trace": "capture a profiler trace on every rank, then show where the time went",
+    "pyspy": "sample the server's Python stacks with py-spy: its top functions",
+    "analysis": "show the newest capture's analysis again",
+    "pause": "pause / resume the replay",
+    "step": "step the replay one second (pauses it)",
+    "seek": "seek the replay 10 seconds back / forward",
+    "speed": "halve / double the replay speed",
+    "help": "this screen",
+    "quit": "quit (a demo's engine is stopped too)",
+    "command_palette": "command palette: every action by name",
+}
 
 PANELS = """
 ## Panels
 
-- **tok/s** — decode tokens per second: the server's count (blue) and, when the load driver
-  runs, the client's own count (yellow). Red lines mark where the speculative setting changed.
-- **acceptance** — accept length τ over time (tokens committed per verify, bonus token included)
-  and per position: p_k, the share of verifies that accepted at least k drafts, and
+- **tok/s**: decode tokens per second, 2-s means: the server's count (blue) and, when the load
+  driver runs, the client's own count (yellow). Red lines mark where the setting changed.
+- **acceptance**: accept length τ over time (tokens committed per verify, bonus included) and,
+  per draft position k, p_k: the share of verifies that accepted at least k drafts;
   α_k = p_k / p_(k-1).
-- **phase split** — where one decode iteration's time goes, mean over the last seconds. Each phase
-  is split into its own work (█) and the collectives inside it (▒); idle is wall minus the phases.
-- **GPUs** — one row per local GPU: SM activity with recent history, memory, power, PCIe and
+- **decode iteration**: where one iteration's time goes, mean over the last 10 s. Each phase is
+  split into its own work (█) and the collectives inside it (▒); idle is wall minus the phases.
+- **GPUs**: one row per local GPU: SM activity and its recent history, memory, power, PCIe and
   NVLink traffic (↓ received, ↑ sent, bytes per second).
-- **A/B** — after a change: tok/s and accept length before vs after, the ratio of medians of
-  1-s windows and its 95 % interval; "not yet" until both sides have enough windows.
-- **events** — changes, refusals (with the server's reason), captures, disconnects.
+- **A/B**: after a change, tok/s and accept length before vs after: the ratio of the medians of
+  1-s windows with its 95 % interval; "not yet" until both sides have 5 windows.
+- **events**: changes, refusals with the server's reason, captures, disconnects.
 """
+
+
+def keys_table(keys: list[tuple[str, str, str]]) -> Table:
+    """(key, action name, footer label) rows as a two-column table."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold #e0b040", no_wrap=True)
+    table.add_column()
+    seen: set[str] = set()
+    for key, action, label in keys:
+        text = ACTION_HELP.get(action, label)
+        if action in seen and text == ACTION_HELP.get(action):
+            # `+` and `-` share one sentence; show the pair on one line.
+            continue
+        pair = [k for k, a, _ in keys if a == action] if action in ACTION_HELP else [key]
+        seen.add(action)
+        table.add_row(" ".join(pair), Text(text))
+    return table
 
 
 class HelpScreen(ModalScreen[None]):
@@ -34,24 +72,24 @@ class HelpScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
     HelpScreen > VerticalScroll {
-        width: 90; max-width: 95%; height: 90%;
+        width: 96; max-width: 95%; height: 90%;
         border: round $accent; background: $surface; padding: 0 1;
     }
+    HelpScreen #help-intro { margin: 1 0; }
     """
 
-    def __init__(self, keys: list[tuple[str, str]], read_only: bool) -> None:
+    def __init__(self, keys: list[tuple[str, str, str]], read_only: bool) -> None:
         super().__init__()
         self._keys = keys
         self._read_only = read_only
 
     def compose(self) -> ComposeResult:
-        rows = "\n".join(f"| `{k}` | {what} |" for k, what in self._keys)
-        intro = ("Replaying a recording: the setting cannot be changed here."
-                 if self._read_only else "Keys work anywhere on the main screen; the key hints "
-                 "in the knobs panel can also be clicked.")
-        text = f"# specdecode-tune\n\n{intro}\n\n| key | action |\n|---|---|\n{rows}\n{PANELS}"
+        intro = ("Replaying a recording: the setting cannot be changed here." if self._read_only else
+                 "Keys work anywhere on the main screen; the key hints in the knobs panel can be clicked.")
         with VerticalScroll():
-            yield Markdown(text)
+            yield Static(intro, id="help-intro")
+            yield Static(keys_table(self._keys), id="help-keys")
+            yield Markdown(PANELS)
 
     def on_mount(self) -> None:
-        self.query_one(VerticalScroll).border_title = "help · esc to close"
+        self.query_one(VerticalScroll).border_title = "specdecode-tune help · esc to close"

@@ -133,8 +133,7 @@ class MainScreen(Screen[None]):
         notes = self._notes(info)
         if self.app.read_only:
             state = "paused" if getattr(backend, "paused", False) else "replay"
-            detail = replay_detail(self.session.now() - self.origin(), getattr(backend, "length_s", math.nan),
-                                   getattr(backend, "speed", 1.0), getattr(backend, "paused", False))
+            detail = replay_detail(self.session.now() - self.origin(), backend.length_s, backend.speed)
         else:
             conn = self.session.connection()
             state = "connecting" if math.isnan(conn.since) else ("connected" if conn.connected else "disconnected")
@@ -199,6 +198,8 @@ class MainScreen(Screen[None]):
 
     def _why_no_gpus(self) -> str:
         backend = self.session.backend
+        if backend is not None and backend.READ_ONLY:
+            return "no GPU readings in this recording (recorded on CPU, or away from the GPUs)"
         if backend is not None and not backend.READ_ONLY and not backend.LOCAL_GPUS:
             return "no local GPU readings: the server's GPUs are not on this host (or it runs on CPU)"
         return "no GPU readings: the server runs on CPU, or NVML is not available here"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -16,6 +17,8 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
+
+from tuner.widgets.phases import SEGMENTS, PhaseView, segment_ms, stacked_bar
 
 PHASE_LABEL = {"draft": "draft", "verify": "verify", "verify_sample": "accept + commit",
                "draft_extend": "draft extend", "other": "other"}
@@ -38,7 +41,8 @@ def analysis_table(analysis: Mapping[str, Any]) -> Table:
     if across:
         table.add_column("skew", justify="right")
         table.add_column("slowest", justify="right", style="dim")
-    for phase in analysis.get("phases") or PHASE_LABEL:
+    phases = list(analysis.get("phases") or PHASE_LABEL)
+    for n, phase in enumerate(phases):
         row: list[Any] = [PHASE_LABEL.get(phase, phase)]
         for r in ranks:
             p = ((r.get("mean") or {}).get("phases") or {}).get(phase) or {}
@@ -46,16 +50,42 @@ def analysis_table(analysis: Mapping[str, Any]) -> Table:
         if across:
             s = skew.get(phase) or {}
             row += [_f(s.get("skew_ms")), str(s.get("slowest_rank", ""))]
-        table.add_row(*row)
-    table.add_section()
+        table.add_row(*row, end_section=n == len(phases) - 1)
     for key, label in (("wall_ms", "wall"), ("busy_ms", "busy"), ("comm_ms", "collectives"), ("idle_ms", "idle")):
-        row = [Text(label, style="bold")]
+        row = [label]
         for r in ranks:
             row += [_f((r.get("mean") or {}).get(key)), ""]
         if across:
             row += ["", ""]
-        table.add_row(*row)
+        table.add_row(*row, style="bold")
     return table
+
+
+def rank_bars(analysis: Mapping[str, Any], width: int = 72) -> Group:
+    """One stacked bar per rank, as in the main screen's phase panel (work █, collectives ▒, idle ░),
+    all on one scale so a slow rank's bar is longer."""
+    rows = []
+    for r in analysis.get("ranks") or []:
+        mean = r.get("mean") or {}
+        phases = mean.get("phases") or {}
+        view = PhaseView(phase_ms={p: (v or {}).get("ms", 0.0) for p, v in phases.items()},
+                         comm_ms={p: (v or {}).get("comm_ms", 0.0) for p, v in phases.items()},
+                         wall_ms=mean.get("wall_ms") or float("nan"), iterations=1)
+        parts = segment_ms(view)
+        rows.append((r.get("rank", "?"), parts, sum(parts.values())))
+    longest = max((total for _, _, total in rows), default=0.0) or 1.0
+    table = Table.grid(padding=(0, 1))
+    table.add_column(no_wrap=True, min_width=6)
+    table.add_column(no_wrap=True, min_width=width)
+    table.add_column(justify="right", no_wrap=True, min_width=10)
+    for rank, parts, total in rows:
+        table.add_row(f"rank {rank}", stacked_bar(parts, max(1, round(total / longest * width))),
+                      f"{_f(total)} ms")
+    legend = Text()
+    for seg in SEGMENTS:
+        legend.append(seg.glyph, style=seg.color)
+        legend.append(f" {seg.label}   ", style="dim")
+    return Group(table, legend)
 
 
 def summary(analysis: Mapping[str, Any]) -> Text:
@@ -87,6 +117,7 @@ class TraceScreen(ModalScreen[None]):
         width: 95%; height: 90%; border: round $accent; background: $surface; padding: 0 1;
     }
     TraceScreen #trace-summary { margin-bottom: 1; }
+    TraceScreen #trace-bars { margin-top: 1; }
     """
 
     def __init__(self, analysis: Mapping[str, Any], title: str = "trace analysis") -> None:
@@ -98,6 +129,7 @@ class TraceScreen(ModalScreen[None]):
         with VerticalScroll():
             yield Static(summary(self.analysis), id="trace-summary")
             yield Static(analysis_table(self.analysis), id="trace-table")
+            yield Static(rank_bars(self.analysis), id="trace-bars")
 
     def on_mount(self) -> None:
         box = self.query_one(VerticalScroll)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from textual.color import Color
 from textual_plotext import PlotextPlot
 
 from tuner.widgets.fmt import is_num
@@ -89,14 +90,24 @@ class TimeChart(PlotextPlot):
                 plt.plot([x for x, _ in keep], [y for _, y in keep], color=s.color, marker="braille")
         y_hi = y_hi * 1.15 if y_hi > 0 else 1.0
         plt.ylim(0, y_hi)
+        canvas = self._canvas_rgb()
         for t, label in view.markers:
             if t0 <= t <= x_hi:
                 plt.vline(t, MARKER_COLOR)
-                plt.text(label, t, y_hi * 0.97, color=MARKER_COLOR, alignment="left")
+                if label:
+                    plt.text(label, t, y_hi * 0.97, color=MARKER_COLOR, background=canvas, alignment="left")
         ticks = _time_ticks(t0, x_hi)
         plt.xticks(ticks, [_tick_label(x) for x in ticks])
         plt.ylabel(view.y_label)
         self.refresh()
+
+
+    def _canvas_rgb(self) -> tuple[int, int, int] | None:
+        """The plot's own background, so marker labels sit on it rather than in a white box."""
+        try:
+            return Color.parse(self.app.theme_variables["surface"]).rgb
+        except Exception:   # no app theme yet (first layout): plotext's default is fine
+            return None
 
 
 def _time_ticks(lo: float, hi: float, n: int = 5) -> list[float]:

@@ -40,6 +40,9 @@ class EventLog(VerticalScroll):
     EventLog > Static { width: 1fr; }
     """
 
+    # Not focusable: the arrow keys belong to the app (replay seeks); the mouse wheel still scrolls.
+    can_focus = False
+
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.lines: list[LogLine] = []

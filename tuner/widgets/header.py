@@ -75,7 +75,6 @@ class ServerHeader(Static):
         return Content.from_markup(line1 + "\n" + line2)
 
 
-def replay_detail(position: float, length: float, speed: float, paused: bool) -> str:
-    """`+0:42.0 / 2:00.0 · 2×` for the replay state."""
-    state = "paused" if paused else f"{speed:g}×"
-    return f"{rel_time(position)} / {rel_time(length)[1:]} · {state}"
+def replay_detail(position: float, length: float, speed: float) -> str:
+    """`+0:42.0 / 2:00.0 · 2×` for the replay state (paused or playing is the state's own word)."""
+    return f"{rel_time(position)} / {rel_time(length)[1:]} · {speed:g}×"

@@ -65,7 +65,9 @@ def setting_text(active: Mapping[str, Any]) -> str:
 
 def change_label(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     """The short words for a change, e.g. `steps 3→5` or `placement sharded→rank0`."""
-    diffs = [f"{knob_name(k)} {old.get(k, '?')}→{v}" for k, v in new.items() if old.get(k) != v]
+    order = list(KNOB_SHORT)
+    keys = sorted(new, key=lambda k: order.index(k) if k in order else len(order))
+    diffs = [f"{knob_name(k)} {old.get(k, '?')}→{new[k]}" for k in keys if old.get(k) != new[k]]
     return ", ".join(diffs) or "setting"
 
 

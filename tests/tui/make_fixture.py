@@ -1,0 +1,57 @@
+"""Make the TUI's committed recording: the real engine (TP 2 on CPU) under load, recorded by the
+headless core's Recorder while the setting changes twice.
+
+    python -m tests.tui.make_fixture tests/tui/fixtures/engine.db   (from the repository root)
+
+The snapshot tests replay this file, so it is regenerated only on purpose (then the snapshots are
+updated after looking at them). The script runs the session exactly as `attach` does, without the TUI.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from tuner.app import capture_trace
+from tuner.backends import connect
+from tuner.commands.attach import builtin_prompts
+from tuner.core.session import Session
+from tuner.recording import Recorder
+
+from .helpers import Engine
+
+# (seconds after the load starts, the change) — a steps change, then the draft leaves the TP group.
+SCRIPT = ((12.0, {"speculative_num_steps": 4}), (24.0, {"speculative_draft_placement": "rank0"}))
+CAPTURE_AT_S = 32.0
+LENGTH_S = 40.0
+
+
+def record(path: Path, model_args: list[str] | None = None) -> None:
+    engine = Engine("--speculative-num-steps", "3", "--max-running-requests", "4",
+                    **({"model_args": model_args} if model_args else {}))
+    try:
+        backend = connect(engine.url)
+        header = {"backend": backend.kind, "url": backend.url, "server_info": backend.info,
+                  "capabilities": backend.capabilities.as_dict(), "command": "tests/tui/make_fixture.py"}
+        session = Session(backend, recorder=Recorder(path, header, overwrite=True))
+        session.start()
+        session.start_load(builtin_prompts(), concurrency=2, max_new_tokens=48)
+        t0, todo, captured = time.monotonic(), list(SCRIPT), False
+        while (elapsed := time.monotonic() - t0) < LENGTH_S:
+            if todo and elapsed >= todo[0][0]:
+                result = session.set_config(todo.pop(0)[1], by="fixture")
+                print(f"{elapsed:5.1f}s {result}", file=sys.stderr)
+            if not captured and elapsed >= CAPTURE_AT_S:
+                # The same glue the capture key runs; it blocks, so the tick catches up after it.
+                capture_trace(session, progress=lambda text, frac=None: print(text, file=sys.stderr), num_steps=3)
+                captured = True
+            session.tick()
+            time.sleep(0.1)
+        session.close()
+    finally:
+        engine.stop()
+
+
+if __name__ == "__main__":
+    record(Path(sys.argv[1]))
