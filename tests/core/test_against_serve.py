@@ -19,7 +19,7 @@ from tuner.commands.once import DEFAULT_PROMPTS
 from tuner.core import series as S
 from tuner.core.events import EventKind
 from tuner.core.session import Session
-from tuner.recording import Recorder, open_recording
+from tuner.recording import Recorder, header_for, open_recording
 from tuner.recording.replay import ReplayBackend
 
 from conftest import ROOT
@@ -71,9 +71,7 @@ def test_live_change_is_seen_in_the_next_readings_and_replays_record_for_record(
         def close(self):
             self.rec.close()
 
-    header = {"backend": backend.kind, "url": backend.url, "server_info": backend.info,
-              "capabilities": backend.capabilities.as_dict()}
-    session = Session(backend, recorder=Tee(Recorder(path, header)))
+    session = Session(backend, recorder=Tee(Recorder(path, header_for(backend, command="test"))))
     session.start()
     try:
         session.start_load(DEFAULT_PROMPTS, 2, max_new_tokens=32)
@@ -104,7 +102,8 @@ def test_live_change_is_seen_in_the_next_readings_and_replays_record_for_record(
 
     with open_recording(path) as r:
         assert r.problem is None
-        assert r.header["server_info"]["kind"] == "refengine"
+        assert r.header["server_info"]["kind"] == "refengine" and r.header["launch"]["tp_size"] == 2
+        assert r.header["active"]["speculative_num_steps"] == 3 and len(r.header["ranks"]) == 2
         assert list(r.records()) == drained
     replayed = []
 

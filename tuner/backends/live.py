@@ -79,6 +79,12 @@ class LiveBackend(Backend):
         if not isinstance(raw, dict):
             raise BadAnswer("GET /server_info: not a JSON object")
         self._take_info(raw)
+        try:   # the rank processes (pids, PCI bus ids) are known from the start, for headers and NVML
+            ranks = rank_info(parse_metrics(self._http["info"].get_text("/metrics")))
+            with self._lock:
+                self._rank_info = ranks
+        except (ServerError, MetricsParseError):
+            pass
         return raw
 
     def _take_info(self, raw: dict[str, Any]) -> None:

@@ -79,8 +79,8 @@ class Session:
         """Stop the load and the backend, drain what they said, close the recording."""
         if self.load is not None:
             self.load.stop()
-        if self.backend is not None and self._started:
-            self.backend.stop()
+        if self.backend is not None:
+            self.backend.stop()       # also releases connections of a backend that never started
         self._started = False
         self.tick()
         if self.recorder is not None:

@@ -26,6 +26,24 @@ COMMIT_EVERY_S = 1.0
 _STOP = object()
 
 
+def header_for(backend: Any, **extra: Any) -> dict[str, Any]:
+    """The standard header for a recording of a live backend: what server, which launch and active
+    arguments, what it could do, its rank processes (with PCI bus ids). GPUs known later (NVML) go
+    in with Recorder.set_header("gpus", [...])."""
+    info = dict(getattr(backend, "info", {}) or {})
+    return {
+        "backend": getattr(backend, "kind", "?"),
+        "url": getattr(backend, "url", ""),
+        "server_info": info,
+        "launch": info.get("launch", {}),
+        "active": info.get("active", {}),
+        "capabilities": backend.capabilities.as_dict() if hasattr(backend, "capabilities") else {},
+        "ranks": list(getattr(backend, "rank_info", []) or []),
+        "gpus": [],
+        **extra,
+    }
+
+
 class Recorder:
     """Append-only writer of one recording.
 
