@@ -230,10 +230,12 @@ def test_startup_failure_and_timeout_say_why_with_the_log(tmp_path, monkeypatch)
     monkeypatch.delenv("STANDIN_REFUSE")
     monkeypatch.setenv("STANDIN_STARTUP_S", "60")
     s = ManagedServer(_standin(tmp_path, _free_port()), tmp_path / "b.log", poll_s=0.05,
-                      ready_timeout_s=0.8)
-    with pytest.raises(LaunchError, match="not ready within 1 s"):
+                      ready_timeout_s=3)
+    with pytest.raises(LaunchError, match="not ready within 3 s"):
         s.start()
-    assert not s.alive() and not _alive(int((tmp_path / "child.pid").read_text()))
+    assert not s.alive()
+    pidfile = tmp_path / "child.pid"      # absent if the loaded machine never got that far
+    assert not pidfile.exists() or not _alive(int(pidfile.read_text()))
     s = ManagedServer(Launch(("/nonexistent/sglang-binary",)), tmp_path / "c.log")
     with pytest.raises(LaunchError, match="cannot start"):
         s.start()
