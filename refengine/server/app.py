@@ -54,6 +54,16 @@ class _HTTPServer(ThreadingHTTPServer):
         super().__init__(addr, handler)
 
 
+def default_model() -> dict[str, Any]:
+    """The shipped tiny model when it is installed, else the agreeing random-weight preset."""
+    from refengine.data import TINY_DRAFT_DIR, TINY_TARGET_DIR
+
+    if (TINY_TARGET_DIR / "config.json").is_file() and (TINY_DRAFT_DIR / "config.json").is_file():
+        return {"model_path": str(TINY_TARGET_DIR), "speculative_draft_model_path": str(TINY_DRAFT_DIR),
+                "load_format": "auto"}
+    return {"model_path": "tiny-agreeing", "load_format": "dummy"}
+
+
 def engine_options(opts: ServerOptions) -> Any:
     """Map `serve` flags onto the engine's EngineOptions (fields follow SGLang's names)."""
     from refengine.config import EngineOptions
@@ -68,6 +78,10 @@ def engine_options(opts: ServerOptions) -> Any:
     }
     if opts.model_path is not None:
         kw["model_path"] = opts.model_path
+    else:
+        for k, v in default_model().items():
+            if k != "speculative_draft_model_path" or opts.speculative_draft_model_path is None:
+                kw[k] = v
     if opts.max_running_requests is not None:
         kw["max_running_requests"] = opts.max_running_requests
     if opts.context_length is not None:
@@ -122,7 +136,7 @@ class ServerApp:
         self.client = EngineClient.start(self.engine_opts)
         self.admission = Admission(self.client, self.max_running_requests())
         self.model = self.client.model_info()
-        self.tokenizer = load_tokenizer(self.opts.model_path, int(self.model["vocab_size"]))
+        self.tokenizer = load_tokenizer(self.engine_opts.model_path, int(self.model["vocab_size"]))
         self.launch_config = dict(self.client.active_config())
         self.startup_time = time.time()
 
@@ -342,6 +356,7 @@ class ServerApp:
         d["context_length"] = self.context_length()
         d["model_path"] = self.engine_opts.model_path
         d["speculative_draft_model_path"] = self.engine_opts.speculative_draft_model_path
+        d["load_format"] = self.engine_opts.load_format
         return d
 
     def server_info(self) -> dict[str, Any]:
@@ -376,11 +391,11 @@ class ServerApp:
         return {
             "model_path": self.engine_opts.model_path,
             "served_model_name": self.opts.model_name,
-            "tokenizer_path": self.opts.model_path,
+            "tokenizer_path": self.engine_opts.model_path,
             "is_generation": True,
             "preferred_sampling_params": None,
             "weight_version": "default",
-            "load_format": self.opts.load_format,
+            "load_format": self.engine_opts.load_format,
             "reasoning_parser": None,
             "tool_call_parser": None,
             "disaggregation_mode": "null",

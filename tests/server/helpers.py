@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 READY = "The server is fired up and ready to roll!"
 START_TIMEOUT_S = 180.0
 
-# The agreeing preset, so acceptance is real (tau > 1) and placement switches are meaningful.
-MODEL_ARGS = ["--model-path", "tiny-agreeing", "--load-format", "dummy"]
+# No --model-path: the default, i.e. the shipped tiny model (trained, so acceptance is real and
+# text is text), or the agreeing random-weight preset where the weights are not installed.
+MODEL_ARGS: list[str] = []
 
 
 class ServerProc:

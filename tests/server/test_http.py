@@ -16,7 +16,8 @@ from refengine.server import sse
 
 pytestmark = pytest.mark.slow
 
-PROMPT_IDS = [5, 9, 17, 33, 2, 71, 14, 8]
+# Python source: what the shipped tiny model was trained on, so its drafts get accepted.
+PROMPT_IDS = list(b"import os\nimport sys\n\n\ndef main(")
 CONFIG_KEYS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
                "speculative_draft_placement")
 
@@ -97,16 +98,17 @@ def test_generate_streaming_cumulative(http):
 
 
 def test_text_prompt_and_stop_string(http):
-    r = http.post("/generate", json={"text": "abc", "sampling_params": {
-        "max_new_tokens": 8, "temperature": 0}})
+    r = http.post("/generate", json={"text": "    def __init__(self", "sampling_params": {
+        "max_new_tokens": 12, "temperature": 0, "ignore_eos": True}})
     assert r.status_code == 200, r.text
     first = r.json()
-    if len(first["text"]) >= 2:
-        stop = first["text"][1:3] if len(first["text"]) >= 3 else first["text"][1:2]
-        r2 = http.post("/generate", json={"text": "abc", "sampling_params": {
-            "max_new_tokens": 8, "temperature": 0, "stop": stop}}).json()
-        assert r2["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
-        assert stop not in r2["text"] and first["text"].startswith(r2["text"])
+    assert len(first["output_ids"]) == 12 and first["text"]
+    stop = first["text"][3:5]
+    assert len(stop) == 2, first
+    r2 = http.post("/generate", json={"text": "    def __init__(self", "sampling_params": {
+        "max_new_tokens": 12, "temperature": 0, "ignore_eos": True, "stop": stop}}).json()
+    assert r2["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert r2["text"] == first["text"][: first["text"].index(stop)]
 
 
 def test_batch_generate(http):
