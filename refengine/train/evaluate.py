@@ -52,7 +52,9 @@ def _head_layer(head, e, hidden, positions, k_cache, v_cache, shape):
     v_cache.append(v)
     keys, vals = torch.cat(k_cache, dim=1), torch.cat(v_cache, dim=1)
     scores = (q @ keys.transpose(-1, -2)) / math.sqrt(hd)
-    allowed = torch.arange(keys.shape[1])[None, :] <= (past + torch.arange(n))[:, None]
+    dev = e.device
+    allowed = (torch.arange(keys.shape[1], device=dev)[None, :]
+               <= (past + torch.arange(n, device=dev))[:, None])
     scores = scores.masked_fill(~allowed, float("-inf"))
     o = torch.softmax(scores.float(), dim=-1) @ vals
     h = hidden + attn.o_proj(o.transpose(0, 1).reshape(n, nh * hd))
@@ -64,17 +66,19 @@ def _head_layer(head, e, hidden, positions, k_cache, v_cache, shape):
 def draft_chain(head, embed, aux: torch.Tensor, tokens: torch.Tensor, steps: int, shape
                 ) -> list[int]:
     """Greedy chain of `steps` draft tokens after `tokens` (aux covers tokens[:-1])."""
-    used = torch.arange(head.d2t.numel()) + head.d2t
+    dev = tokens.device
+    used = torch.arange(head.d2t.numel(), device=dev) + head.d2t
     m = tokens.numel()
     k_cache: list[torch.Tensor] = []
     v_cache: list[torch.Tensor] = []
     logits, h = _head_layer(head, embed(tokens[1:]), head.fc(aux[: m - 1]),
-                            torch.arange(m - 1), k_cache, v_cache, shape)
+                            torch.arange(m - 1, device=dev), k_cache, v_cache, shape)
     out = [int(used[logits[-1].argmax()])]
     hidden = h[-1:]
     for i in range(1, steps):
-        logits, hidden = _head_layer(head, embed(torch.tensor([out[-1]])), hidden,
-                                     torch.tensor([m - 2 + i]), k_cache, v_cache, shape)
+        logits, hidden = _head_layer(head, embed(torch.tensor([out[-1]], device=dev)), hidden,
+                                     torch.tensor([m - 2 + i], device=dev), k_cache, v_cache,
+                                     shape)
         out.append(int(used[logits[-1].argmax()]))
     return out
 
@@ -91,16 +95,17 @@ def generate_chain(target, head, head_config: dict, aux_ids: list[int], prompt: 
     def pick(logits: torch.Tensor) -> int:
         if temperature <= 0:
             return int(logits.argmax())
-        return int(torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1,
+        return int(torch.multinomial(torch.softmax(logits.float() / temperature, -1).cpu(), 1,
                                      generator=gen))
 
     logits, aux = models.target_forward(target, prompt[None], aux_ids)
-    tokens = torch.cat([prompt, torch.tensor([pick(logits[0, -1])])])
+    dev = prompt.device
+    tokens = torch.cat([prompt, torch.tensor([pick(logits[0, -1])], device=dev)])
     aux = aux[0]
     start = prompt.numel()
     while tokens.numel() - start < new_tokens:
         drafts = draft_chain(head, embed, aux, tokens, steps, shape)
-        window = torch.cat([tokens, torch.tensor(drafts)])
+        window = torch.cat([tokens, torch.tensor(drafts, device=dev)])
         logits, aux_all = models.target_forward(target, window[None], aux_ids)
         logits = logits[0, tokens.numel() - 1:]
         accepted, bonus = 0, None
@@ -108,7 +113,7 @@ def generate_chain(target, head, head_config: dict, aux_ids: list[int], prompt: 
             if temperature <= 0:
                 ok = int(logits[i].argmax()) == d
             else:
-                p = torch.softmax(logits[i].float() / temperature, -1)
+                p = torch.softmax(logits[i].float() / temperature, -1).cpu()  # coins on the CPU generator
                 ok = torch.rand((), generator=gen).item() < p[d].item()
                 if not ok:
                     p[d] = 0.0
@@ -118,7 +123,7 @@ def generate_chain(target, head, head_config: dict, aux_ids: list[int], prompt: 
             accepted += 1
         if bonus is None:
             bonus = pick(logits[accepted])
-        tokens = torch.cat([tokens, torch.tensor(drafts[:accepted] + [bonus])])
+        tokens = torch.cat([tokens, torch.tensor(drafts[:accepted] + [bonus], device=dev)])
         aux = aux_all[0, : tokens.numel() - 1]
         stats.verifies += 1
         stats.correct += accepted
@@ -128,7 +133,10 @@ def generate_chain(target, head, head_config: dict, aux_ids: list[int], prompt: 
 
 def mean_tau(target, head, head_config: dict, aux_ids: list[int], prompts: list[torch.Tensor],
              new_tokens: int, steps: int, temperature: float = 0.0, seed: int = 0) -> float:
+    """τ over all prompts (committed tokens / verifies), prompts on the models' device."""
     gen = torch.Generator().manual_seed(seed)
+    dev = target.lm_head.weight.device
+    prompts = [p.to(dev) for p in prompts]
     total = ChainStats()
     for p in prompts:
         _, s = generate_chain(target, head, head_config, aux_ids, p, new_tokens, steps,
