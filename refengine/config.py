@@ -107,6 +107,9 @@ def resolve_config(current: SpecConfig, changes: dict[str, Any], limits: ModelLi
             raise ConfigError(
                 f"speculative_num_draft_tokens {n} is invalid for steps {steps}, topk {topk}: "
                 f"need 2 <= N and N - 1 <= topk + (steps - 1) * topk^2 = {pool}")
+    if steps > 1 and (steps - 1) * topk > limits.max_draft_tokens:
+        raise ConfigError(f"steps {steps} x topk {topk} needs {(steps - 1) * topk} scratch draft slots; "
+                          f"this engine has {limits.max_draft_tokens}")
     if n > limits.max_draft_tokens:
         raise ConfigError(f"speculative_num_draft_tokens {n} exceeds this engine's maximum {limits.max_draft_tokens}")
     if placement == "sharded" and limits.tp_size > 1:
@@ -141,6 +144,9 @@ class EngineOptions:
     speculative_draft_placement: str = "sharded"
     speculative_simulate_accept: str | None = None
     """Force acceptance: a mean accept length "2.5" or a per-position curve "0.8,0.6,0.4"."""
+    speculative_use_rejection_sampling: bool = False
+    """topk = 1 at temperature > 0: sample the chain from q and accept with min(1, p/q) (SGLang's
+    --speculative-use-rejection-sampling) instead of target-only sampling."""
     emulate_comm_latency: str | None = None
     """"A_us[,B_us_per_KB]": sleep this long after every collective (labelled as emulation)."""
     max_running_requests: int = 8
@@ -178,23 +184,43 @@ def parse_latency(spec: str | None) -> tuple[float, float] | None:
     return vals[0], vals[1] if len(vals) == 2 else 0.0
 
 
-def parse_simulate_accept(spec: str | None) -> list[float] | None:
-    """Parse the acceptance simulator setting into per-position unconditional p_k = P(accepted >= k).
+@dataclass(frozen=True)
+class SimulateAccept:
+    """The acceptance simulator (SGLang's SGLANG_SIMULATE_ACC_LEN, as a launch option).
 
-    "2.5" = a mean accept length τ: geometric per-position acceptance α with τ(∞) matching;
-    "0.8,0.6,0.4" = conditional acceptance α_k per position k (the last repeats).
-    Returns the list of conditional α_k (at least one), or None when off.
+    `tau` set: a mean accept length τ (bonus included); per iteration with s steps an i.i.d.
+    conditional acceptance α is used such that (1 - α^(s+1)) / (1 - α) = min(τ, s + 1).
+    `curve` set: conditional acceptance α_k per draft position k (the last value repeats).
     """
+
+    spec: str
+    tau: float | None = None
+    curve: tuple[float, ...] = ()
+
+    def alphas(self, steps: int) -> list[float]:
+        if self.tau is None:
+            return [self.curve[min(i, len(self.curve) - 1)] for i in range(steps)]
+        target = min(self.tau, steps + 1.0)
+        lo, hi = 0.0, 1.0
+        for _ in range(60):   # τ(α) is increasing in α: bisection
+            mid = (lo + hi) / 2
+            tau = sum(mid ** i for i in range(steps + 1))
+            lo, hi = (mid, hi) if tau < target else (lo, mid)
+        return [hi] * steps
+
+
+def parse_simulate_accept(spec: str | None) -> SimulateAccept | None:
+    """Parse `--speculative-simulate-accept`: a mean accept length ("2.5", >= 1) or a curve of
+    conditional acceptance per position ("0.8,0.6,0.4", each in [0, 1]). None = off."""
     if not spec:
         return None
     try:
         vals = [float(p) for p in spec.split(",")]
     except ValueError:
-        raise ConfigError(f"speculative_simulate_accept must be a number or a list, got {spec!r}") from None
+        raise ConfigError(f"speculative_simulate_accept must be a mean accept length or a list of "
+                          f"probabilities, got {spec!r}") from None
     if len(vals) == 1 and vals[0] >= 1.0:
-        tau = vals[0]
-        # τ = 1/(1-α) for an unbounded chain with i.i.d. acceptance α.
-        return [1.0 - 1.0 / tau]
+        return SimulateAccept(spec, tau=vals[0])
     if any(not 0.0 <= v <= 1.0 for v in vals):
         raise ConfigError(f"speculative_simulate_accept: a curve needs values in [0, 1], got {spec!r}")
-    return vals
+    return SimulateAccept(spec, curve=tuple(vals))

@@ -29,19 +29,18 @@ class DraftPlacement:
 
     Per-row state (rows = KV-pool rows of running requests):
         hidden[row]: the pre-norm output at the last committed position (fed to the next step);
-        first[row]:  the first draft token(s) (target ids) for the next cycle, [topk] wide;
-        first_p[row]: their draft probabilities (scores of the first tree level).
+        logits[row]: the draft logits there, from which the next cycle's first level is taken
+                     (argmax, top-k or a sample), so topk can change between any two iterations.
     """
 
     def __init__(self, full: Eagle3Head, full_embed: nn.Embedding, target_embed: nn.Module,
-                 comm: Communicator, rows: int, row_len: int, dtype: torch.dtype, device, max_topk: int):
+                 comm: Communicator, rows: int, row_len: int, dtype: torch.dtype, device):
         self.full, self.full_embed, self.target_embed = full, full_embed, target_embed
         self.comm, self.rows, self.row_len = comm, rows, row_len
         self.dtype, self.device = dtype, device
         h = full.config.hidden_size
         self.hidden = torch.zeros(rows, h, dtype=dtype, device=device)
-        self.first = torch.zeros(rows, max_topk, dtype=torch.long, device=device)
-        self.first_p = torch.zeros(rows, max_topk, dtype=torch.float32, device=device)
+        self.logits = torch.zeros(rows, full.config.draft_vocab_size, dtype=dtype, device=device)
         self.placement: str | None = None
         self.head: Eagle3Head | None = None
         self.kv: KVPool | None = None
@@ -61,8 +60,7 @@ class DraftPlacement:
             full_k, full_v = self._full_kv(old)
             if old == "rank0" and self.comm.world > 1:
                 self.comm.broadcast(self.hidden, 0)
-                self.comm.broadcast(self.first, 0)
-                self.comm.broadcast(self.first_p, 0)
+                self.comm.broadcast(self.logits, 0)
         self.placement = placement
         if placement == "rank0" and self.comm.rank != 0:
             self.head, self.kv = None, None

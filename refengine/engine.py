@@ -10,6 +10,7 @@ Must not talk to queues or processes (refengine.rank does).
 from __future__ import annotations
 
 import time
+import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -18,7 +19,7 @@ from torch.profiler import record_function
 
 from refengine import spec
 from refengine.comm import PHASES, Communicator
-from refengine.config import ModelLimits, SpecConfig, EngineOptions
+from refengine.config import EngineOptions, ModelLimits, SpecConfig, parse_simulate_accept
 from refengine.draft import DraftPlacement
 from refengine.messages import GenRequest, GenUpdate, SpecStats
 from refengine.models.layers import causal_meta
@@ -46,6 +47,16 @@ class Req:
     """Target aux features of positions draft_len..seq_len-1, kept for the catch-up extend."""
     stats: SpecStats = field(default_factory=SpecStats)
     finished: bool = False
+    gen: torch.Generator | None = None
+    """Coins for verification and sampling; drawn identically on every rank."""
+    draft_gen: torch.Generator | None = None
+    """Coins for sampled drafts (rejection sampling); drawn only where the draft runs."""
+
+    def coins(self, n: int) -> torch.Tensor:
+        return torch.rand(n, generator=self.gen, dtype=torch.float64)
+
+    def draft_gen_draw(self, n: int) -> torch.Tensor:
+        return torch.rand(n, generator=self.draft_gen, dtype=torch.float64)
 
     @property
     def completion_tokens(self) -> int:
@@ -86,7 +97,7 @@ class Engine:
         self.max_topk = 8
         self.max_draft_tokens = 64
         self.rows = opts.max_running_requests
-        self.row_len = opts.context_length + self.max_draft_tokens + 8
+        self.row_len = opts.context_length + self.max_draft_tokens + self.max_topk + 8
         full_embed = None
         if head is not None:
             # A full-vocabulary copy of the shared embedding for unsharded placements.
@@ -99,7 +110,9 @@ class Engine:
         if head is not None:
             head = head.to(device, dtype).eval()
             self.draft = DraftPlacement(head, full_embed, self.target.model.embed_tokens, comm,
-                                        self.rows, self.row_len, dtype, device, self.max_topk)
+                                        self.rows, self.row_len, dtype, device)
+        self.simulate = parse_simulate_accept(opts.speculative_simulate_accept)
+        self.sim_gen = torch.Generator().manual_seed(opts.random_seed + 17)
         self.config = SpecConfig(steps=0, topk=1, num_draft_tokens=1, placement="sharded", epoch=-1)
         self.reqs: dict[str, Req] = {}
         self.free_rows = list(range(self.rows))[::-1]
@@ -139,6 +152,10 @@ class Engine:
             return GenUpdate(req.rid, [], True, "error", error="no free slot (max_running_requests)")
         stop = set(req.stop_token_ids) | (set() if req.ignore_eos else self.eos)
         r = Req(req.rid, self.free_rows.pop(), list(req.input_ids), len(req.input_ids), req, stop)
+        # Seeds from the request or (engine seed, rid): crc32, not hash(), which differs per process.
+        seed = req.seed if req.seed is not None else zlib.crc32(req.rid.encode()) ^ self.opts.random_seed
+        r.gen = torch.Generator().manual_seed(seed)
+        r.draft_gen = torch.Generator().manual_seed(seed + 1)
         self._since = self._since or time.perf_counter()
         with self.timer.phase("other", "specdecode.prefill"):
             n = len(r.tokens)
@@ -146,7 +163,14 @@ class Engine:
             rows = torch.tensor([r.row], device=self.device)
             meta = causal_meta(rows, torch.arange(n, device=self.device)[None], n)
             hidden, aux = self.target(ids, meta, self.kv)
-            first = int(self.target.logits(hidden[:, -1]).argmax(-1).item())
+            last = self.target.logits(hidden[:, -1:])
+            if req.temperature > 0:
+                probs = spec.sampling_probs(last, torch.tensor([req.temperature], device=self.device),
+                                            torch.tensor([req.top_k], device=self.device),
+                                            torch.tensor([req.top_p], device=self.device, dtype=torch.float64))
+                first = int(spec.sample_from(probs[:, 0], r.coins(1).to(self.device)).item())
+            else:
+                first = int(last[0, 0].argmax(-1).item())
             r.seq_len = n
             r.pending_aux = [aux[0]]
         self.reqs[r.rid] = r
@@ -174,47 +198,60 @@ class Engine:
         self._since = None
         reqs = [r for r in self.reqs.values() if not r.finished]
         cfg = self.config
-        s = cfg.steps
-        b = len(reqs)
-        rows = torch.tensor([r.row for r in reqs], device=self.device)
-        seq = torch.tensor([r.seq_len for r in reqs], device=self.device)
-        roots = torch.tensor([r.tokens[-1] for r in reqs], device=self.device)
-        width = s + 1
-        ctx = self._bucket(max(r.seq_len for r in reqs) + width)
+        s, k = cfg.steps, cfg.topk
+        n_tok = cfg.num_draft_tokens if s > 0 else 1
+        b, dev = len(reqs), self.device
+        rows = torch.tensor([r.row for r in reqs], device=dev)
+        seq = torch.tensor([r.seq_len for r in reqs], device=dev)
+        roots = torch.tensor([r.tokens[-1] for r in reqs], device=dev)
+        temps = torch.tensor([r.params.temperature for r in reqs], device=dev)
+        sampled = bool((temps > 0).any())
+        rejection = sampled and s > 0 and k == 1 and self.opts.speculative_use_rejection_sampling
+        ctx = self._bucket(max(r.seq_len for r in reqs) + max(n_tok, s * k) + 1)
+        q = None
         if s > 0:
             self._catch_up_all(reqs)
             with self.timer.phase("draft"):
-                drafts = self._draft(rows, seq, s, ctx)
+                tree, q = self._draft(reqs, rows, seq, roots, temps, ctx, rejection)
         with self.timer.phase("verify", f"step[VERIFY bs={b}]"):
-            if s > 0 and self.world > 1:
-                # Every rank must feed the target identical tokens: rank 0's drafts win.
-                drafts = self.comm.broadcast(drafts.contiguous(), 0)
-            ids = torch.cat([roots[:, None], drafts], 1) if s > 0 else roots[:, None]
-            positions = seq[:, None] + torch.arange(width, device=self.device)[None]
-            hidden, aux = self.target(ids, causal_meta(rows, positions, ctx), self.kv)
+            if s > 0:
+                if self.world > 1:
+                    # Every rank must feed the target identical tokens: rank 0's tree wins.
+                    tree = self.comm.broadcast(tree.contiguous(), 0)
+                    if rejection:
+                        q = self.comm.broadcast(q.contiguous(), 0)
+                tokens, parents, depth = tree[:, 0], tree[:, 1], tree[:, 2]
+                meta = (causal_meta(rows, seq[:, None] + depth, ctx) if k == 1
+                        else spec.tree_meta(rows, seq, parents, depth, ctx))
+            else:
+                tokens = roots[:, None]
+                parents = torch.full_like(tokens, -1)
+                meta = causal_meta(rows, seq[:, None], ctx)
+            hidden, aux = self.target(tokens, meta, self.kv)
             logits = self.target.logits(hidden)
         with self.timer.phase("verify_sample"):
-            if s > 0:
-                predict, accepted = spec.verify_greedy(drafts, logits)
-            else:
-                predict, accepted = logits.argmax(-1), torch.zeros(b, dtype=torch.long, device=self.device)
-            pred_l, acc_l = predict.tolist(), accepted.tolist()
+            path, accepted, bonus = self._accept(reqs, tokens, parents, logits, temps, q, sampled, rejection, s)
+            if k > 1 and s > 0:
+                # Tree: move the accepted nodes' K/V to the front of the window (slot seq+t).
+                t_idx = torch.arange(s + 1, device=dev)[None]
+                src = seq[:, None] + torch.where(path >= 0, path, t_idx)
+                self.kv.copy_slots(rows, src, seq[:, None] + t_idx)
+            tok_path = tokens.gather(1, path.clamp(min=0))
+            acc_l, tok_l, bonus_l = accepted.tolist(), tok_path.tolist(), bonus.tolist()
             updates, committed = [], 0
             for i, r in enumerate(reqs):
                 j = acc_l[i]
                 self._count(r, j, s)
-                old = r.seq_len
                 r.seq_len += j + 1
                 if s == 0:
                     r.pending_aux.append(aux[i, :1])
-                u = self._commit_tokens(r, pred_l[i][: j + 1])
+                u = self._commit_tokens(r, tok_l[i][1: j + 1] + [bonus_l[i]])
                 committed += j + 1
                 if u is not None:
                     updates.append(u)
-                assert r.seq_len == old + j + 1
         if s > 0:
             with self.timer.phase("draft_extend"):
-                self._extend(reqs, rows, seq, predict, aux, accepted, ctx)
+                self._extend(reqs, rows, seq, tokens, path, accepted, bonus, aux, n_tok, ctx)
         for r in reqs:
             if r.finished:
                 self.reqs.pop(r.rid, None)
@@ -223,29 +260,103 @@ class Engine:
         wall = (time.perf_counter() - t0) * 1e3
         ms["other"] += max(0.0, wall - sum(ms.values()))
         self.iteration += 1
-        record = {"t": time.time(), "epoch": cfg.epoch, "steps": s, "topk": cfg.topk,
+        record = {"t": time.time(), "epoch": cfg.epoch, "steps": s, "topk": k,
                   "num_draft_tokens": cfg.num_draft_tokens, "placement": cfg.placement, "bs": b,
                   "committed": committed, "wall_ms": wall, "phase_ms": ms, "comm_ms": cms,
-                  "comm_calls": calls, "accepted": acc_l, "simulated": False,
+                  "comm_calls": calls, "accepted": acc_l, "simulated": self.simulate is not None and s > 0,
                   "emulated_comm": self.comm.emulated}
         return updates, record
 
-    def _draft(self, rows, seq, steps: int, ctx: int) -> torch.Tensor:
-        d = self.draft
+    def _draft(self, reqs, rows, seq, roots, temps, ctx, rejection):
+        """Returns ([B, 3, N] = tokens, parents, depth of the draft tree incl. the root, q or None).
+        On ranks without the draft: an empty buffer for rank 0's broadcast."""
+        cfg, d, dev = self.config, self.draft, self.device
+        s, k, n = cfg.steps, cfg.topk, cfg.num_draft_tokens
         if not d.here:
-            return torch.empty(len(rows), steps, dtype=torch.long, device=self.device)
-        first = d.first[rows, 0]
-        hidden = d.hidden[rows]
-        with record_function(f"step[DRAFT bs={len(rows)}]"):
-            return spec.draft_chain(d.head, d.kv, rows, seq, first, hidden, steps, ctx)
+            q = (torch.empty(len(reqs), s, self.target.config.vocab_size, dtype=torch.float32, device=dev)
+                 if rejection else None)
+            return torch.empty(len(reqs), 3, n, dtype=torch.long, device=dev), q
+        first_logits, hidden = d.logits[rows], d.hidden[rows]
+        q = None
+        with record_function(f"step[DRAFT bs={len(reqs)}]"):
+            if k > 1:
+                tree = spec.draft_tree(d.head, d.kv, rows, seq, roots, first_logits, hidden, s, k, n, ctx)
+                return torch.stack(tree, 1), None
+            if rejection:
+                coins = torch.stack([r.draft_gen_draw(s) for r in reqs]).to(dev)
+                drafts, q = spec.draft_chain_sample(d.head, d.kv, rows, seq, first_logits, hidden, s, ctx,
+                                                    temps, coins, self.target.config.vocab_size)
+            else:
+                first = d.head.to_target_ids(first_logits.argmax(-1))
+                drafts = spec.draft_chain(d.head, d.kv, rows, seq, first, hidden, s, ctx)
+        return torch.stack(spec.chain_tree(roots, drafts), 1), q
 
-    def _extend(self, reqs, rows, seq, predict, aux, accepted, ctx) -> None:
+    def _accept(self, reqs, tokens, parents, logits, temps, q, sampled, rejection, s):
+        """verify_sample's decision: (path [B, s+1] node ids, accepted [B], bonus [B])."""
+        b, dev = tokens.shape[0], tokens.device
+        coins = (torch.stack([r.coins(s + 2) for r in reqs]).to(dev) if sampled else None)
+        probs = None
+        if sampled:
+            top_k = torch.tensor([r.params.top_k for r in reqs], device=dev)
+            top_p = torch.tensor([r.params.top_p for r in reqs], device=dev, dtype=torch.float64)
+            probs = spec.sampling_probs(logits, temps, top_k, top_p)
+        if s == 0:
+            path = torch.zeros(b, 1, dtype=torch.long, device=dev)
+            accepted = torch.zeros(b, dtype=torch.long, device=dev)
+            bonus = logits[:, 0].argmax(-1)
+            if sampled:
+                bonus = torch.where(temps > 0, spec.sample_from(probs[:, 0], coins[:, 0]), bonus)
+            return path, accepted, bonus
+        if self.simulate is not None:
+            return self._simulated(tokens, parents, logits, probs, coins, temps, s)
+        if rejection:
+            accepted, bonus = spec.verify_chain_rejection(tokens[:, 1:], q, probs, coins)
+            idx = torch.arange(s + 1, device=dev)[None]
+            path = torch.where(idx <= accepted[:, None], idx, torch.full_like(idx, -1))
+            return path, accepted, bonus
+        path, accepted, bonus = spec.verify_tree_greedy(tokens, parents, logits, s)
+        if sampled:
+            sp, sa, sb = spec.verify_tree_sample(tokens, parents, probs, coins, s)
+            pick = temps > 0
+            path = torch.where(pick[:, None], sp, path)
+            accepted = torch.where(pick, sa, accepted)
+            bonus = torch.where(pick, sb, bonus)
+        return path, accepted, bonus
+
+    def _simulated(self, tokens, parents, logits, probs, coins, temps, s):
+        """The acceptance simulator: all compute ran; how many drafts count as accepted is drawn
+        from the configured curve (seeded, the same draw on every rank), following each node's
+        first child. Output tokens are then the drafts, not the target's choice."""
+        alphas = self.simulate.alphas(s)
+        u = torch.rand(tokens.shape[0], s, generator=self.sim_gen).to(tokens.device)
+        ok = u < torch.tensor(alphas, device=tokens.device)[None]
+        want = ok.to(torch.int32).cumprod(1).sum(1)
+        path, accepted, cur = spec._walk(tokens, parents, s, None,
+                                         lambda d, cur, ch: ch & (d <= want)[:, None])
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+        bonus = logits[rows, cur].argmax(-1)
+        if probs is not None:
+            bonus = torch.where(temps > 0, spec.sample_from(probs[rows, cur], coins[:, s]), bonus)
+        return path, accepted, bonus
+
+    def _extend(self, reqs, rows, seq, tokens, path, accepted, bonus, aux, width, ctx) -> None:
+        """draft_extend over `width` (= N) rows per request: row t holds the aux of the t-th
+        committed node and the token after it (the next accepted node's, then the bonus)."""
         d = self.draft
         if d.here:
-            hid, first, p = spec.draft_extend(d.head, d.kv, rows, seq, predict, aux, accepted, ctx)
+            b = rows.shape[0]
+            last = path.gather(1, accepted[:, None])
+            pp = torch.where(path >= 0, path, last)
+            if width > pp.shape[1]:
+                pp = torch.cat([pp, last.expand(b, width - pp.shape[1])], 1)
+            pp = pp[:, :width]
+            nxt = torch.cat([tokens.gather(1, pp)[:, 1:], bonus[:, None]], 1)
+            t_idx = torch.arange(width, device=rows.device)[None]
+            nxt = torch.where(t_idx >= accepted[:, None], bonus[:, None], nxt)
+            feats = aux.gather(1, pp[:, :, None].expand(b, width, aux.shape[-1]))
+            hid, logits = spec.draft_extend(d.head, d.kv, rows, seq, nxt, feats, accepted, ctx)
             d.hidden[rows] = hid
-            d.first[rows, : first.shape[1]] = first
-            d.first_p[rows, : p.shape[1]] = p
+            d.logits[rows] = logits.to(d.logits.dtype)
         for r in reqs:
             r.draft_len = r.seq_len
 
@@ -267,12 +378,11 @@ class Engine:
         if d.here:
             rows = torch.tensor([r.row], device=self.device)
             start = torch.tensor([r.draft_len], device=self.device)
-            hid, first, p = spec.draft_extend(d.head, d.kv, rows, start, ids, aux,
-                                              torch.tensor([ids.shape[1] - 1], device=self.device),
-                                              self._bucket(r.seq_len + 1), self.config.topk)
+            hid, logits = spec.draft_extend(d.head, d.kv, rows, start, ids, aux,
+                                            torch.tensor([ids.shape[1] - 1], device=self.device),
+                                            self._bucket(r.seq_len + 1))
             d.hidden[r.row] = hid[0]
-            d.first[r.row, : first.shape[1]] = first[0]
-            d.first_p[r.row, : p.shape[1]] = p[0]
+            d.logits[r.row] = logits[0].to(d.logits.dtype)
         r.draft_len = r.seq_len
         r.pending_aux = []
 

@@ -29,7 +29,8 @@ def pool1():
 
 @pytest.fixture(scope="session")
 def pool2():
-    c = _start(2)
+    """TP2; topk = 1 sampling uses chain rejection sampling here (target-only at TP1)."""
+    c = _start(2, speculative_use_rejection_sampling=True)
     yield c
     c.close()
 
