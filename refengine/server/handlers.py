@@ -279,15 +279,11 @@ class Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         path = url.path.rstrip("/") or "/"
         try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            self._send(error_reply("bad Content-Length"))
+            body = self._read_body()
+        except BadRequest as e:
+            self.close_connection = True  # the rest of the body may still be on the wire
+            self._send(error_reply(str(e), e.status))
             return
-        if length > MAX_BODY_BYTES or length < 0:
-            self._send(error_reply(f"body too large (limit {MAX_BODY_BYTES} bytes)", 413))
-            self.close_connection = True
-            return
-        body = self.rfile.read(length) if length else b""
         if not auth.authorized(self.app.opts.api_key, path, self.headers.get("Authorization")):
             self._send(json_reply({"error": "Unauthorized"}, 401))
             return
@@ -320,6 +316,38 @@ class Handler(BaseHTTPRequestHandler):
             self._send(reply)
 
     _streaming = False
+    # Idle keep-alive connections and clients that stop reading a stream are dropped after this.
+    timeout = 120
+
+    def _read_body(self) -> bytes:
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            return self._read_chunked()
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise BadRequest("bad Content-Length") from None
+        if length > MAX_BODY_BYTES or length < 0:
+            raise BadRequest(f"body too large (limit {MAX_BODY_BYTES} bytes)", 413)
+        return self.rfile.read(length) if length else b""
+
+    def _read_chunked(self) -> bytes:
+        parts: list[bytes] = []
+        total = 0
+        while True:
+            line = self.rfile.readline(1024)
+            try:
+                size = int(line.split(b";")[0].strip(), 16)
+            except ValueError:
+                raise BadRequest("malformed chunked body") from None
+            if size == 0:
+                while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
+                    pass  # trailers
+                return b"".join(parts)
+            total += size
+            if total > MAX_BODY_BYTES:
+                raise BadRequest(f"body too large (limit {MAX_BODY_BYTES} bytes)", 413)
+            parts.append(self.rfile.read(size))
+            self.rfile.readline(1024)
 
     def _start_stream(self) -> Any:
         self._streaming = True

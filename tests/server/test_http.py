@@ -320,3 +320,18 @@ def test_client_disconnect_mid_stream_frees_slot(http, base):
             break
         time.sleep(0.2)
     assert mv["sglang:num_running_reqs"][0][1] == 0
+
+
+def test_chunked_and_oversized_bodies(http):
+    payload = json.dumps({"input_ids": PROMPT_IDS, "sampling_params": {
+        "max_new_tokens": 3, "temperature": 0, "ignore_eos": True}}).encode()
+
+    def chunks():
+        yield payload[:10]
+        yield payload[10:]
+
+    r = http.post("/generate", content=chunks())
+    assert r.status_code == 200 and len(r.json()["output_ids"]) == 3, r.text
+    big = http.post("/generate", content=b" " * (17 << 20))
+    assert big.status_code == 413 and "too large" in big.json()["error"]["message"]
+    assert http.get("/health").status_code == 200
