@@ -71,7 +71,8 @@ def engine_options(opts: ServerOptions) -> Any:
     defaults = EngineOptions()
     kw: dict[str, Any] = {
         "load_format": opts.load_format, "tp_size": opts.tp_size, "device": opts.device,
-        "dtype": opts.dtype, "speculative_draft_placement": opts.speculative_draft_placement,
+        "dtype": {"float": "float32", "half": "float16"}.get(opts.dtype, opts.dtype),  # SGLang's aliases
+        "speculative_draft_placement": opts.speculative_draft_placement,
         "speculative_simulate_accept": opts.speculative_simulate_accept,
         "emulate_comm_latency": opts.emulate_comm_latency, "random_seed": opts.random_seed,
         "speculative_draft_model_path": opts.speculative_draft_model_path,
@@ -97,6 +98,8 @@ def engine_options(opts: ServerOptions) -> Any:
 
 
 class ServerApp:
+    """State shared by the HTTP handlers: the options, the engine client, metrics and trace files."""
+
     def __init__(self, opts: ServerOptions) -> None:
         self.opts = opts
         self.client: Any = None

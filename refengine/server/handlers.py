@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from refengine.server import auth, sse
-from refengine.server.generation import Generation, reply_dicts, run_all
+from refengine.server.generation import reply_dicts, run_all
 from refengine.server.inputs import (MAX_BODY_BYTES, BadRequest, parse_completion, parse_generate,
                                      parse_int_query, parse_internal_state, parse_json)
 from refengine.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE

@@ -53,3 +53,16 @@ def test_api_key_never_shown():
     d = o.resolved_dict()
     assert "s3cret" not in str(d) and d["api_key"] == "<redacted>"
     assert redact_argv(["--api-key=abc", "x"]) == "--api-key=<redacted> x"
+
+
+def test_engine_options_mapping():
+    from refengine.server.app import default_model, engine_options
+
+    e = engine_options(parse_options(["--tp-size", "2", "--dtype", "half", "--speculative-num-steps", "2",
+                                      "--max-running-requests", "3", "--context-length", "512"]))
+    assert (e.tp_size, e.dtype, e.speculative_num_steps, e.max_running_requests, e.context_length) == \
+        (2, "float16", 2, 3, 512)
+    assert e.model_path == default_model()["model_path"]  # the shipped tiny model, else the preset
+    assert engine_options(parse_options(["--speculative-algorithm", "NONE"])).speculative_num_steps == 0
+    p = engine_options(parse_options(["--model-path", "tiny", "--load-format", "dummy"]))
+    assert (p.model_path, p.load_format) == ("tiny", "dummy")
