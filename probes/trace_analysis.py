@@ -339,7 +339,8 @@ def analyze_file(path: str | Path, rank: int | None = None) -> RankAnalysis:
     timeline = _Timeline(windows, segs, derive)
     result = RankAnalysis(rank=rank, file=path.name, mode=mode, thread=str(thread),
                           events=c.events, kernels=n_kernels,
-                          phase_spans=phase_threads.get(thread, 0), derived_verify=derive)
+                          phase_spans=phase_threads.get(thread, 0), derived_verify=derive,
+                          base_time_ns=_int_or_none(c.meta.get("baseTimeNanoseconds")))
     iters = [IterationTimes(index=i, start_us=w[0]) for i, w in enumerate(windows)]
     _span_times(timeline, iters)
     if mode == "cpu":
@@ -441,6 +442,10 @@ def _gpu_work(c: _Collected, thread: Any, tl: _Timeline, iters: list[IterationTi
         iters[it].wall_ms = (end - first[it]) / _US_PER_MS
         iters[it].busy_ms = all_busy[it].length() / _US_PER_MS
         iters[it].comm_ms = all_comm[it].length() / _US_PER_MS
+
+
+def _int_or_none(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def _rank_of(path: Path, meta: dict[str, Any]) -> int:

@@ -11,6 +11,8 @@ the TUI and `specdecode-tune analyze --json` show it). Its shape, all times in m
                 "events": 91234, "kernels": 0, "phase_spans": 812,
                 "unattributed_kernels": 0, "unattributed_ms": 0.0,
                 "derived_verify": false,    # SGLang trace: verify/verify_sample derived from gaps
+                "base_time_ns": 1764...,    # epoch ns of ts 0 (kineto), or null: epoch of an
+                                            # iteration = base_time_ns / 1e9 + start_us / 1e6
                 "total": ITER, "mean": ITER,          # sum and mean over the iterations
                 "iterations": [ITER, ...]}],
      "across": null | {                     # present when there are two or more ranks
@@ -126,6 +128,8 @@ class RankAnalysis:
     unattributed_kernels: int = 0
     unattributed_ms: float = 0.0
     derived_verify: bool = False
+    base_time_ns: int | None = None
+    """Kineto's `baseTimeNanoseconds`: epoch ns of ts 0, so start_us maps to wall-clock time."""
     iterations: list[IterationTimes] = field(default_factory=list)
 
     @property
@@ -140,6 +144,7 @@ class RankAnalysis:
             "events": self.events, "kernels": self.kernels, "phase_spans": self.phase_spans,
             "unattributed_kernels": self.unattributed_kernels,
             "unattributed_ms": _r(self.unattributed_ms), "derived_verify": self.derived_verify,
+            "base_time_ns": self.base_time_ns,
             "total": total.to_dict(),
             "mean": total.to_dict(1.0 / n if n else 0.0),
             "iterations": [it.to_dict() for it in self.iterations],
