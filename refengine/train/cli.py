@@ -185,7 +185,7 @@ def run(args) -> int:
     checkpoint.save_target(target, tcfg, out / "target")
     checkpoint.save_head(head, hcfg, out / "eagle3")
     report = {
-        "command": "train-tiny " + " ".join(sys.argv[1:]) if sys.argv[1:] else "train-tiny",
+        "command": " ".join(["train-tiny", *getattr(args, "argv", [])]),
         "seed": args.seed, "device": str(dev), "hardware": _hardware(dev),
         "corpus": {"digest": corpus.digest, "source": file_list.source,
                    "train_tokens": corpus.train.numel(), "val_tokens": corpus.val.numel()},
@@ -225,6 +225,8 @@ def run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
     return run(args)
 
