@@ -14,7 +14,7 @@ from tuner.app import make_app
 from tuner.backends import connect
 from tuner.commands.attach import builtin_prompts
 from tuner.core.session import Session
-from tuner.screens.trace import TraceScreen
+from tuner.screens.trace import TraceScreen, analysis_table
 
 pytestmark = pytest.mark.slow
 STEPS, PLACEMENT = "speculative_num_steps", "speculative_draft_placement"
@@ -88,10 +88,14 @@ def test_trace_capture_ends_in_the_analysis_screen(engine):
             await wait_for(pilot, lambda: session.store.window("server/tok_per_s").finite(), why="decode under load")
             await pilot.press("c")
             await wait_for(pilot, lambda: isinstance(app.screen, TraceScreen), timeout=180, why="the analysis screen")
-            table = app.screen.query_one("#trace-table").render()
-            headers = [c.header for c in table.columns]
+            analysis = app.screen.analysis
+            assert [r["rank"] for r in analysis["ranks"]] == [0, 1]
+            assert analysis["mode"] == "cpu"
+            headers = [c.header for c in analysis_table(analysis).columns]
             assert "rank 0" in headers and "rank 1" in headers
-            assert session.store.events("trace_captured") and session.store.traces()
+            # The capture also reached the store (so a recording and the report see it).
+            await wait_for(pilot, lambda: session.store.events("trace_captured") and session.store.traces(),
+                           timeout=10, why="the capture in the store")
             await pilot.press("escape")
     asyncio.run(scenario())
 
