@@ -39,7 +39,7 @@ from tuner.commands.attach import builtin_prompts  # noqa: E402
 from tuner.core import ab as core_ab  # noqa: E402
 from tuner.core.records import thaw  # noqa: E402
 from tuner.core.session import Session  # noqa: E402
-from tuner.tuning.live import InlineRunner, Tuner, TunerOptions  # noqa: E402
+from tuner.tuning.live import InlineRunner, Tuner, TunerOptions, active_epoch  # noqa: E402
 from tuner.tuning.observations import parse_record  # noqa: E402
 from tuner.tuning.phase_feed import HttpPhaseFeed  # noqa: E402
 from tuner.tuning.settings import Setting, settings_space  # noqa: E402
@@ -107,7 +107,7 @@ def measure(session: Session, feed: HttpPhaseFeed, drv: Driver, s: Setting, meas
     res = session.set_config(s.as_server_args(), by="grid")
     if not res.ok:
         return {"setting": s.to_json(), "error": res.reason}
-    epoch = (res.active or {}).get("epoch")
+    epoch = active_epoch(res.active)
     feed.poll()
     first_t, seen, settled_at = math.nan, 0, math.nan
     committed, wall = 0, 0.0
@@ -159,7 +159,9 @@ def run_grid(session, feed, drv, space, repeats, measure_s, seed=0) -> tuple[dic
 
 
 def run_tuner(session, drv, space, budget_s, start: Setting) -> tuple[Tuner, float, list]:
-    session.set_config(start.as_server_args(), by="benchmark")
+    res = session.set_config(start.as_server_args(), by="benchmark")
+    if not res.ok:
+        raise RuntimeError(f"cannot set the starting setting: {res.reason}")
     drv.wait(3.0)
     tuner = Tuner(session, space, TunerOptions(budget_s=budget_s, apply_best=True),
                   runner=InlineRunner())

@@ -47,7 +47,7 @@ class SimEngine:
             raise ValueError(f"refused: {new.label()}")
         self.setting = new
         self.epoch += 1
-        return {"epoch": self.epoch}
+        return {"config_epoch": self.epoch, "speculative_num_steps": new.steps}
 
     def run_until(self, t: float) -> None:
         while self.running and self.t < t:

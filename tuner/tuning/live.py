@@ -187,6 +187,17 @@ class TuningResult:
         }
 
 
+def active_epoch(active: Any) -> int | None:
+    """The config epoch in a control reply's read-back (`config_epoch` as /server_info names it)."""
+    if not isinstance(active, Mapping):
+        return None
+    for key in ("config_epoch", "epoch"):
+        v = active.get(key)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return None
+
+
 def probe_plan(space: Sequence[Setting], initial: Setting) -> list[Setting]:
     """The first measurements: the starting setting, speculation off, and for the starting placement
     chains at the shallowest, middle and deepest steps (the draft and verify lines need ≥ 2 points,
@@ -456,8 +467,7 @@ class Tuner:
                     return True
                 self._current = job.setting
                 job.applied, job.t_apply = True, now
-                epoch = active.get("epoch") if isinstance(active, Mapping) else None
-                job.epoch = epoch if isinstance(epoch, int) else None
+                job.epoch = active_epoch(active)
             if job.measure_s <= 0:
                 return True
         if math.isnan(job.settled_at) or now < job.end_at or len(job.iters) < job.min_iters:

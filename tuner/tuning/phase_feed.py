@@ -43,18 +43,28 @@ class HttpPhaseFeed:
         self._thread = threading.Thread(target=self._run, name="tuner-phase-feed", daemon=True)
         self._thread.start()
 
-    def _fetch(self) -> None:
-        page: Any = self._http.get_json("/specdecode/phases",
-                                        {"after": self._cursor or 0, "limit": PAGE})
+    def _page(self, after: int) -> dict:
+        page: Any = self._http.get_json("/specdecode/phases", {"after": after, "limit": PAGE})
         if not isinstance(page, dict) or not isinstance(page.get("records"), list) \
                 or not isinstance(page.get("next"), int):
             raise ServerError("/specdecode/phases answered something that is not a phase page")
-        nxt = page["next"]
-        first = self._cursor is None
-        restarted = self._cursor is not None and nxt < self._cursor
-        self._cursor = nxt
-        if first or restarted:
+        return page
+
+    def _fetch(self) -> None:
+        if self._cursor is None:
+            # Skip the history the server still holds: page through to its newest record. A page
+            # ends after `limit` records, not at the newest, so one page is not enough.
+            page = self._page(0)
+            while len(page["records"]) >= PAGE:
+                page = self._page(page["next"])
+            self._cursor = page["next"]
             return
+        page = self._page(self._cursor)
+        nxt = page["next"]
+        restarted = nxt < self._cursor
+        self._cursor = nxt
+        if restarted:
+            return                   # the server restarted: its sequence began again
         with self._lock:
             self.dropped += int(page.get("dropped") or 0)
             self._pending.extend(r for r in page["records"] if isinstance(r, dict))
