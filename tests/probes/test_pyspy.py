@@ -20,7 +20,7 @@ CHILD = r"""
 import threading, time
 def waiting_for_peers():
     while True:
-        time.sleep(0.005)
+        time.sleep(0.2)
 def busy_rank_loop():
     x = 0
     while True:
@@ -101,7 +101,7 @@ def test_real_child_top_function_idle_and_gil(child):
     assert res.functions[0].function == "busy_rank_loop" and res.functions[0].own_pct > 50
     assert res.functions[0].file.endswith("<string>") or res.functions[0].line is not None
     # two threads, one of them sleeping nearly all the time: about half the thread samples are idle
-    assert 25 < p.idle_pct < 75
+    assert 30 < p.idle_pct < 60  # the busy thread is never idle, so at most ~50 %
     assert p.gil_pct > 50  # the busy loop holds the GIL
     assert res.samples == p.samples and res.to_dict()["processes"][0]["pid"] == child
 
