@@ -262,6 +262,9 @@ class Handler(BaseHTTPRequestHandler):
     app: ServerApp
     protocol_version = "HTTP/1.1"
     server_version = "refengine"
+    # Headers and body leave in two writes; with Nagle on, a keep-alive client's delayed ACK
+    # adds ~40 ms to every small reply (measured: /server_info 45 ms -> see benchmarks/serve_overhead.py).
+    disable_nagle_algorithm = True
 
     def do_GET(self) -> None:
         self._handle("GET")

@@ -144,6 +144,10 @@ def _prompts(text: Any, input_ids: Any, vocab_size: int | None, text_name: str =
 def parse_generate(body: Any, vocab_size: int | None = None) -> GenerateBatch:
     if not isinstance(body, dict):
         raise BadRequest("expected a JSON object")
+    # SGLang features this engine lacks: refuse them rather than answer without what was asked.
+    for name in ("return_logprob", "return_hidden_states", "input_embeds", "lora_path", "image_data"):
+        if body.get(name):
+            raise BadRequest(f"{name} is not supported by the reference engine")
     prompts, batch = _prompts(body.get("text"), body.get("input_ids"), vocab_size)
     sps = body.get("sampling_params")
     if isinstance(sps, list):
@@ -183,6 +187,8 @@ def parse_completion(body: Any, vocab_size: int | None = None) -> GenerateBatch:
         prompts, batch = _prompts(None, prompt, vocab_size, "prompt")
     else:
         prompts, batch = _prompts(prompt, None, vocab_size, "prompt")
+    if body.get("logprobs") or body.get("suffix") or body.get("best_of", 1) not in (1, None):
+        raise BadRequest("logprobs, suffix and best_of are not supported by the reference engine")
     n = body.get("n", 1)
     if n != 1:
         raise BadRequest("n: only 1 is supported")

@@ -35,6 +35,7 @@ def test_generate_batch_of_ids():
     ({"text": ["a", "b"], "stream": True}, "streaming a batch"),
     ({"text": "a", "stream": "yes"}, "stream"),
     ([1, 2], "JSON object"),
+    ({"text": "a", "return_logprob": True}, "return_logprob is not supported"),
 ])
 def test_generate_refusals(body, match):
     with pytest.raises(BadRequest, match=match):
