@@ -331,8 +331,14 @@ class Engine:
         u = torch.rand(tokens.shape[0], s, generator=self.sim_gen).to(tokens.device)
         ok = u < torch.tensor(alphas, device=tokens.device)[None]
         want = ok.to(torch.int32).cumprod(1).sum(1)
-        path, accepted, cur = spec._walk(tokens, parents, s, None,
-                                         lambda d, cur, ch: ch & (d <= want)[:, None])
+        # Follow the child with the deepest subtree, so a tree reaches the drawn depth when it can
+        # (a tree shallower than the draw caps it: then τ falls short of the request).
+        height = spec.subtree_height(parents, s)
+
+        def deepest(d, cur, ch):
+            h = torch.where(ch, height, torch.full_like(height, -1))
+            return ch & (h == h.max(1, keepdim=True).values) & (d <= want)[:, None]
+        path, accepted, cur = spec._walk(tokens, parents, s, None, deepest)
         rows = torch.arange(tokens.shape[0], device=tokens.device)
         bonus = logits[rows, cur].argmax(-1)
         if probs is not None:

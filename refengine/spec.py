@@ -243,6 +243,16 @@ def _walk(tokens, parents, steps, want_fn, accept_fn):
     return path, accepted, bonus if bonus is not None else cur
 
 
+def subtree_height(parents: torch.Tensor, steps: int) -> torch.Tensor:
+    """Levels below each node down to its deepest descendant ([B, N]; leaves 0)."""
+    height = torch.zeros_like(parents)
+    par = parents.clamp(min=0)
+    for _ in range(steps):
+        up = torch.where(parents >= 0, height + 1, torch.zeros_like(height))
+        height = height.scatter_reduce(1, par, up, reduce="amax")
+    return height
+
+
 def sampling_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                    top_p: torch.Tensor) -> torch.Tensor:
     """Target probabilities as SGLang samples them: logits / T, softmax, top-k then top-p

@@ -1,0 +1,53 @@
+"""The acceptance simulator: all draft and verify compute runs, acceptance follows the requested
+curve or mean accept length, and every record says it is simulated."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from refengine import presets
+from refengine.comm import Communicator
+from refengine.config import ConfigError, EngineOptions, SpecConfig, parse_simulate_accept
+from refengine.engine import Engine
+from refengine.messages import GenRequest
+
+torch.set_num_threads(1)
+
+
+def _run(sim: str, cfg: SpecConfig, model: str = "tiny", iters: int = 60) -> list[dict]:
+    opts = EngineOptions(max_running_requests=4, context_length=512, speculative_simulate_accept=sim)
+    e = Engine(opts, Communicator(0, 1), presets.build_target(model), presets.build_head(f"{model}-eagle3"),
+               torch.device("cpu"), torch.float32)
+    e.apply_config(cfg)
+    for i in range(4):
+        e.add_request(GenRequest(f"s{i}", [3 + i, 5, 7], max_new_tokens=400, ignore_eos=True))
+    return [e.step()[1] for _ in range(iters)]
+
+
+@pytest.mark.parametrize("cfg", [SpecConfig(steps=4, num_draft_tokens=5, epoch=1),
+                                 SpecConfig(steps=3, topk=2, num_draft_tokens=10, epoch=1)])
+def test_mean_accept_length_is_forced(cfg):
+    # Random weights accept almost nothing by themselves: τ ≈ 1 without the simulator.
+    recs = _run("2.5", cfg)
+    assert all(r["simulated"] for r in recs)
+    acc = [a for r in recs for a in r["accepted"]]
+    tau = 1 + sum(acc) / len(acc)
+    assert abs(tau - 2.5) < 0.25, tau
+
+
+def test_curve_is_forced_per_position():
+    recs = _run("0.9,0.5,0.0", SpecConfig(steps=3, num_draft_tokens=4, epoch=1))
+    acc = torch.tensor([a for r in recs for a in r["accepted"]], dtype=torch.float64)
+    p1, p2, p3 = ((acc >= k).double().mean().item() for k in (1, 2, 3))
+    assert abs(p1 - 0.9) < 0.08 and abs(p2 - 0.45) < 0.1 and p3 == 0.0
+
+
+def test_simulator_parse_errors_and_solver():
+    assert parse_simulate_accept(None) is None
+    a = parse_simulate_accept("3").alphas(2)
+    assert abs(sum(a[0] ** i for i in range(3)) - 3.0) < 1e-9     # τ(2 steps) = 3 → α = 1
+    with pytest.raises(ConfigError, match="values in"):
+        parse_simulate_accept("0.5,1.5")
+    with pytest.raises(ConfigError, match="mean accept length"):
+        parse_simulate_accept("fast")
