@@ -113,6 +113,11 @@ def build_modules(dev: str, hidden: int, steps: int):
             return None
 
     ew.EAGLEWorkerV2, ew.EagleDraftWorker, tpw.TpModelWorker = EAGLEWorkerV2, EagleDraftWorker, TpModelWorker
+    for parent in ("sglang.srt.speculative", "sglang.srt.managers"):   # only the hooked modules travel
+        if parent not in sys.modules:
+            mod = types.ModuleType(parent)
+            mod.__path__ = []
+            sys.modules[parent] = mod
     sys.modules[EW], sys.modules[TPW] = ew, tpw
     return ew, tpw
 

@@ -26,6 +26,7 @@ class PhaseMetrics:
 
         reg = REGISTRY if registry is None else registry
         self.rank = str(rank)
+        self._children: dict[tuple, Any] = {}
         self.phase_seconds = Counter(
             "specdecode:phase_seconds", "Device time per EAGLE decode phase and TP rank "
             "(specdecode plugin, CUDA events).", ["phase", "rank"], registry=reg)
@@ -45,15 +46,31 @@ class PhaseMetrics:
                               host=host or socket.gethostname()).set(1)
 
     def add(self, records: list[dict[str, Any]]) -> None:
+        """Counters for a batch of records: sums first, so a batch costs a few increments."""
+        if not records:
+            return
+        phase_s: dict[str, float] = {}
+        at_least: dict[int, int] = {}
         for r in records:
-            self.iterations.labels(rank=self.rank).inc()
             for phase, ms in r.get("phase_ms", {}).items():
                 if ms > 0:
-                    self.phase_seconds.labels(phase=phase, rank=self.rank).inc(ms / 1e3)
+                    phase_s[phase] = phase_s.get(phase, 0.0) + ms / 1e3
             accepted = r.get("accepted")
             # Every rank sees the same acceptance; counting it once keeps sums right.
             if accepted and self.rank == "0":
-                self.accept_position.labels(k="0").inc(len(accepted))
-                for k in range(1, max(accepted) + 1):
-                    n = sum(1 for a in accepted if a >= k)
-                    self.accept_position.labels(k=str(k)).inc(n)
+                at_least[0] = at_least.get(0, 0) + len(accepted)
+                for a in accepted:
+                    for k in range(1, a + 1):
+                        at_least[k] = at_least.get(k, 0) + 1
+        self._child(self.iterations, rank=self.rank).inc(len(records))
+        for phase, sec in phase_s.items():
+            self._child(self.phase_seconds, phase=phase, rank=self.rank).inc(sec)
+        for k, n in at_least.items():
+            self._child(self.accept_position, k=str(k)).inc(n)
+
+    def _child(self, metric: Any, **labels: str) -> Any:
+        key = (id(metric), tuple(labels.values()))
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(**labels)
+        return child

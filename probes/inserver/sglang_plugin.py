@@ -65,6 +65,8 @@ SCHEDULER_HOOKS = ("iteration", "draft", "verify", "target_forward", "draft_exte
                    "update_handlers", "policy_steps", "policy_feedback")
 MAIN_HOOKS = ("http_routes",)
 INTERNAL_STATE_MODULE = "sglang.srt.managers.scheduler_components.internal_state"
+FLUSH_EVERY_S = 0.2                          # stream/counter latency vs per-iteration cost
+FLUSH_MAX_RECORDS = 256
 VERIFY_SPAN = "specdecode.verify"            # the whole EAGLEWorkerV2.verify call
 SAMPLE_SPAN = "specdecode.verify_sample"     # from the end of the target forward to verify's end
 
@@ -80,6 +82,8 @@ class _Probe:
         self.writer: RingWriter | None = None
         self.metrics: Any = None
         self.broken: str | None = None      # set once a probe failed; timing stays off
+        self.outbox: list[dict] = []         # finished records not yet written
+        self.flushed_at = 0.0
         self.in_verify = False
         self.sample_span: Any = None         # open specdecode.verify_sample record_function
         self.profiler_enabled: Callable[[], bool] = _profiler_enabled_lazy
@@ -116,6 +120,7 @@ class _Probe:
         make = (lambda: torch.cuda.Event(enable_timing=True)) if cuda else HostEvent
         dp, rank = _ranks()
         self.timeline = PhaseTimeline(make, rank=rank)
+        self.flushed_at = time.monotonic()
         d = stream_dir()
         if d is not None:
             self.writer = RingWriter(d, dp, rank)
@@ -130,15 +135,21 @@ class _Probe:
             log.warning("specdecode plugin: no /metrics counters (%s)", e)
             self.metrics = None
 
-    def flush(self) -> None:
+    def flush(self, force: bool = False) -> None:
+        """Move finished records out: to the stream file and the counters, in batches (one write
+        and a handful of counter updates every FLUSH_EVERY_S, not per iteration)."""
         if self.timeline is None:
             return
-        records = self.timeline.poll()
-        if records:
-            if self.writer is not None:
-                self.writer.write(records)
-            if self.metrics is not None:
-                self.metrics.add(records)
+        self.outbox.extend(self.timeline.poll())
+        now = time.monotonic()
+        if not self.outbox or (not force and now - self.flushed_at < FLUSH_EVERY_S
+                               and len(self.outbox) < FLUSH_MAX_RECORDS):
+            return
+        records, self.outbox, self.flushed_at = self.outbox, [], now
+        if self.writer is not None:
+            self.writer.write(records)
+        if self.metrics is not None:
+            self.metrics.add(records)
 
 
 def _profiler_enabled_lazy() -> bool:
@@ -197,8 +208,8 @@ def _is_decode(batch: Any) -> bool:
 def around_iteration(original: Callable, self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     p = _probe
     if not p.timing() or not _is_decode(batch):
-        if p.timeline is not None and p.timeline.pending:
-            p.flush()                        # resolve what is left from the last lease
+        if p.timeline is not None and (p.timeline.pending or p.outbox):
+            p.flush(force=True)              # resolve what is left from the last lease
         return original(self, batch, *args, **kwargs)
     try:
         if p.timeline is None:

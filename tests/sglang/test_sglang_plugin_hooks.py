@@ -197,6 +197,12 @@ def _server(ns, adaptive_cfg=None):
     return worker, ctl
 
 
+def _read(directory, **kw):
+    """The stream as a reader sees it once the plugin's periodic flush has run."""
+    sglang_plugin._probe.flush(force=True)
+    return read_records(directory, **kw)
+
+
 def _set(ctl, **args):
     return ctl.set_internal_state(SimpleNamespace(server_args=args))
 
@@ -231,7 +237,7 @@ def test_lease_granted_over_set_internal_state_produces_records(sglang):
     _loop(worker, 12, accepted=(1, 3))
     worker.forward_batch_generation(_batch(2))        # one more call resolves the tail
     worker.forward_batch_generation(_batch(2, extend=True))   # prefill: passes through untimed
-    page = read_records(sglang.dir, after=0, limit=100)
+    page = _read(sglang.dir, after=0, limit=100)
     recs = page["records"]
     assert len(recs) >= 10 and page["dropped"] == 0
     r = recs[0]
@@ -252,9 +258,21 @@ def test_lease_zero_turns_timing_off(sglang):
     _set(ctl, specdecode_timers=60)
     _loop(worker, 3)
     assert _set(ctl, specdecode_timers=0) is True
-    n = len(read_records(sglang.dir, limit=100)["records"])
+    n = len(_read(sglang.dir, limit=100)["records"])
     _loop(worker, 6)
-    assert len(read_records(sglang.dir, limit=100)["records"]) <= n + 3   # only the tail resolves
+    assert len(_read(sglang.dir, limit=100)["records"]) <= n + 3   # only the tail resolves
+
+
+def test_stream_writes_are_batched_and_flushed_when_the_lease_ends(sglang, monkeypatch):
+    monkeypatch.setattr(sglang_plugin, "FLUSH_EVERY_S", 3600.0)
+    worker, ctl = _server(sglang)
+    _set(ctl, specdecode_timers=60)
+    _loop(worker, 10)
+    assert read_records(sglang.dir)["records"] == [] and sglang_plugin._probe.outbox
+    _set(ctl, specdecode_timers=0)
+    worker.forward_batch_generation(_batch(2))     # the cheap path pushes out what is left
+    assert len(read_records(sglang.dir, limit=100)["records"]) >= 8
+    assert sglang_plugin._probe.outbox == []
 
 
 def test_bad_lease_is_refused_with_the_reason(sglang, caplog):
@@ -292,7 +310,7 @@ def test_pin_drives_sglangs_adaptive_controller(sglang, tmp_path_factory):
     _loop(worker, 6, accepted=(4, 4))                        # the policy would climb again...
     assert worker.speculative_num_steps == 1                 # ...but the pin holds
     worker.forward_batch_generation(_batch(2))
-    recs = read_records(sglang.dir, limit=1000)["records"]
+    recs = _read(sglang.dir, limit=1000)["records"]
     assert recs[-1]["steps"] == 1 and recs[-1]["num_draft_tokens"] == 2
     assert recs[-1]["epoch"] > recs[0]["epoch"]
 
@@ -347,6 +365,7 @@ def test_http_routes_are_added_where_sglang_mounts_metrics(sglang):
     _set(ctl, specdecode_timers=60)
     _loop(worker, 8)
     worker.forward_batch_generation(_batch(2))
+    sglang_plugin._probe.flush(force=True)
     app = Starlette()
     sglang.common.add_prometheus_middleware(app)          # SGLang's call, now hooked
     assert [r.path for r in app.routes] == ["/metrics", "/specdecode/phases", "/specdecode/streams"]
