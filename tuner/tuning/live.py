@@ -57,7 +57,8 @@ class TunerOptions:
                                      # settle fast; tok/s windows for the A/B need longer)
     probe_min_iters: int = 30
     ab_segment_s: float = 3.0        # measured seconds per A/B segment (3 one-second windows)
-    ab_pairs: int = 2                # candidate/incumbent segment pairs per verification
+    ab_pairs: int = 2                # candidate/incumbent segment pairs per verification ...
+    ab_max_pairs: int = 4            # ... extended one pair at a time while the interval spans 1
     noise_floor: float = 0.02        # predicted gains below this are within noise
     max_rounds: int = 3              # verifications at most
     apply_best: bool = True          # leave the best applied (else restore the starting setting)
@@ -628,12 +629,22 @@ class Tuner:
         c_jobs = [j for j in self._ab_jobs if j.purpose == "candidate"]
         i_jobs = [j for j in self._ab_jobs if j.purpose == "incumbent"]
         cw, iw, series = self._windows(c_jobs, i_jobs)
-        self._rounds += 1
-        self._refit(now)
         if len(cw) < 2 or len(iw) < 2:
+            self._rounds += 1
             self._emit(EventKinds.PROBLEM, now, {"message": "A/B had too few tok/s windows to compare"})
             return self._finish(now, "A/B without data")
         ratio, lo, hi = core_ab.ratio_of_medians(iw, cw)
+        if lo <= 1 <= hi and len(c_jobs) < self.opts.ab_max_pairs \
+                and now - self._t0 + 2 * (self.opts.settle_s + self.opts.ab_segment_s) < self.opts.budget_s:
+            # Not decided yet: one more interleaved pair narrows the interval.
+            for s, purpose in ((cand, "candidate"), (inc, "incumbent")):
+                job = _Job(s, purpose, self.opts.ab_segment_s, 1)
+                self._ab_jobs.append(job)
+                self._queue.append(job)
+            self._planned += 2
+            return
+        self._rounds += 1
+        self._refit(now)
         pr = self._predicted_ratio
         verdict = "better" if lo > 1 else "worse" if hi < 1 else "same"
         outcome = ABOutcome(cand, inc, verdict, ratio, lo, hi, pr, len(cw), len(iw), series)
