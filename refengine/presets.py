@@ -58,37 +58,42 @@ def matching_head(target_preset: str) -> str | None:
 
 
 def _random_(module: torch.nn.Module, seed: int, std: float = 0.02) -> None:
-    """Normal(0, std) for matrices, ones for norms, evenly spread hot ids for d2t; deterministic."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    """Normal(0, std) for matrices, ones for norms; deterministic for a device type and seed
+    (drawn where the parameters live, so an 8B preset initialises on the GPU in seconds)."""
+    gen = None
     with torch.no_grad():
         for name, p in module.named_parameters():
+            if gen is None:
+                gen = torch.Generator(device=p.device).manual_seed(seed)
             if p.ndim == 1:
                 p.fill_(1.0)
             else:
-                p.copy_(torch.randn(p.shape, generator=gen) * std)
+                p.normal_(0.0, std, generator=gen)
 
 
-def build_target(name: str, seed: int = 0) -> LlamaForCausalLM:
+def build_target(name: str, seed: int = 0, device: str | torch.device = "cpu") -> LlamaForCausalLM:
     if name not in TARGETS:
         raise ValueError(f"unknown target preset {name!r}; presets: {', '.join(TARGETS)}")
     if name == "tiny-agreeing":
         return _agreeing_pair(seed)[0]
-    model = LlamaForCausalLM(TARGETS[name])
+    with torch.device(device):
+        model = LlamaForCausalLM(TARGETS[name])
     _random_(model, seed)
     return model
 
 
-def build_head(name: str, seed: int = 0) -> Eagle3Head:
+def build_head(name: str, seed: int = 0, device: str | torch.device = "cpu") -> Eagle3Head:
     if name not in HEADS:
         raise ValueError(f"unknown EAGLE-3 head preset {name!r}; presets: {', '.join(HEADS)}")
     if name == "tiny-agreeing-eagle3":
         return _agreeing_pair(seed)[1]
-    head = Eagle3Head(HEADS[name])
+    with torch.device(device):
+        head = Eagle3Head(HEADS[name])
     _random_(head, seed + 1)
     cfg = head.config
     # Hot ids spread evenly over the target vocabulary, ascending, as d2t offsets.
-    hot = torch.linspace(0, cfg.vocab_size - 1, cfg.draft_vocab_size).long()
-    head.d2t.copy_(hot - torch.arange(cfg.draft_vocab_size))
+    hot = torch.linspace(0, cfg.vocab_size - 1, cfg.draft_vocab_size).long().to(head.d2t.device)
+    head.d2t.copy_(hot - torch.arange(cfg.draft_vocab_size, device=hot.device))
     head.t2d.zero_()
     head.t2d[hot] = True
     return head
@@ -162,14 +167,15 @@ def _agreeing_pair(seed: int, noise: float = 0.7, head_noise: float = 0.4, margi
 
 
 def load_models(model_path: str, draft_path: str | None, load_format: str, seed: int = 0,
-                want_draft: bool = True) -> tuple[LlamaForCausalLM, Eagle3Head | None]:
-    """The target and (optionally) its head, float32 on CPU, from directories or preset names."""
+                want_draft: bool = True, device: str | torch.device = "cpu") -> tuple[LlamaForCausalLM, Eagle3Head | None]:
+    """The target and (optionally) its head in float32, from directories (on CPU) or preset
+    names (random presets built on `device`)."""
     from refengine import loader
 
     if load_format == "dummy":
         if model_path not in TARGETS:
             raise loader.LoadError(f"--load-format dummy needs a preset name; presets: {', '.join(TARGETS)}")
-        target = build_target(model_path, seed)
+        target = build_target(model_path, seed, device)
     elif model_path in TARGETS:
         raise loader.LoadError(f"{model_path!r} is a preset: add --load-format dummy")
     else:
@@ -179,7 +185,7 @@ def load_models(model_path: str, draft_path: str | None, load_format: str, seed:
         draft = draft_path or (matching_head(model_path) if model_path in TARGETS else None)
         if draft is None:
             raise loader.LoadError("speculation needs --speculative-draft-model-path (an EAGLE-3 head directory)")
-        head = build_head(draft, seed) if draft in HEADS else loader.load_eagle3(draft)
+        head = build_head(draft, seed, device) if draft in HEADS else loader.load_eagle3(draft)
     if target is None:
         aux = head.config.aux_layer_ids if head is not None else None
         target = loader.load_llama(model_path, aux)

@@ -78,10 +78,9 @@ def _run(rank, world, opts, store_host, store_port, in_q, out_q, threads) -> Non
     dtype = resolve_dtype(opts.dtype, opts.device)
     want_draft = opts.speculative_num_steps > 0 or opts.speculative_draft_model_path is not None
     target, head = load_models(opts.model_path, opts.speculative_draft_model_path, opts.load_format,
-                               opts.random_seed, want_draft=want_draft)
+                               opts.random_seed, want_draft=want_draft, device=device)
     engine = Engine(opts, comm, target, head, device, dtype)
-    bus_id = torch.cuda.get_device_properties(device).pci_bus_id if cuda and hasattr(
-        torch.cuda.get_device_properties(device), "pci_bus_id") else None
+    bus_id = _pci_bus_id(torch, device) if cuda else None
     out_q.put(("ready", rank, {"tp_rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
                                "pci_bus_id": bus_id, "limits": engine.limits(),
                                "model": _model_info(engine, target, head)}))
@@ -91,6 +90,15 @@ def _run(rank, world, opts, store_host, store_port, in_q, out_q, threads) -> Non
     out_q.close()
     out_q.join_thread()
     os._exit(0)
+
+
+def _pci_bus_id(torch, device) -> str | None:
+    """nvidia-smi's form (00000000:18:00.0), so NVML readings can be matched to ranks."""
+    props = torch.cuda.get_device_properties(device)
+    bus = getattr(props, "pci_bus_id", None)
+    if isinstance(bus, str) or bus is None:
+        return bus
+    return f"{getattr(props, 'pci_domain_id', 0):08X}:{bus:02X}:{getattr(props, 'pci_device_id', 0):02X}.0"
 
 
 def _model_info(engine, target, head) -> dict:
