@@ -34,11 +34,33 @@ READY_LINE = "The server is fired up and ready to roll!"
 WARMUP_PROMPT = "The capital city of France is"
 FOLLOW_PERIOD_S = 0.05
 SUPERVISE_PERIOD_S = 0.25
+SHUTDOWN_GRACE_S = 3.0
 
 
 def say(message: str, tp_size: int = 1) -> None:
     """One log line in SGLang's `[time TPn] message` format on stdout."""
     print(decode_log.log_line(message, tp_size), flush=True)
+
+
+class InFlight:
+    """Counts requests being handled (a context manager), so shutdown can wait for them briefly."""
+
+    def __init__(self) -> None:
+        self._n = 0
+        self._cond = threading.Condition()
+
+    def __enter__(self) -> None:
+        with self._cond:
+            self._n += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        with self._cond:
+            self._n -= 1
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self._n == 0, timeout)
 
 
 class StartupInterrupted(BaseException):
@@ -118,6 +140,7 @@ class ServerApp:
         self.model: dict[str, Any] = {}
         self.engine_opts = engine_options(opts)
         self.httpd: _HTTPServer | None = None
+        self.requests_in_flight = InFlight()
 
     # ----- lifecycle ------------------------------------------------------------------------------
 
@@ -193,7 +216,10 @@ class ServerApp:
             self.httpd.shutdown()
             self.httpd.server_close()
         if self.client is not None:
-            self.client.close()
+            self.client.close()  # fails every pending request with the reason
+        # Let the handlers tell their clients (final chunk, error event, [DONE]) before exit
+        # ends their daemon threads.
+        self.requests_in_flight.wait_idle(SHUTDOWN_GRACE_S)
 
     def _supervise(self) -> None:
         while not self.stopping.wait(SUPERVISE_PERIOD_S):

@@ -108,13 +108,19 @@ def generate(app: ServerApp, req: Request, stream: Callable[[], Any]) -> Reply |
     batch = parse_generate(parse_json(req.body), app.vocab_size())
     gens = [app.new_generation(item) for item in batch.items]
     if not batch.stream:
-        return json_reply(reply_dicts(run_all(gens), batch.batch))
+        outs = run_all(gens)
+        failed = [o.error for o in outs if o.error]
+        if failed:
+            return error_reply(f"generation failed: {failed[0]}", 503, "ServiceUnavailable")
+        return json_reply(reply_dicts(outs, batch.batch))
     g = gens[0]
     g.start()
     w = stream()
     try:
         for out in g.updates_until_done():
             w.write(sse.event(out.generate_reply()))
+            if out.error:  # as SGLang: an error event before [DONE]
+                w.write(sse.error_event(f"generation failed: {out.error}", "ServiceUnavailable", 503))
             w.flush()
         w.write(sse.DONE)
         w.flush()
@@ -132,7 +138,11 @@ def completions(app: ServerApp, req: Request, stream: Callable[[], Any]) -> Repl
         if batch.extras.get("echo") else None
     details = bool(batch.extras.get("return_spec_tokens_details"))
     if not batch.stream:
-        return json_reply(completion_reply(cid, model, run_all(gens), echo, details))
+        outs = run_all(gens)
+        failed = [o.error for o in outs if o.error]
+        if failed:
+            return error_reply(f"generation failed: {failed[0]}", 503, "ServiceUnavailable")
+        return json_reply(completion_reply(cid, model, outs, echo, details))
     g = gens[0]
     g.start()
     w = stream()
@@ -154,6 +164,8 @@ def completions(app: ServerApp, req: Request, stream: Callable[[], Any]) -> Repl
                     if details:
                         chunk["sglext"] = {"spec_tokens_details": out.spec_fields()}
                 w.write(sse.event(chunk))
+                if out.error:
+                    w.write(sse.error_event(f"generation failed: {out.error}", "ServiceUnavailable", 503))
                 w.flush()
         w.write(sse.DONE)
         w.flush()
@@ -302,6 +314,10 @@ class Handler(BaseHTTPRequestHandler):
             self._send(error_reply("the server is starting", 503, "ServiceUnavailable"))
             return
         req = Request(method, path, parse_qs(url.query), body, self.headers)
+        with self.app.requests_in_flight:
+            self._dispatch(fn, req, method, path)
+
+    def _dispatch(self, fn: Callable[..., Reply | None], req: Request, method: str, path: str) -> None:
         try:
             if path in STREAMING:
                 reply = fn(self.app, req, self._start_stream)

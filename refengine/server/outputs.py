@@ -31,6 +31,8 @@ class RequestOutput:
     finish_reason: dict[str, Any] | None = None
     spec: SpecStats | None = None
     finished_at: float | None = None
+    error: str | None = None
+    """Set when the engine failed the request (e.g. a rank died), not when it was merely aborted."""
 
     def add(self, new_ids: list[int], finished: bool = False, reason: str | None = None,
             matched: int | None = None, spec: SpecStats | None = None, message: str | None = None) -> bool:
@@ -72,6 +74,8 @@ class RequestOutput:
     def _engine_reason(self, reason: str | None, matched: int | None, message: str | None) -> dict[str, Any]:
         if reason == "length":
             return {"type": "length", "length": self.sampling.max_new_tokens}
+        if reason == "error":
+            self.error = message or "engine error"
         if reason in ("abort", "error"):
             return {"type": "abort", "message": message or reason}
         return {"type": "stop", "matched": matched}

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 
 import httpx
 import pytest
@@ -70,14 +73,32 @@ def test_killed_rank_ends_server_with_message():
     base = s.wait_ready()
     pids = rank_pids(base)
     assert len(pids) == 2
+    events: list = []
+
+    def stream() -> None:
+        with httpx.Client(base_url=base, timeout=120) as c:
+            with c.stream("POST", "/generate", json={"input_ids": [1, 2, 3], "stream": True, "sampling_params": {
+                    "max_new_tokens": 900, "temperature": 0, "ignore_eos": True}}) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        events.append(line[len("data: "):])
+                        if len(events) == 2:
+                            os.kill(pids[1], signal.SIGKILL)  # mid-stream
+
+    t = threading.Thread(target=stream)
     try:
-        os.kill(pids[1], signal.SIGKILL)
-        rc = s.wait_exit(timeout=60)
+        t.start()
+        rc = s.wait_exit(timeout=90)
+        t.join(30)
     finally:
         s.stop()
     assert rc != 0
-    assert "died" in s.output(), s.output()[-2000:]
+    assert re.search(r"the engine died \(TP rank 1 \(pid \d+\) died", s.output()), s.output()[-2000:]
     assert wait_gone(pids) == []
+    # The client in flight is told why, SGLang-style, instead of being left hanging.
+    assert events and events[-1] == "[DONE]", events[-3:]
+    err = json.loads(events[-2])["error"]
+    assert "died" in err["message"] and err["code"] == 503
 
 
 @pytest.mark.slow
