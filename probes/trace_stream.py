@@ -25,6 +25,7 @@ CHUNK_CHARS = 1 << 20
 MAX_EVENT_CHARS = 64 << 20
 
 _WS = re.compile(r"[ \t\n\r]*")
+_NUMBER_TAIL = re.compile(r"[0-9.eE+-]*")
 _SCAN = json.JSONDecoder().scan_once
 
 
@@ -157,11 +158,18 @@ class TraceReader:
         while True:
             try:
                 value, end = _SCAN(self._buf, self._pos)
-            except (StopIteration, json.JSONDecodeError):
+            except StopIteration as e:
                 value, end = None, -1
-            # A value that reaches the end of the buffer may continue in the next chunk (a number
-            # cut in two decodes "successfully"), so only a value with text after it is final.
-            if end != -1 and (end < len(self._buf) or self._eof):
+                self._fail_if_wrong_before_end(e.value, "")
+            except json.JSONDecodeError as e:
+                value, end = None, -1
+                self._fail_if_wrong_before_end(e.pos, e.msg)
+            # A value that reaches the end of the buffer may continue in the next chunk: a number
+            # cut in two ("0." + "5") decodes "successfully", so a number is final only once a
+            # character that cannot continue it follows.
+            if end != -1 and (self._eof or (end < len(self._buf) and not (
+                    isinstance(value, (int, float)) and not isinstance(value, bool)
+                    and _NUMBER_TAIL.fullmatch(self._buf, end)))):
                 self._pos = end
                 return value
             if self._eof:
@@ -171,6 +179,13 @@ class TraceReader:
             if len(self._buf) - self._pos > MAX_EVENT_CHARS:
                 self._fail(f"invalid JSON (a value longer than {MAX_EVENT_CHARS} characters)")
             self._fill()
+
+    def _fail_if_wrong_before_end(self, pos: int, msg: str) -> None:
+        # An error well before the end of the buffer cannot be cured by reading more (a cut
+        # literal, number or escape is short), so fail now instead of buffering the rest of the file.
+        if not msg.startswith("Unterminated string") and pos < len(self._buf) - 64:
+            self._pos = pos
+            self._fail(f"invalid JSON ({msg or 'expected a value'})")
 
     def _looks_cut(self) -> bool:
         """At EOF: is the failed value simply unfinished (vs. wrong)? Balance brackets and quotes."""

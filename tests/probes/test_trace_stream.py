@@ -88,11 +88,21 @@ def test_corrupted_json_is_one_clean_error_or_still_valid(tmp_path, evs, pos, ju
 
 def test_numbers_split_across_chunks_are_not_cut(tmp_path):
     path = tmp_path / "t.json"
-    path.write_text('{"schemaVersion": 123456789, "traceEvents": [{"ts": 1234567.25}]}')
+    path.write_text('{"schemaVersion": 123456789, "a": 0.0, "b": -12.5e+3, "traceEvents": [{"ts": 1234567.25}], "c": 7}')
     for chunk in range(1, 20):
         reader = TraceReader(path, chunk_chars=chunk)
         assert list(reader.events()) == [{"ts": 1234567.25}]
-        assert reader.meta["schemaVersion"] == 123456789
+        assert reader.meta == {"schemaVersion": 123456789, "a": 0.0, "b": -12.5e3, "c": 7}
+
+
+def test_invalid_json_early_in_a_big_file_fails_there(tmp_path):
+    path = tmp_path / "t.json"
+    good = ",".join('{"ph": "X", "name": "aten::mm", "ts": %d, "dur": 1}' % i for i in range(100_000))
+    path.write_text('{"traceEvents": [{"ph": "X", "ts": 1,, "dur": 2}, ' + good + "]}")
+    with pytest.raises(TraceFormatError, match=r"invalid JSON .* near character (\d+)") as e:
+        list(TraceReader(path, chunk_chars=4096).events())
+    # the reader stops at the error instead of buffering megabytes looking for the value's end
+    assert int(str(e.value).rsplit(" ", 1)[1]) < 100
 
 
 @pytest.mark.parametrize("content, why", [
