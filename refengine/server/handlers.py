@@ -189,7 +189,15 @@ def set_internal_state(app: ServerApp, req: Request) -> Reply:
 
 def flush_cache(app: ServerApp, req: Request) -> Reply:
     # The reference engine keeps no prefix cache, so there is nothing to flush; SGLang's
-    # refusal while requests run is kept so tools see the same behaviour.
+    # refusal while requests run (or its wait of up to ?timeout= seconds) is kept so tools see
+    # the same behaviour.
+    try:
+        timeout = float((req.query.get("timeout") or ["0"])[-1])
+    except ValueError:
+        raise BadRequest("timeout: expected seconds") from None
+    end = time.monotonic() + min(max(timeout, 0.0), 600.0)
+    while app.busy() and time.monotonic() < end:
+        time.sleep(0.05)
     if app.busy():
         return text_reply("Cache not flushed. Please check backend logs for more details. "
                           "(When there are running or waiting requests, the operation will not be performed.)\n", 400)

@@ -7,6 +7,7 @@ import gzip
 import json
 import re
 import threading
+import time
 
 import httpx
 import pytest
@@ -274,7 +275,6 @@ def test_profile_num_steps_stops_by_itself(http, tmp_path):
                                           "num_steps": 2, "with_stack": False})
     assert r.status_code == 200, r.text
     gen(http, n=16)
-    import time
     end = time.monotonic() + 30
     while time.monotonic() < end and len(list(tmp_path.glob("auto-TP-*.trace.json.gz"))) < 2:
         time.sleep(0.2)
@@ -301,9 +301,19 @@ def test_bad_requests_leave_server_healthy(http, method, path, kw, status):
     assert len(gen(http, n=4)["output_ids"]) == 4
 
 
-def test_flush_cache(http):
+def test_flush_cache(http, base):
     r = http.post("/flush_cache")
     assert r.status_code == 200 and r.text.startswith("Cache flushed.")
+    busy = threading.Thread(target=lambda: gen(httpx.Client(base_url=base, timeout=120), n=400))
+    busy.start()
+    try:
+        deadline = time.monotonic() + 30
+        while metric_values(http)["sglang:num_running_reqs"][0][1] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert http.post("/flush_cache").status_code == 400  # SGLang refuses while requests run
+        assert http.post("/flush_cache", params={"timeout": 60}).status_code == 200  # ... or waits
+    finally:
+        busy.join(120)
 
 
 def test_client_disconnect_mid_stream_frees_slot(http, base):
@@ -312,7 +322,6 @@ def test_client_disconnect_mid_stream_frees_slot(http, base):
                 "max_new_tokens": 400, "temperature": 0, "ignore_eos": True}}) as r:
             next(r.iter_bytes())
     # The aborted request leaves the batch: the server goes idle again.
-    import time
     end = time.monotonic() + 30
     while time.monotonic() < end:
         mv = metric_values(http)
