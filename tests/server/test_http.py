@@ -186,9 +186,16 @@ def test_concurrent_streams_queue_and_finish(http, base):
     threads = [threading.Thread(target=run, args=(i,)) for i in range(5)]
     for t in threads:
         t.start()
+    seen_queue = seen_running = 0
+    while any(t.is_alive() for t in threads):
+        mv = metric_values(http)
+        seen_queue = max(seen_queue, mv["sglang:num_queue_reqs"][0][1])
+        seen_running = max(seen_running, mv["sglang:num_running_reqs"][0][1])
+        time.sleep(0.02)
     for t in threads:
         t.join(120)
     assert sorted(results) == list(range(5))
+    assert seen_running == 2 and seen_queue >= 1, (seen_running, seen_queue)
     for i, events in results.items():
         assert events[-1] == "[DONE]"
         assert len(events[-2]["output_ids"]) == 12 + i
