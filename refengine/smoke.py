@@ -20,6 +20,8 @@ SCHEDULE = [
     ("rank0 steps=5", {"speculative_draft_placement": "rank0", "speculative_num_steps": 5}),
     ("spec off (steps=0)", {"speculative_num_steps": 0}),
     ("sharded steps=2", {"speculative_num_steps": 2, "speculative_draft_placement": "sharded"}),
+    ("replicated tree 3/4/8", {"speculative_num_steps": 3, "speculative_eagle_topk": 4,
+                               "speculative_num_draft_tokens": 8, "speculative_draft_placement": "replicated"}),
 ]
 
 
@@ -121,7 +123,7 @@ def _print_segment(label: str, recs: list[dict]) -> None:
     phases = " ".join(f"{p}={med('phase_ms', p):.2f}" for p in ("draft", "verify", "verify_sample", "draft_extend", "other"))
     comm = " ".join(f"{p}={med('comm_ms', p):.2f}" for p in ("draft", "verify", "draft_extend"))
     calls = recs[-1]["comm_calls"]
-    print(f"  {label:<22} iters={len(recs):3d} tau={tau:.2f} (steps {steps}, mean accepted drafts "
+    print(f"  {label:<22} iters={len(recs):3d} tau={tau:.2f} (steps {steps}, topk {recs[-1]['topk']}, mean accepted drafts "
           f"{statistics.mean(accepted) if accepted else 0:.2f})")
     print(f"  {'':<22} phase ms (median): {phases}")
     print(f"  {'':<22} comm ms (median):  {comm}  draft collectives/iter={calls['draft']}")

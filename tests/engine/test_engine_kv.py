@@ -51,13 +51,16 @@ def test_kv_equals_recomputation_after_every_iteration():
         e.add_request(GenRequest(f"r{i}", p, max_new_tokens=40, ignore_eos=True))
     accepted_multi = False
     plan = {3: SpecConfig(steps=5, num_draft_tokens=6, epoch=2), 6: SpecConfig(steps=0, num_draft_tokens=1, epoch=3),
-            8: SpecConfig(steps=2, num_draft_tokens=3, epoch=4)}
-    for it in range(12):
+            8: SpecConfig(steps=2, num_draft_tokens=3, epoch=4),
+            # trees: accepted nodes' K/V must be compacted to the front of the window
+            11: SpecConfig(steps=3, topk=4, num_draft_tokens=8, epoch=5),
+            14: SpecConfig(steps=4, topk=2, num_draft_tokens=8, epoch=6)}
+    for it in range(18):
         if it in plan:
             e.apply_config(plan[it])
         _, rec = e.step()
         accepted_multi |= any(a >= 2 for a in rec["accepted"])
-        if rec["steps"] > 0 or it == 11:
+        if rec["steps"] > 0 or it == 17:
             _check_kv(e)
     assert accepted_multi, "no cycle accepted two drafts: the checkpoint does not agree"
 
