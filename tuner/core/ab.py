@@ -106,9 +106,10 @@ def _ratio_of_medians(before: tuple[float, ...], after: tuple[float, ...], round
     rng = random.Random(seed)
     nb, na = len(before), len(after)
     ratios = []
+    median = statistics.median
     for _ in range(rounds):
-        b = statistics.median([before[rng.randrange(nb)] for _ in range(nb)])
-        a = statistics.median([after[rng.randrange(na)] for _ in range(na)])
+        b = median(rng.choices(before, k=nb))
+        a = median(rng.choices(after, k=na))
         if b:
             ratios.append(a / b)
     if not ratios:
