@@ -1,0 +1,130 @@
+"""End to end in a real terminal: `specdecode-tune demo` in tmux, keys pressed as a person would,
+the pane read back as text, and nothing left running after `q`.
+
+Needs tmux (skipped without it). The demo starts the real engine (TP 2 on CPU) and the load driver.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Pane:
+    """One tmux server on its own socket with one 120x40 window."""
+
+    def __init__(self, command: str) -> None:
+        # A short socket path: unix sockets are limited to ~100 bytes.
+        self.dir = tempfile.mkdtemp(prefix="sdt-")
+        self.socket = os.path.join(self.dir, "s")
+        self.tmux("new-session", "-d", "-s", "e2e", "-x", "120", "-y", "40", command)
+
+    def tmux(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-S", self.socket, *args], capture_output=True, text=True,
+                              check=True).stdout
+
+    def text(self) -> str:
+        return self.tmux("capture-pane", "-p", "-t", "e2e")
+
+    def keys(self, *keys: str) -> None:
+        self.tmux("send-keys", "-t", "e2e", *keys)
+
+    def pid(self) -> int:
+        return int(self.tmux("display-message", "-p", "-t", "e2e", "#{pane_pid}").strip())
+
+    def wait(self, pattern: str, timeout: float, why: str) -> re.Match:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            m = re.search(pattern, self.text())
+            if m:
+                return m
+            time.sleep(0.5)
+        raise AssertionError(f"{why}: no /{pattern}/ within {timeout:.0f} s; the pane shows:\n{self.text()}")
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-S", self.socket, "kill-server"], capture_output=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def descendants(root: int) -> set[int]:
+    """Every live process below `root` (by /proc parent links)."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {p for p, pp in parent.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_demo_in_tmux_as_a_person_uses_it():
+    # The terminal's own size: a COLUMNS/LINES left in the environment (pytest plugins set them for
+    # their own consoles) would override the pane's.
+    env = f"-u COLUMNS -u LINES PYTHONPATH={ROOT} OMP_NUM_THREADS=1"
+    pane = Pane(f"cd {ROOT} && env {env} {sys.executable} -m tuner demo --load 2; echo DEMO-EXIT=$?; sleep 600")
+    try:
+        screen = pane.wait(r"● connected", 240, "the demo opens the TUI connected to its engine")
+        assert screen
+        pane.wait(r"server\s+[1-9]\d*\.\d", 120, "tok/s moves under the demo's load")
+        text = pane.text()
+        for panel in ("tok/s", "acceptance", "decode iteration", "knobs", "A/B", "events", "GPUs"):
+            assert panel in text, f"panel {panel!r} missing:\n{text}"
+        assert "load started: 2 concurrent" in text
+        before = int(pane.wait(r"active steps (\d+)", 10, "the active setting in the header").group(1))
+        children = descendants(pane.pid())
+        assert any("refengine" in open(f"/proc/{p}/cmdline").read() for p in children if alive(p))
+
+        pane.keys("+")
+        pane.wait(rf"active steps {before + 1} ", 60, "+ raises steps and the server confirms it")
+        pane.wait(rf"now running steps {before}→{before + 1}", 30, "the change in the event log")
+        pane.keys("p")
+        pane.wait(r"active steps \d+ · topk \d+ · draft \d+ · replicated", 60, "p moves the draft")
+        pane.wait(r"after placement sharded→replicated", 30, "the A/B readout follows the last change")
+        pane.keys("?")
+        pane.wait(r"help · esc to close", 10, "? opens the help")
+        pane.keys("Escape")
+        # A terminal cannot tell Esc from the start of an escape sequence at once: wait for the
+        # screen to close before the next key, or Esc + q would read as alt+q.
+        end = time.monotonic() + 10
+        while "help · esc to close" in pane.text() and time.monotonic() < end:
+            time.sleep(0.3)
+        assert "help · esc to close" not in pane.text()
+        children = {p for p in descendants(pane.pid()) if alive(p)}
+
+        pane.keys("q")
+        pane.wait(r"DEMO-EXIT=0", 60, "q quits the demo cleanly")
+        end = time.monotonic() + 20
+        while time.monotonic() < end and any(alive(p) for p in children - {pane.pid()}):
+            time.sleep(0.5)
+        left = [p for p in children if alive(p) and p != pane.pid()
+                and "sleep" not in open(f"/proc/{p}/cmdline").read()]
+        assert left == [], f"the demo left processes behind: {left}"
+    finally:
+        pane.close()
