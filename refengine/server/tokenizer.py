@@ -7,6 +7,7 @@ Must not import torch (the HTTP process needs only `tokenizers` for real checkpo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from refengine.server.inputs import BadRequest
@@ -42,9 +43,33 @@ class HFTokenizer:
         return self._tok.decode(ids, skip_special_tokens=True)
 
 
-def load_tokenizer(model_path: str | None, vocab_size: int) -> ByteTokenizer | HFTokenizer:
+class IdsOnlyTokenizer:
+    """A real checkpoint's tokenizer without the `tokenizers` package: input_ids in, ids out."""
+
+    def encode(self, text: str) -> list[int]:
+        raise BadRequest("this server cannot tokenize text (the `tokenizers` package is missing); "
+                         "send input_ids")
+
+    def decode(self, ids: list[int]) -> str:
+        return ""
+
+
+def _is_byte_level(path: Path) -> bool:
+    """The shipped tiny model's description: byte-level BPE, no merges, byte b has id b."""
+    try:
+        d = json.loads(path.read_text())
+        model = d["model"]
+        return model.get("type") == "BPE" and not model.get("merges") and len(model["vocab"]) <= 264
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def load_tokenizer(model_path: str | None, vocab_size: int) -> ByteTokenizer | HFTokenizer | IdsOnlyTokenizer:
     if model_path:
         f = Path(model_path) / "tokenizer.json"
         if f.is_file():
-            return HFTokenizer(f)
+            try:
+                return HFTokenizer(f)
+            except ImportError:
+                return ByteTokenizer(vocab_size) if _is_byte_level(f) else IdsOnlyTokenizer()
     return ByteTokenizer(vocab_size)
