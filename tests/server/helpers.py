@@ -1,9 +1,14 @@
-"""Starting real `serve` processes for the tests and checking that nothing is left behind."""
+"""Starting real `serve` processes for the tests and checking that nothing is left behind.
+
+`SPECDECODE_SERVE_ARGS` (e.g. "--device cuda") is appended to every server's flags, so the same
+real-HTTP suite runs on a GPU host.
+"""
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -20,6 +25,7 @@ START_TIMEOUT_S = 180.0
 # No --model-path: the default, i.e. the shipped tiny model (trained, so acceptance is real and
 # text is text), or the agreeing random-weight preset where the weights are not installed.
 MODEL_ARGS: list[str] = []
+EXTRA_ARGS = shlex.split(os.environ.get("SPECDECODE_SERVE_ARGS", ""))
 
 
 class ServerProc:
@@ -30,7 +36,7 @@ class ServerProc:
         self._ready = threading.Event()
         full_env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "refengine", "serve", *args], cwd=ROOT, env=full_env,
+            [sys.executable, "-m", "refengine", "serve", *args, *EXTRA_ARGS], cwd=ROOT, env=full_env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
