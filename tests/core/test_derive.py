@@ -115,3 +115,20 @@ def test_stream_acceptance_matches_the_histogram_definition(batches):
         assert pk == pytest.approx(sum(a >= k for a in flat) / len(flat))
     [tau] = [x.value for x in s if x.series == S.SPEC_ACCEPT_LEN]
     assert tau == pytest.approx(1 + sum(flat) / len(flat))
+
+
+junk = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+                    max_leaves=12)
+
+
+@given(st.lists(st.fixed_dictionaries({}, optional={
+    "seq": junk, "t": junk, "epoch": junk, "steps": junk, "num_draft_tokens": junk, "bs": junk,
+    "wall_ms": junk, "phase_ms": junk, "comm_ms": junk, "accepted": junk}), max_size=5), junk)
+def test_malformed_phase_records_never_crash(records, nxt):
+    r = PhaseStreamReader()
+    r.update(0.0, {"next": 0, "dropped": 0, "records": []})
+    try:
+        r.update(1.0, {"next": nxt, "dropped": 0, "records": records})
+    except ValueError as e:
+        assert "\n" not in str(e)

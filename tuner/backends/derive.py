@@ -38,10 +38,21 @@ def acceptance_samples(t: float, h: list[float], steps: int | None, num_draft_to
 
 
 def _num(x: Any) -> float:
+    if isinstance(x, bool):
+        return float(x)
     try:
         return float(x)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return NAN
+
+
+def _map(x: Any) -> Mapping[str, Any]:
+    """A record field that should be a mapping; anything else reads as empty (not available)."""
+    return x if isinstance(x, Mapping) else {}
+
+
+def _ints(x: Any) -> list[int]:
+    return [a for a in x if isinstance(a, int) and not isinstance(a, bool) and a >= 0] if isinstance(x, (list, tuple)) else []
 
 
 @dataclass
@@ -205,8 +216,12 @@ class PhaseStreamReader:
         """
         if not isinstance(page, Mapping) or "records" not in page or "next" not in page:
             raise ValueError("/specdecode/phases answered something that is not a phase page")
-        records = [r for r in page["records"] if isinstance(r, Mapping)]
-        nxt = int(page["next"])
+        raw = page["records"]
+        records = [r for r in raw if isinstance(r, Mapping)] if isinstance(raw, list) else []
+        try:
+            nxt = int(page["next"])
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"/specdecode/phases: 'next' is not a sequence number: {page['next']!r:.40}") from None
         samples: list[Sample] = []
         events: list[Event] = []
         if self.cursor is not None and nxt < self.cursor:
@@ -220,7 +235,8 @@ class PhaseStreamReader:
                 self._last_server_t = _num(records[-1].get("t"))
             self._last_now = now
             return samples, events
-        dropped = int(page.get("dropped") or 0)
+        dropped = _num(page.get("dropped") or 0)
+        dropped = int(dropped) if math.isfinite(dropped) else 0
         if dropped > 0:
             events.append(Event(now, EventKind.PHASE_GAP, {"dropped": dropped}))
         dt = now - self._last_now if math.isfinite(self._last_now) else NAN
@@ -267,11 +283,11 @@ class PhaseStreamReader:
             return sum(vals) / len(vals) if vals else NAN
 
         for phase in S.PHASES:
-            out.append(Sample(t, S.phase_ms(phase), mean(_num((r.get("phase_ms") or {}).get(phase, 0.0)) for r in group)))
-            out.append(Sample(t, S.phase_comm_ms(phase), mean(_num((r.get("comm_ms") or {}).get(phase, 0.0)) for r in group)))
+            out.append(Sample(t, S.phase_ms(phase), mean(_num(_map(r.get("phase_ms")).get(phase, 0.0)) for r in group)))
+            out.append(Sample(t, S.phase_comm_ms(phase), mean(_num(_map(r.get("comm_ms")).get(phase, 0.0)) for r in group)))
         walls = [_num(r.get("wall_ms")) for r in group]
         out.append(Sample(t, S.PHASE_WALL_MS, mean(walls)))
-        idle = [max(0.0, w - sum(_num(v) for v in (r.get("phase_ms") or {}).values()))
+        idle = [max(0.0, w - sum(_num(v) for v in _map(r.get("phase_ms")).values()))
                 for w, r in zip(walls, group)]
         out.append(Sample(t, S.PHASE_IDLE_MS, mean(idle)))
         out.append(Sample(t, S.SERVER_BATCH, mean(_num(r.get("bs")) for r in group)))
@@ -280,7 +296,7 @@ class PhaseStreamReader:
             out.append(Sample(t, series, _num(cfg.get(key))))
         steps = cfg.get(STEPS)
         if isinstance(steps, int) and steps > 0:
-            accepted = [a for r in group for a in (r.get("accepted") or ()) if isinstance(a, int) and a >= 0]
+            accepted = [a for r in group for a in _ints(r.get("accepted"))]
             out += acceptance_samples(t, [float(x) for x in A.histogram(accepted)], steps, cfg.get(DRAFT_TOKENS))
         return out
 

@@ -151,7 +151,12 @@ class LiveBackend(Backend):
 
     def _loop(self, fn: Callable[[], bool], every: float) -> None:
         while not self._stop.is_set():
-            keep = fn()
+            try:
+                keep = fn()
+            except Exception as e:   # noqa: BLE001 - a poller must outlive any answer it is given
+                keep = True
+                if self._monitor is not None:
+                    self._monitor.bad_answer(fn.__name__, f"{fn.__name__}: {type(e).__name__}: {str(e)[:120]}")
             if keep is False:            # e.g. the server has no phase stream: stop asking
                 return
             # A server that is down is asked less often, but often enough to notice its return.

@@ -9,6 +9,7 @@ measuring logic; it must not be ticked from two threads.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
@@ -41,9 +42,13 @@ class Connection:
     error: str = ""
 
     def text(self) -> str:
+        """"connecting", "connected" or "disconnected since 12:34:56 UTC (reason)"."""
         if math.isnan(self.since):
             return "connecting"
-        return "connected" if self.connected else f"disconnected ({self.error})"
+        if self.connected:
+            return "connected"
+        since = time.strftime("%H:%M:%S", time.gmtime(self.since))
+        return f"disconnected since {since} UTC ({self.error})"
 
 
 class Session:
