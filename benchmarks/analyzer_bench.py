@@ -11,7 +11,7 @@ Generates a synthetic SGLang-shaped GPU trace (kineto's layout and argument sets
   hta       HolisticTraceAnalysis: load + temporal breakdown (only with --hta; pass
             --hta-python to use an interpreter where it is installed)
 
-Usage: python benchmarks/analyzer_bench.py [--mb 100] [--ranks 1] [--hta] [--hta-python PY] [--keep DIR]
+Usage: python benchmarks/analyzer_bench.py [--mb 100] [--ranks 1] [--eager] [--hta] [--hta-python PY] [--keep DIR]
 Prints one line per tool and the ratios against ours. Not a test: nothing here asserts a speed.
 """
 
@@ -60,21 +60,28 @@ def _graph_kernels(layers: int, per_layer: int):
             yield names[j % len(names)]
 
 
-def iteration_events(i: int, base: float, corr: list[int]):
-    """One decode iteration, ~1 ms of CPU and GPU time starting at `base` (us)."""
+def iteration_events(i: int, base: float, corr: list[int], eager: bool = False):
+    """One decode iteration, ~1 ms of CPU and GPU time starting at `base` (us). `eager`: every
+    kernel has its own cudaLaunchKernel and flow pair (SGLang with --disable-cuda-graph)."""
     ev = []
     t = base
 
-    def launch(name, ts, kernels, gpu_t):
+    def runtime(name, ts):
         corr[0] += 1
         c = corr[0]
-        ev.append(_cpu(name, "cuda_runtime", ts, 6.0, c, cbid=211 if name == "cudaLaunchKernel" else 311,
-                       correlation=c))
+        ev.append(_cpu(name, "cuda_runtime", ts, 6.0 if name != "cudaLaunchKernel" else 0.7, c,
+                       cbid=211 if name == "cudaLaunchKernel" else 311, correlation=c))
         ev.append({"ph": "s", "id": c, "pid": 4242, "tid": 4242, "ts": round(ts, 3), "cat": "ac2g", "name": "ac2g"})
+        return c
+
+    def launch(name, ts, kernels, gpu_t):
+        c = runtime(name, ts)
         for k, name_k in enumerate(kernels):
+            if eager and k > 0:
+                c = runtime("cudaLaunchKernel", ts + 0.8 * k)
             dur = 9.0 if name_k.startswith("nccl") else 3.0
             ev.append(_kernel(name_k, gpu_t, dur, c, c))
-            if k == 0:
+            if k == 0 or eager:
                 ev.append({"ph": "f", "id": c, "pid": 0, "tid": 7, "ts": round(gpu_t, 3), "cat": "ac2g",
                            "name": "ac2g", "bp": "e"})
             gpu_t += dur + 0.5
@@ -105,7 +112,7 @@ def iteration_events(i: int, base: float, corr: list[int]):
     return ev
 
 
-def write_synthetic_trace(path: Path, target_mb: float, rank: int = 0) -> tuple[int, int]:
+def write_synthetic_trace(path: Path, target_mb: float, rank: int = 0, eager: bool = False) -> tuple[int, int]:
     """Write a gzip'd trace of about target_mb MB of JSON; return (json bytes, iterations)."""
     target = int(target_mb * 1e6)
     written = 0
@@ -119,7 +126,7 @@ def write_synthetic_trace(path: Path, target_mb: float, rank: int = 0) -> tuple[
         written += len(head)
         first = True
         while written < target:
-            for e in iteration_events(i, 1_000_000.0 + 1200.0 * i, corr):
+            for e in iteration_events(i, 1_000_000.0 + 1200.0 * i, corr, eager):
                 s = ("" if first else ",\n") + json.dumps(e, indent=1)
                 first = False
                 f.write(s)
@@ -180,6 +187,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=float, default=100.0, help="MB of JSON per rank file (default 100)")
     ap.add_argument("--ranks", type=int, default=1)
+    ap.add_argument("--eager", action="store_true",
+                    help="one launch and flow pair per kernel (no CUDA graphs): the most the analyser keeps")
     ap.add_argument("--hta", action="store_true", help="also run HolisticTraceAnalysis on the same files")
     ap.add_argument("--hta-python", default=sys.executable, help="interpreter with HolisticTraceAnalysis installed")
     ap.add_argument("--no-json", action="store_true", help="skip the json.load baseline")
@@ -196,13 +205,13 @@ def main() -> int:
     paths, total = [], 0
     for r in range(args.ranks):
         p = d / f"synthetic-TP-{r}.trace.json.gz"
-        size, iters = write_synthetic_trace(p, args.mb, r)
+        size, iters = write_synthetic_trace(p, args.mb, r, args.eager)
         total += size
         paths.append(p)
     gz = sum(p.stat().st_size for p in paths)
     per100 = 100e6 / total
     print(f"trace: {args.ranks} rank file(s), {total / 1e6:.1f} MB JSON ({gz / 1e6:.1f} MB gzip), "
-          f"{iters} iterations per rank")
+          f"{iters} iterations per rank, {'eager launches' if args.eager else 'CUDA graph launches'}")
     modes = ["ours"] + ([] if args.no_json else ["json"]) + (["hta"] if args.hta else [])
     results = {}
     for mode in modes:

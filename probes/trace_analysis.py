@@ -20,6 +20,7 @@ Must not print, exit or import anything outside the standard library and probes.
 
 from __future__ import annotations
 
+import math
 import re
 from array import array
 from bisect import bisect_right
@@ -55,16 +56,30 @@ class _Collected:
         self.spans: dict[Any, list[tuple[float, float, str, bool]]] = defaultdict(list)
         self.work: dict[Any, array] = defaultdict(lambda: array("d"))  # ts, end, ts, end, ...
         self.comm: dict[Any, array] = defaultdict(lambda: array("d"))
-        self.launch_ts: dict[int, float] = {}
-        self.launch_tid: dict[int, Any] = {}
-        self.flow_start: dict[int, tuple[float, Any]] = {}
-        self.flow_end: dict[tuple[Any, Any, float], int] = {}
+        # Per launch and per flow event only numbers in arrays (a dict entry per kernel would cost
+        # ten times more); threads and GPU tracks become small ints through `tracks`.
+        self.tracks: dict[Any, int] = {}
+        self.l_corr = array("q")
+        self.l_ts = array("d")
+        self.l_track = array("i")
+        self.fs_id = array("q")
+        self.fs_ts = array("d")
+        self.fs_track = array("i")
+        self.fe_id = array("q")
+        self.fe_ts = array("d")
+        self.fe_track = array("i")
         self.k_ts = array("d")
         self.k_end = array("d")
         self.k_corr = array("q")
         self.k_comm = bytearray()
-        self.k_unlinked: dict[int, tuple[Any, Any, float]] = {}  # kernel index -> flow key
+        self.k_unlinked: dict[int, tuple[int, float]] = {}  # kernel index -> (track, ts) of its flow end
         self.meta: dict[str, Any] = {}
+
+    def track(self, key: Any) -> int:
+        t = self.tracks.get(key)
+        if t is None:
+            t = self.tracks[key] = len(self.tracks)
+        return t
 
 
 def _collect(path: Path) -> _Collected:
@@ -117,7 +132,7 @@ def _collect(path: Path) -> _Collected:
                 if is_c is None:
                     is_c = comm_kernel[name] = is_comm_kernel(name)
                 if not isinstance(corr, int):
-                    c.k_unlinked[len(c.k_ts)] = (ev.get("pid"), ev.get("tid"), ts)
+                    c.k_unlinked[len(c.k_ts)] = (c.track((ev.get("pid"), ev.get("tid"))), ts)
                     corr = -1
                 c.k_ts.append(ts)
                 c.k_end.append(end)
@@ -126,8 +141,9 @@ def _collect(path: Path) -> _Collected:
             elif cat in _RUNTIME_CATS:
                 corr = args.get("correlation") if isinstance(args, dict) else None
                 if isinstance(corr, int):
-                    c.launch_ts[corr] = ts
-                    c.launch_tid[corr] = ev.get("tid")
+                    c.l_corr.append(corr)
+                    c.l_ts.append(ts)
+                    c.l_track.append(c.track(ev.get("tid")))
         elif (ph == "s" or ph == "f") and ev.get("cat") == "ac2g":
             fid = ev.get("id")
             try:
@@ -136,9 +152,13 @@ def _collect(path: Path) -> _Collected:
             except (KeyError, TypeError, ValueError):
                 continue
             if ph == "s":
-                c.flow_start[fid] = (ts, ev.get("tid"))
+                c.fs_id.append(fid)
+                c.fs_ts.append(ts)
+                c.fs_track.append(c.track(ev.get("tid")))
             else:
-                c.flow_end[(ev.get("pid"), ev.get("tid"), ts)] = fid
+                c.fe_id.append(fid)
+                c.fe_ts.append(ts)
+                c.fe_track.append(c.track((ev.get("pid"), ev.get("tid"))))
     c.meta = reader.meta
     return c
 
@@ -334,7 +354,7 @@ def analyze_file(path: str | Path, rank: int | None = None) -> RankAnalysis:
         # No phase spans at all (a GPU trace without annotations): one window, everything `other`.
         lo = min(c.k_ts) if n_kernels else 0.0
         hi = max(c.k_end) if n_kernels else 0.0
-        windows = [(min(lo, min(c.launch_ts.values(), default=lo)), hi)]
+        windows = [(min(lo, min(c.l_ts, default=lo)), hi)]
         derive = False
     timeline = _Timeline(windows, segs, derive)
     result = RankAnalysis(rank=rank, file=path.name, mode=mode, thread=str(thread),
@@ -393,15 +413,15 @@ class _Union:
 
 
 def _gpu_work(c: _Collected, thread: Any, tl: _Timeline, iters: list[IterationTimes], result: RankAnalysis) -> None:
-    # Flows fill in correlation ids and launch times the events themselves lack.
-    for idx, key in c.k_unlinked.items():
-        fid = c.flow_end.get(key)
-        if fid is not None:
-            c.k_corr[idx] = fid
-    for fid, (ts, tid) in c.flow_start.items():
-        if fid not in c.launch_ts:
-            c.launch_ts[fid] = ts
-            c.launch_tid[fid] = tid
+    # Flows fill in correlation ids the kernels lack (only then is a lookup built).
+    if c.k_unlinked:
+        by_end = {(tr, ts): fid for fid, ts, tr in zip(c.fe_id, c.fe_ts, c.fe_track)}
+        for idx, key in c.k_unlinked.items():
+            fid = by_end.get(key)
+            if fid is not None:
+                c.k_corr[idx] = fid
+    launches = _LaunchIndex(c)
+    main_track = c.tracks.get(thread, -1)
     busy: dict[tuple[int, int], _Union] = defaultdict(_Union)
     comm: dict[tuple[int, int], _Union] = defaultdict(_Union)
     all_busy: dict[int, _Union] = defaultdict(_Union)
@@ -410,9 +430,12 @@ def _gpu_work(c: _Collected, thread: Any, tl: _Timeline, iters: list[IterationTi
     last: dict[int, float] = {}
     other = PHASES.index("other")
     k_ts, k_end, k_corr, k_comm = c.k_ts, c.k_end, c.k_corr, c.k_comm
-    for i in sorted(range(len(k_ts)), key=k_ts.__getitem__):
+    n = len(k_ts)
+    # Exporters write kernels in time order; sort (a list of n indices) only when they are not.
+    in_order = all(k_ts[j] <= k_ts[j + 1] for j in range(n - 1))
+    for i in range(n) if in_order else sorted(range(n), key=k_ts.__getitem__):
         s, e = k_ts[i], k_end[i]
-        launch = c.launch_ts.get(k_corr[i])
+        launch, track = launches.get(k_corr[i])
         where = tl.locate(launch) if launch is not None else None
         if where is None:
             if launch is None:
@@ -420,7 +443,7 @@ def _gpu_work(c: _Collected, thread: Any, tl: _Timeline, iters: list[IterationTi
                 result.unattributed_ms += (e - s) / _US_PER_MS
             continue
         it, lab = where
-        if c.launch_tid.get(k_corr[i]) != thread:
+        if track != main_track:
             lab = other  # launched by another thread: its iteration by time, but no phase
         busy[(it, lab)].feed(s, e)
         all_busy[it].feed(s, e)
@@ -446,6 +469,47 @@ def _gpu_work(c: _Collected, thread: Any, tl: _Timeline, iters: list[IterationTi
 
 def _int_or_none(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+class _LaunchIndex:
+    """correlation id -> (launch ts, thread track), from runtime events, else from flow starts.
+
+    CUPTI correlation ids count up through every CUDA API call, so they are dense: a flat array
+    over their range costs 12 bytes per id; sparse ids fall back to a dict.
+    """
+
+    def __init__(self, c: _Collected):
+        count = len(c.l_corr) + len(c.fs_id)
+        self.lo = min(min(c.l_corr, default=0), min(c.fs_id, default=0)) if count else 0
+        hi = max(max(c.l_corr, default=self.lo), max(c.fs_id, default=self.lo)) if count else -1
+        size = hi - self.lo + 1 if count else 0
+        self.dense = size <= 4 * count + 4096
+        if self.dense:
+            self.ts = array("d", [math.nan]) * size
+            self.track = array("i", [-1]) * size
+        else:
+            self.map: dict[int, tuple[float, int]] = {}
+        for corr, ts, tr in zip(c.l_corr, c.l_ts, c.l_track):
+            self._put(corr, ts, tr, overwrite=True)
+        for corr, ts, tr in zip(c.fs_id, c.fs_ts, c.fs_track):
+            self._put(corr, ts, tr, overwrite=False)  # a flow only where the runtime event had no id
+
+    def _put(self, corr: int, ts: float, tr: int, overwrite: bool) -> None:
+        if self.dense:
+            i = corr - self.lo
+            if overwrite or math.isnan(self.ts[i]):
+                self.ts[i] = ts
+                self.track[i] = tr
+        elif overwrite or corr not in self.map:
+            self.map[corr] = (ts, tr)
+
+    def get(self, corr: int) -> tuple[float | None, int]:
+        if self.dense:
+            i = corr - self.lo
+            if 0 <= i < len(self.ts) and not math.isnan(self.ts[i]):
+                return self.ts[i], self.track[i]
+            return None, -1
+        return self.map.get(corr, (None, -1))
 
 
 def _rank_of(path: Path, meta: dict[str, Any]) -> int:

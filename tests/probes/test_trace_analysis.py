@@ -166,3 +166,23 @@ def test_flatten_labels_every_instant_by_its_innermost_span(spans):
         covering.sort(key=lambda sp: (sp[0], -sp[1]))
         want = next((sp[2] for sp in reversed(covering) if sp[2] != INHERIT), "draft")
         assert label == want
+
+
+def test_sparse_correlation_ids_and_kernels_out_of_order(tmp_path):
+    # ids far apart take the dict path of the launch index; kernels listed out of time order
+    def rt(ts, corr):
+        return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 1,
+                "pid": 1, "tid": 1, "args": {"correlation": corr}}
+
+    def k(name, ts, dur, corr):
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": 7,
+                "args": {"correlation": corr}}
+
+    span = {"ph": "X", "cat": "user_annotation", "name": "draft", "ts": 0, "dur": 50, "pid": 1, "tid": 1}
+    verify = {"ph": "X", "cat": "user_annotation", "name": "step[VERIFY bs=1]", "ts": 60, "dur": 40, "pid": 1, "tid": 1}
+    p = tmp_path / "x-TP-0.trace.json"
+    p.write_text(json.dumps({"traceEvents": [span, verify, rt(10, 5), rt(70, 10**12),
+                                             k("ncclDevKernel_AllReduce", 200, 20, 10**12), k("gemm", 100, 30, 5)]}))
+    it = analyze_file(p).to_dict()["total"]
+    assert it["phases"]["draft"]["ms"] == 0.03 and it["phases"]["verify"]["comm_ms"] == 0.02
+    assert it["busy_ms"] == 0.05
