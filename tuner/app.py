@@ -384,7 +384,7 @@ def pyspy_top(session: Session) -> Any:
         raise RuntimeError("the server did not say which processes are its ranks")
     if not session.backend.LOCAL_GPUS and not is_local(session.backend.url):
         raise RuntimeError("py-spy sees only this host's processes, and the server runs elsewhere")
-    return sample_processes(pids)
+    return sample_processes(pids, duration_s=2.0)
 
 
 def is_local(url: str) -> bool:

@@ -27,7 +27,7 @@ def _get(row: Any, *names: str, default: Any = None) -> Any:
 
 
 def _pct(x: Any) -> str:
-    return f"{x:5.1f}%" if isinstance(x, (int, float)) else "  n/a"
+    return f"{x:5.1f}%" if isinstance(x, (int, float)) and x == x else "  n/a"
 
 
 def functions_table(result: Any, limit: int = 40) -> Table:
@@ -58,6 +58,17 @@ def summary(result: Any) -> Text:
     if isinstance(duration, (int, float)):
         text.append("  ·  over ", style="dim")
         text.append(f"{duration:.1f} s", style="bold")
+    for proc in procs:
+        if not hasattr(proc, "pid") and not isinstance(proc, Mapping):
+            continue
+        text.append(f"\npid {_get(proc, 'pid', default='?')}: ", style="bold")
+        error = _get(proc, "error", default=None)
+        if error:
+            text.append(str(error), style="#d96e6e")
+            continue
+        text.append(f"idle {_pct(_get(proc, 'idle_pct')).strip()} of thread samples · "
+                    f"GIL held {_pct(_get(proc, 'gil_pct')).strip()} of ticks · "
+                    f"{_get(proc, 'samples', default='?')} active samples", style="dim")
     text.append("\nown: the function itself is on top of the stack; total: anywhere on the stack",
                 style="dim italic")
     for w in _get(result, "warnings", default=()) or ():

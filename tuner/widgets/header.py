@@ -38,7 +38,7 @@ _STATE = {
     "connecting": ("◌", "$warning"),
     "disconnected": ("○", "$error"),
     "replay": ("▶", "$accent"),
-    "paused": ("⏸", "$accent"),
+    "paused": ("‖", "$accent"),
 }
 
 
@@ -68,7 +68,7 @@ class ServerHeader(Static):
         state = f"[{color}]{glyph} {escape(view.connection)}[/]"
         if view.detail:
             state += f" [dim]{escape(view.detail)}[/]"
-        line1 = " [dim]·[/] ".join(parts) + "  " + state
+        line1 = "[dim] · [/]".join(parts) + "   " + state
         line2 = f"[dim]active[/] [b]{escape(view.setting or '?')}[/]"
         for note in view.notes:
             line2 += f"  [$warning]▲ {escape(note)}[/]"
