@@ -1,0 +1,34 @@
+"""`specdecode-tune once` in-process against the stand-in server (core_standin.py): the JSON shape,
+a refused --set, and one-line errors for a dead URL or a bad argument."""
+
+from __future__ import annotations
+
+import json
+
+from tuner.cli import main
+
+
+def test_json_readings(standin, capsys):
+    standin.iterate([1, 2])
+    assert main(["once", standin.url, "--seconds", "0.6", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["server"]["kind"] == "refengine" and r["active"]["speculative_num_steps"] == 3
+    assert r["connection"] == "connected" and r["has_phase_timers"]
+    assert r["live"]["speculative_draft_placement"] == "live"
+    assert r["accept_len"] is None                       # nothing decoded while watching: not available
+
+
+def test_refused_change_and_table(standin, capsys):
+    standin.refuse_next = "speculative_eagle_topk must be >= 1"
+    rc = main(["once", standin.url, "--seconds", "0.3", "--set", "speculative_eagle_topk=0"])
+    out = capsys.readouterr()
+    assert rc == 1 and "change refused: speculative_eagle_topk must be >= 1" in out.err
+    assert "server    refengine" in out.out and "no decode iterations while watching" in out.out
+
+
+def test_one_line_errors(capsys):
+    assert main(["once", "http://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "cannot connect" in err
+    assert main(["once", "http://127.0.0.1:9", "--set", "nonsense"]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
