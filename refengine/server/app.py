@@ -141,6 +141,7 @@ class ServerApp:
         self.engine_opts = engine_options(opts)
         self.httpd: _HTTPServer | None = None
         self.requests_in_flight = InFlight()
+        self.last_iteration_t = 0.0
 
     # ----- lifecycle ------------------------------------------------------------------------------
 
@@ -236,6 +237,8 @@ class ServerApp:
                 after, records = self.client.phase_records(after, 4096)
             except Exception:  # noqa: BLE001 - the supervisor reports a dead engine
                 continue
+            if records:
+                self.last_iteration_t = float(records[-1].get("t", time.time()))
             for w in self.phase_stats.feed(records):
                 self._log_window(w)
 

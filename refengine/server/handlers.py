@@ -75,6 +75,9 @@ def health_generate(app: ServerApp, req: Request) -> Reply:
     r = health(app, req)
     if r.status != 200:
         return r
+    # As SGLang: a server that is busy decoding proves its health without an extra request.
+    if app.busy() and time.time() - app.last_iteration_t < 5.0:
+        return Reply(200, b"", "text/plain; charset=utf-8")
     gen = app.new_generation(parse_generate({"input_ids": [0], "sampling_params": {
         "max_new_tokens": 1, "temperature": 0}}).items[0], count=False)
     out = run_all([gen], deadline_s=20.0)[0]
