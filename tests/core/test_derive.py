@@ -132,3 +132,13 @@ def test_malformed_phase_records_never_crash(records, nxt):
         r.update(1.0, {"next": nxt, "dropped": 0, "records": records})
     except ValueError as e:
         assert "\n" not in str(e)
+
+
+def test_records_without_comm_parts_say_not_available():
+    r = PhaseStreamReader()
+    r.update(0.0, {"next": 0, "dropped": 0, "records": []})
+    plugin_like = rec(1, 5.0, 1, 3, [1])
+    del plugin_like["comm_ms"]
+    s, _ = r.update(1.0, {"next": 1, "dropped": 0, "records": [plugin_like]})
+    v = {x.series: x.value for x in s}
+    assert v[S.phase_ms("draft")] == 2.0 and math.isnan(v[S.phase_comm_ms("draft")])

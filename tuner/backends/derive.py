@@ -51,6 +51,13 @@ def _map(x: Any) -> Mapping[str, Any]:
     return x if isinstance(x, Mapping) else {}
 
 
+def _field(record: Mapping[str, Any], key: str, phase: str) -> float:
+    """record[key][phase] in ms; a phase missing from a present map is 0, a missing map is NaN."""
+    if key not in record:
+        return NAN
+    return _num(_map(record[key]).get(phase, 0.0))
+
+
 def _ints(x: Any) -> list[int]:
     return [a for a in x if isinstance(a, int) and not isinstance(a, bool) and a >= 0] if isinstance(x, (list, tuple)) else []
 
@@ -283,8 +290,10 @@ class PhaseStreamReader:
             return sum(vals) / len(vals) if vals else NAN
 
         for phase in S.PHASES:
-            out.append(Sample(t, S.phase_ms(phase), mean(_num(_map(r.get("phase_ms")).get(phase, 0.0)) for r in group)))
-            out.append(Sample(t, S.phase_comm_ms(phase), mean(_num(_map(r.get("comm_ms")).get(phase, 0.0)) for r in group)))
+            out.append(Sample(t, S.phase_ms(phase), mean(_field(r, "phase_ms", phase) for r in group)))
+            # SGLang's plugin cannot see collectives inside CUDA graphs and leaves comm_ms out:
+            # that is "not available", never 0.
+            out.append(Sample(t, S.phase_comm_ms(phase), mean(_field(r, "comm_ms", phase) for r in group)))
         walls = [_num(r.get("wall_ms")) for r in group]
         out.append(Sample(t, S.PHASE_WALL_MS, mean(walls)))
         idle = [max(0.0, w - sum(_num(v) for v in _map(r.get("phase_ms")).values()))
