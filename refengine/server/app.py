@@ -18,9 +18,9 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 
 from refengine.server import decode_log
-from refengine.server.generation import Admission, Generation
+from refengine.server.generation import Admission, Generation, run_all
 from refengine.server.handlers import Handler
-from refengine.server.inputs import BadRequest, GenerateInput
+from refengine.server.inputs import BadRequest, GenerateInput, parse_generate
 from refengine.server.metrics import Metrics
 from refengine.server.options import OptionsError, ServerOptions, parse_options
 from refengine.server.outputs import RequestOutput
@@ -169,11 +169,8 @@ class ServerApp:
 
     def warmup(self) -> None:
         # SGLang sends one 8-token /generate before announcing readiness; so do we (greedy).
-        from refengine.server.inputs import parse_generate
-
         item = parse_generate({"text": WARMUP_PROMPT, "sampling_params": {
             "max_new_tokens": 8, "temperature": 0}}).items[0]
-        from refengine.server.generation import run_all
         out = run_all([self.new_generation(item, count=False)], deadline_s=300.0)[0]
         if (out.finish_reason or {}).get("type") == "abort":
             raise RuntimeError(f"warmup request failed: {out.finish_reason.get('message')}")
