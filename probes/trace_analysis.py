@@ -74,6 +74,7 @@ class _Collected:
         self.k_comm = bytearray()
         self.k_unlinked: dict[int, tuple[int, float]] = {}  # kernel index -> (track, ts) of its flow end
         self.meta: dict[str, Any] = {}
+        self.merged_ranks: set[str] = set()  # SGLang's merge_profiles renames pids "[TP00] 1234"
 
     def track(self, key: Any) -> int:
         t = self.tracks.get(key)
@@ -90,6 +91,9 @@ def _collect(path: Path) -> _Collected:
     reader = TraceReader(path)
     for ev in reader.events():
         c.events += 1
+        pid = ev.get("pid")
+        if isinstance(pid, str) and pid.startswith("[TP"):
+            c.merged_ranks.add(pid.split("]", 1)[0])
         ph = ev.get("ph")
         if ph == "X":
             cat = ev.get("cat")
@@ -335,6 +339,10 @@ def analyze_file(path: str | Path, rank: int | None = None) -> RankAnalysis:
     """Analyse one rank's trace file. Raises TraceFormatError / TraceAnalysisError (one line)."""
     path = Path(path)
     c = _collect(path)
+    if len(c.merged_ranks) > 1:
+        raise TraceAnalysisError(
+            f"{path.name}: a merged trace of {len(c.merged_ranks)} ranks (merge_profiles); "
+            "analyse the per-rank files {profile_id}-TP-{rank}.trace.json.gz instead")
     if rank is None:
         rank = _rank_of(path, c.meta)
     n_kernels = len(c.k_ts)

@@ -186,3 +186,12 @@ def test_sparse_correlation_ids_and_kernels_out_of_order(tmp_path):
     it = analyze_file(p).to_dict()["total"]
     assert it["phases"]["draft"]["ms"] == 0.03 and it["phases"]["verify"]["comm_ms"] == 0.02
     assert it["busy_ms"] == 0.05
+
+
+def test_merged_trace_of_several_ranks_is_refused(tmp_path):
+    evs = [{"ph": "X", "cat": "user_annotation", "name": "draft", "ts": 0, "dur": 5, "pid": f"[TP0{r}] 12{r}", "tid": 1}
+           for r in (0, 1)]
+    p = tmp_path / "merged-1.trace.json"
+    p.write_text(json.dumps({"traceEvents": evs}))
+    with pytest.raises(TraceAnalysisError, match="merged trace of 2 ranks"):
+        analyze_file(p)
