@@ -30,7 +30,9 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
-TRACE_NAME = re.compile(r"^(?P<profile_id>[A-Za-z0-9][A-Za-z0-9._-]*)-TP-(?P<rank>\d+)\.trace\.json\.gz$")
+# SGLang: `{prefix-}{profile_id}-TP-{tp}[-DP-{dp}][-PP-{pp}][-EP-{ep}][-{EXTEND|DECODE}].trace.json.gz`
+TRACE_NAME = re.compile(r"^(?P<profile_id>[A-Za-z0-9][A-Za-z0-9._-]*?)-TP-(?P<rank>\d+)"
+                        r"(?:-DP-\d+)?(?:-PP-\d+)?(?:-EP-\d+)?(?:-(?:EXTEND|DECODE))?\.trace\.json\.gz$")
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
 

@@ -169,3 +169,12 @@ def test_bad_arguments(server, tmp_path):
 def test_loopback_detection():
     assert is_loopback("http://127.0.0.1:30000") and is_loopback("http://localhost:1")
     assert is_loopback("http://[::1]:8000") and not is_loopback("http://10.0.0.5:30000")
+
+
+def test_sglang_file_names_are_recognised_and_nothing_else():
+    from probes.capture import _is_capture_file
+
+    for name in ("p1-TP-0.trace.json.gz", "prefix-p1-TP-3-DP-1-PP-0.trace.json.gz", "p1-TP-0-DECODE.trace.json.gz"):
+        assert _is_capture_file(name, "p1"), name
+    for name in ("../p1-TP-0.trace.json.gz", "p1-TP-0.trace.json", "xp1-TP-0.trace.json.gz", "p1-TP-0.trace.json.gz/x"):
+        assert not _is_capture_file(name, "p1"), name
