@@ -14,6 +14,7 @@ from tuner.backends.refengine import RefEngineBackend
 from tuner.backends.sglang import REFUSED_BY_SGLANG, SGLangBackend
 from tuner.core import series as S
 from tuner.core.events import EventKind
+from tuner.core.session import Session
 
 
 def kinds(session):
@@ -255,3 +256,15 @@ def test_backlog_on_attach_is_skipped_not_reported_as_current(standin, wire):
     b.poll_phases()
     session.tick()
     assert session.store.value(S.SERVER_ITERATIONS) == 1
+
+
+def test_started_session_knows_the_server_at_once_and_threads_stop(standin):
+    import threading
+    before = {t.name for t in threading.enumerate()}
+    b = connect(standin.url)
+    session = Session(b).start()
+    session.tick()
+    assert session.server_info()["kind"] == "refengine" and session.active_config()[STEPS] == 3
+    assert any(t.name.startswith("refengine-") for t in threading.enumerate())
+    session.close()
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("refengine-") and t.name not in before]

@@ -61,6 +61,7 @@ class LiveBackend(Backend):
         self._info: dict[str, Any] = {}
         self._emitted_info_key: Any = None
         self._readback: dict[str, Any] | None = None
+        self._readback_lock = threading.Lock()
         self._rank_info: list[dict[str, str]] = []
         self.phase_stream: bool | None = None          # unknown until /specdecode/phases answers
         self.metrics = MetricsDeriver(acceptance=False, phases=False)
@@ -134,6 +135,9 @@ class LiveBackend(Backend):
     def start(self, bus: Bus, clock: Clock) -> None:
         self.attach(bus, clock)
         self._stop.clear()
+        if self._info and self._emitted_info_key is None:
+            # What connect() already read: views show the server at once, without waiting a poll.
+            self._put(self._info_events(self._now()))
         m, i, p = self._intervals
         for name, fn, every in (("info", self.poll_server_info, i), ("metrics", self.poll_metrics, m),
                                 ("phases", self.poll_phases, p)):
@@ -211,6 +215,10 @@ class LiveBackend(Backend):
         if self._monitor:
             self._monitor.ok("/server_info")
         self.after_info(now)
+        self._put(self._info_events(now))
+        return True
+
+    def _info_events(self, now: float) -> list[Record]:
         info = self.info
         out: list[Record] = []
         key = (info.get("startup_time"), info.get("version"), repr(sorted(info.get("launch", {}).items())))
@@ -223,8 +231,7 @@ class LiveBackend(Backend):
             self._readback = None
             out.append(Event(now, EventKind.SERVER_INFO, {**info, "capabilities": self.capabilities.as_dict()}))
         out += self._readback_events(now, info.get("active", {}))
-        self._put(out)
-        return True
+        return out
 
     def _readback_events(self, now: float, active: Mapping[str, Any]) -> list[Record]:
         """When the active config read back differs from the last read-back.
@@ -234,7 +241,8 @@ class LiveBackend(Backend):
         read-back is the best change point there is.
         """
         active = dict(active)
-        prev, self._readback = self._readback, active
+        with self._readback_lock:            # the info poller and set_config both read back
+            prev, self._readback = self._readback, active
         if prev is None or prev == active:
             return []
         if self.phase_stream:
