@@ -84,6 +84,10 @@ def generate(client: EngineClient, prompts=PROMPTS, max_new: int = 24, config: d
         with cond:
             assert cond.wait_for(lambda: len(toks[0]) >= after or all(finals), timeout)
         client.set_config(changes)
+        # One more token for request 0 = one iteration ran under the new config.
+        with cond:
+            n = len(toks[0])
+            cond.wait_for(lambda: len(toks[0]) > n or finals[0] is not None, timeout)
     with cond:
         assert cond.wait_for(lambda: all(finals), timeout), "generation did not finish"
     _, recs = client.phase_records(seq, 1 << 30)

@@ -71,17 +71,17 @@ def test_no_collectives_while_drafting_off_the_group(pool2, placement):
 
 
 def test_live_switches_keep_output(pool2, plain):
-    switches = [(4, {"speculative_draft_placement": "replicated"}),
-                (8, {"speculative_num_steps": 5, "speculative_draft_placement": "rank0"}),
-                (12, {"speculative_num_steps": 0}),
-                (16, {"speculative_num_steps": 2, "speculative_draft_placement": "sharded"}),
-                (19, {"speculative_num_steps": 1, "speculative_draft_placement": "replicated"})]
+    switches = [(3, {"speculative_draft_placement": "replicated"}),
+                (6, {"speculative_num_steps": 5, "speculative_draft_placement": "rank0"}),
+                (9, {"speculative_num_steps": 0}),
+                (12, {"speculative_num_steps": 2, "speculative_draft_placement": "sharded"}),
+                (15, {"speculative_num_steps": 1, "speculative_draft_placement": "replicated"})]
     run = generate(pool2, PROMPTS, MAX_NEW, config={"speculative_num_steps": 3,
                                                    "speculative_draft_placement": "sharded"},
                    switches=switches)
     assert run.tokens == plain
     seen = {(r["placement"], r["steps"]) for r in run.records}
-    assert {("rank0", 5), ("rank0", 0), ("sharded", 2), ("replicated", 1)} <= seen
+    assert {("replicated", 3), ("rank0", 5), ("rank0", 0), ("sharded", 2), ("replicated", 1)} <= seen
     epochs = [r["epoch"] for r in run.records]
     assert epochs == sorted(epochs)          # a config never goes back mid-run
 
