@@ -72,7 +72,6 @@ class Communicator:
         self.clock = clock or Clock()
         self.latency_us = latency_us
         self.phase = "other"
-        self.enabled_phases_check: str | None = None
         self._pending: list[tuple[str, str, int, object, object]] = []
         self.totals = CommTotals()
 

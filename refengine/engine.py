@@ -420,10 +420,6 @@ class Engine:
         return GenUpdate(r.rid, out, True, reason, matched=matched, prompt_tokens=r.prompt_len,
                          completion_tokens=r.completion_tokens, spec=r.stats)
 
-    def kv_lengths(self) -> dict[str, tuple[int, int, int]]:
-        """rid -> (target KV length, draft KV length, committed tokens) for invariant checks."""
-        return {r.rid: (r.seq_len, r.draft_len, len(r.tokens) - 1) for r in self.reqs.values()}
-
     def _bucket(self, n: int) -> int:
         """Context width rounded up to a multiple of 64 (shapes repeat across iterations)."""
         return min((n + 63) // 64 * 64, self.row_len)

@@ -209,8 +209,6 @@ class Follower:
         for key in ("phase_ms", "comm_ms"):
             for p, v in record[key].items():
                 t[key][p] = t[key].get(p, 0.0) + v
-        if self.rank != 0:
-            return
 
     def _send_stats(self, force: bool = False) -> None:
         now = time.monotonic()
