@@ -6,8 +6,9 @@ bonus) not yet in it:
   draft:        step 1's token d1 comes from the previous extend; step i >= 2 feeds d_{i-1} at
                 position n + i - 2 with the draft's own previous pre-norm output as hidden;
   verify:       the target runs [x_n, d1..ds] at positions n..n+s;
-  verify_sample: accept the longest prefix where d_{i+1} == argmax at i; bonus = argmax at the
-                last accepted row (τ = accepted + 1);
+  verify_sample: walk the tree (a chain is a tree) from the root, accepting the child equal to
+                the target's argmax (or, sampling, by SGLang's target-only rule); bonus = the
+                target's choice at the last accepted node (τ = accepted + 1);
   draft_extend: the draft re-runs N rows per request (SGLang spec-v2): ids = the target's
                 predictions [d1..dj, bonus, garbage...], hidden = target aux of [x_n, d1..],
                 positions n..n+N-1; row j's output seeds the next cycle. Rows past j write draft
@@ -24,8 +25,7 @@ from refengine.models.layers import AttnMeta, KVPool, causal_meta
 
 
 def draft_chain(head: Eagle3Head, kv: KVPool, rows: torch.Tensor, seq_lens: torch.Tensor,
-                first: torch.Tensor, hidden: torch.Tensor, steps: int, ctx: int,
-                on_step=None) -> torch.Tensor:
+                first: torch.Tensor, hidden: torch.Tensor, steps: int, ctx: int) -> torch.Tensor:
     """Greedy chain of `steps` draft tokens (target ids) per request: [B, steps].
 
     Only steps - 1 draft forwards run: the first token came from the previous extend.
@@ -34,8 +34,6 @@ def draft_chain(head: Eagle3Head, kv: KVPool, rows: torch.Tensor, seq_lens: torc
     h = hidden[:, None]
     for i in range(1, steps):
         positions = (seq_lens + i - 1)[:, None]
-        if on_step is not None:
-            on_step(i)
         logits, h = head(tokens[-1][:, None], h, causal_meta(rows, positions, ctx), kv)
         tokens.append(head.to_target_ids(logits[:, -1].argmax(-1)))
     return torch.stack(tokens, dim=1)
@@ -70,22 +68,6 @@ def draft_chain_sample(head: Eagle3Head, kv: KVPool, rows: torch.Tensor, seq_len
         tokens.append(tok)
         qs.append(q)
     return torch.stack(tokens, 1), torch.stack(qs, 1)
-
-
-def verify_greedy(draft_tokens: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chain acceptance at temperature 0.
-
-    Args:
-        draft_tokens: [B, s]; logits: [B, s + 1, V] of the target over [root, d1..ds].
-    Returns:
-        (predict [B, s + 1] = the target's argmax at every row, accepted [B] = number of leading
-        drafts equal to the target's prediction before them). Committed this cycle: the root and
-        the accepted drafts; the bonus predict[accepted] is the next root.
-    """
-    predict = logits.argmax(-1)
-    match = (draft_tokens == predict[:, :-1]).to(torch.int32)
-    accepted = match.cumprod(dim=1).sum(dim=1)
-    return predict, accepted
 
 
 def draft_extend(head: Eagle3Head, kv: KVPool, rows: torch.Tensor, start: torch.Tensor,
