@@ -8,21 +8,18 @@ This module owns no measuring and no state logic: no statistics, no HTTP, no NVM
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-from typing import Any, Callable, Iterable
-from urllib.parse import urlsplit
+from typing import Any, Iterable
 
 from textual import on, work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Static
 
 from tuner.backends.base import DRAFT_TOKENS as DRAFT
 from tuner.backends.base import PLACEMENT, PLACEMENTS, STEPS, TOPK
-from tuner.core.events import EventKind
-from tuner.core.records import Event, Trace, thaw
+from tuner.core.records import thaw
 from tuner.core.session import Session
 from tuner.messages import CaptureFinished, CaptureProgress, ControlFinished, PySpyFinished
 from tuner.screens.help import HelpScreen
@@ -115,11 +112,17 @@ class TunerApp(App[None]):
         """Drain the session's bus and redraw the panels if the store changed."""
         self.session.tick()
         store = self.session.store
-        if store.revision != self._seen_revision:
-            self._seen_revision = store.revision
-            self.main.refresh_panels()
-        elif self.read_only:
-            self.main.draw_header()
+        try:
+            if store.revision != self._seen_revision:
+                self._seen_revision = store.revision
+                self.main.refresh_panels()
+            elif self.read_only:
+                self.main.draw_header()
+        except NoMatches:
+            # The last timer tick can land while the app closes and removes the panels; a panel
+            # missing from a screen that still has its body is a real bug.
+            if self.main.query("#body"):
+                raise
 
     def capability(self, key: str) -> str:
         """"" when the backend can change `key` live, else why not (and what would)."""
@@ -218,6 +221,7 @@ class TunerApp(App[None]):
         def progress(text: str, fraction: float | None = None) -> None:
             self.post_message(CaptureProgress(text, fraction))
         try:
+            from tuner.commands.attach import capture_trace
             capture = getattr(self.session, "capture_trace", None) or (lambda **kw: capture_trace(self.session, **kw))
             self.post_message(CaptureFinished(capture(progress=progress)))
         except Exception as exc:   # a failed capture is a message, never the end of the app
@@ -263,6 +267,7 @@ class TunerApp(App[None]):
     @work(thread=True, exclusive=True, group="pyspy", exit_on_error=False)
     def _pyspy_worker(self) -> None:
         try:
+            from tuner.commands.attach import pyspy_top
             sample = getattr(self.session, "pyspy", None) or (lambda: pyspy_top(self.session))
             self.post_message(PySpyFinished(sample()))
         except Exception as exc:
@@ -341,55 +346,6 @@ class TunerApp(App[None]):
         else:
             yield SystemCommand("Pause / resume replay", "space", self.action_pause)
         yield SystemCommand("Keys and panels", "the help screen", self.action_help)
-
-
-def capture_trace(session: Session, progress: Callable[..., None], num_steps: int = 5) -> dict:
-    """Glue for the capture key: the instruments capture and analyse, the result goes on the bus.
-
-    The rank files and the analysis become Trace records and a trace_captured event, so the store,
-    a recording and the report see the capture exactly as the analysis screen does.
-    """
-    from probes.capture import TraceCapture
-    from probes.trace_analysis import analyze_paths
-
-    backend = session.backend
-    dest = Path(tempfile.mkdtemp(prefix="specdecode-trace-"))
-
-    def on_progress(p: Any) -> None:
-        progress(p.message, p.files_ready / p.files_expected if p.files_expected else None)
-
-    cap = TraceCapture(backend.url, api_key=backend.api_key, on_progress=on_progress)
-    try:
-        result = cap.capture(dest, num_steps=num_steps)
-    finally:
-        cap.close()
-    progress(f"analysing {len(result.files)} rank file(s)…", None)
-    analysis = analyze_paths(result.files).to_dict()
-    now = session.now()
-    for rank, path in enumerate(result.files):
-        session.put(Trace(now, result.profile_id, rank, path.name, path.read_bytes(),
-                          analysis if rank == 0 else None))
-    session.put(Event(now, EventKind.TRACE_CAPTURED, {
-        "trace_id": result.profile_id, "files": [p.name for p in result.files],
-        "ranks": len(result.files), "mode": analysis.get("mode")}))
-    return analysis
-
-
-def pyspy_top(session: Session) -> Any:
-    """Glue for the py-spy key: the instruments sample the server's processes on this host."""
-    from probes.pyspy import sample_processes
-
-    pids = [int(r["pid"]) for r in session.backend.rank_info if r.get("pid")]
-    if not pids:
-        raise RuntimeError("the server did not say which processes are its ranks")
-    if not session.backend.LOCAL_GPUS and not is_local(session.backend.url):
-        raise RuntimeError("py-spy sees only this host's processes, and the server runs elsewhere")
-    return sample_processes(pids, duration_s=2.0)
-
-
-def is_local(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def make_app(session: Session, *, load: int = 0, prompts: list[dict] | None = None,

@@ -13,9 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from tuner.app import capture_trace
 from tuner.backends import connect
-from tuner.commands.attach import builtin_prompts
+from tuner.commands.attach import builtin_prompts, capture_trace
 from tuner.core.session import Session
 from tuner.recording import Recorder
 

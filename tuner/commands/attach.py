@@ -10,7 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import urlsplit
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -117,3 +120,56 @@ def gpu_labels(sampler) -> dict[int, str]:
         name = d.name.replace("NVIDIA ", "").split()[0] if d.name else ""
         out[d.index] = f"{name} r{d.rank}" if d.rank is not None else name
     return out
+
+
+# -- what the capture and py-spy keys run (headless: the fixture maker and tests use it too) ----
+
+def capture_trace(session, progress: Callable[..., None], num_steps: int = 5) -> dict:
+    """Glue for the capture key: the instruments capture and analyse, the result goes on the bus.
+
+    The rank files and the analysis become Trace records and a trace_captured event, so the store,
+    a recording and the report see the capture exactly as the analysis screen does.
+    """
+    from probes.capture import TraceCapture
+    from probes.trace_analysis import analyze_paths
+    from tuner.core.events import EventKind
+    from tuner.core.records import Event, Trace
+
+    backend = session.backend
+    dest = Path(tempfile.mkdtemp(prefix="specdecode-trace-"))
+
+    def on_progress(p: Any) -> None:
+        progress(p.message, p.files_ready / p.files_expected if p.files_expected else None)
+
+    cap = TraceCapture(backend.url, api_key=backend.api_key, on_progress=on_progress)
+    try:
+        result = cap.capture(dest, num_steps=num_steps)
+    finally:
+        cap.close()
+    progress(f"analysing {len(result.files)} rank file(s)…", None)
+    analysis = analyze_paths(result.files).to_dict()
+    now = session.now()
+    for rank, path in enumerate(result.files):
+        session.put(Trace(now, result.profile_id, rank, path.name, path.read_bytes(),
+                          analysis if rank == 0 else None))
+    session.put(Event(now, EventKind.TRACE_CAPTURED, {
+        "trace_id": result.profile_id, "files": [p.name for p in result.files],
+        "ranks": len(result.files), "mode": analysis.get("mode")}))
+    return analysis
+
+
+def pyspy_top(session) -> Any:
+    """Glue for the py-spy key: the instruments sample the server's processes on this host."""
+    from probes.pyspy import sample_processes
+
+    pids = [int(r["pid"]) for r in session.backend.rank_info if r.get("pid")]
+    if not pids:
+        raise RuntimeError("the server did not say which processes are its ranks")
+    if not session.backend.LOCAL_GPUS and not is_local(session.backend.url):
+        raise RuntimeError("py-spy sees only this host's processes, and the server runs elsewhere")
+    return sample_processes(pids, duration_s=2.0)
+
+
+def is_local(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    return host in ("localhost", "::1") or host.startswith("127.")
