@@ -27,10 +27,10 @@ def slow_link_server():
     assert wait_gone(pids) == []
 
 
-def _tune(url: str, tmp_path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+def _tune(url: str, tmp_path, *extra: str, budget: str = "100s") -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path / "tune.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "tuner", "tune", url, "--budget", "100s", "--load", "2",
+        [sys.executable, "-m", "tuner", "tune", url, "--budget", budget, "--load", "2",
          "--max-new-tokens", "64", "--max-steps", "4", "--json", str(out), *extra],
         cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -45,7 +45,8 @@ def _active(url: str) -> dict:
 
 def test_tune_applies_and_explains_on_a_slow_link(slow_link_server, tmp_path):
     url = slow_link_server.url
-    proc, res = _tune(url, tmp_path, "--apply")
+    rec = tmp_path / "tune.db"
+    proc, res = _tune(url, tmp_path, "--apply", "--out", str(rec))
     text = proc.stdout
     assert "tuning from steps 3 topk 1 N 4 sharded" in text
     assert "predicted vs measured" in text and "fitted costs:" in text
@@ -71,6 +72,17 @@ def test_tune_applies_and_explains_on_a_slow_link(slow_link_server, tmp_path):
     assert res["applied"] == res["best"]
     # The acceptance-only policy's pick is reported for comparison.
     assert res["acceptance_only"]["steps"] in (1, 3, 5, 7)
+    # The recording holds the tuning as events (what `report` reads), with the same result.
+    from tuner.core.records import thaw
+    from tuner.recording import open_recording
+
+    with open_recording(rec) as reader:
+        kinds = [e.kind for e in reader.events() if e.kind.startswith("tuning_")]
+        finished = reader.events("tuning_finished")
+        assert reader.header["backend"] == "refengine"
+    assert kinds[0] == "tuning_started" and kinds[-1] == "tuning_finished"
+    assert "tuning_prediction" in kinds and kinds.count("tuning_probe") >= 4
+    assert thaw(finished[0].data)["best"] == res["best"]
 
 
 def test_tune_without_apply_restores_the_starting_setting(slow_link_server, tmp_path):
@@ -78,6 +90,7 @@ def test_tune_without_apply_restores_the_starting_setting(slow_link_server, tmp_
     httpx.post(f"{url}/set_internal_state", json={"server_args": {
         "speculative_num_steps": 2, "speculative_num_draft_tokens": 3,
         "speculative_draft_placement": "sharded"}}, timeout=60).raise_for_status()
-    _, res = _tune(url, tmp_path)
+    # A short budget: the tuner stops wherever it is and still puts the server back.
+    _, res = _tune(url, tmp_path, budget="25s")
     assert res["initial"]["steps"] == 2
     assert _active(url) == {"steps": 2, "placement": "sharded"}

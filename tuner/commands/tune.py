@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         try:
             recorder = _open_recorder(args.out, backend)
-        except (OSError, ValueError, ImportError) as e:
+        except Exception as e:  # noqa: BLE001 - RecordingError, OSError: one line either way
             print(f"specdecode-tune tune: cannot record to {args.out}: {e}", file=sys.stderr)
             return 2
     session = Session(backend, recorder=recorder)
@@ -207,9 +207,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _open_recorder(path: Path, backend):  # noqa: ANN001, ANN202
-    """The core's Recorder with a header describing this server (same format as `record`)."""
-    from tuner.recording import Recorder  # type: ignore[attr-defined]
+    """The core's Recorder with the standard header (same format as `record`)."""
+    from tuner.recording import Recorder, header_for
 
-    header = {"backend": backend.kind, "url": backend.url, "server_info": backend.info,
-              "capabilities": backend.capabilities.as_dict(), "command": "tune"}
-    return Recorder(path, header)
+    return Recorder(path, header_for(backend, command="tune"))
