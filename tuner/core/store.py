@@ -8,7 +8,8 @@ It must not compute derived readings or talk to servers.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right, insort
+from array import array
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -44,8 +45,10 @@ class _Ring:
     __slots__ = ("ts", "vs", "start", "capacity")
 
     def __init__(self, capacity: int) -> None:
-        self.ts: list[float] = []
-        self.vs: list[float] = []
+        # Packed doubles: 16 bytes a reading instead of ~64 as Python floats in lists, which matters
+        # for a tool kept open all day with a hundred series.
+        self.ts = array("d")
+        self.vs = array("d")
         self.start = 0              # index of the oldest live entry; older ones wait for compaction
         self.capacity = capacity
 
