@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("analyze", "show where decode time goes in a captured trace (a file or a directory of rank files)"),
     "tune": ("tune", "predict tok/s for every setting from measured costs, apply the best and verify it live"),
     "once": ("once", "watch a server for a few seconds headless and print tok/s, acceptance and the phase split"),
+    "record": ("record", "record a server headless into one file (no terminal needed; Ctrl-C/SIGTERM or --duration stops)"),
+    "report": ("report", "turn a recording into a report: HTML (inline SVG charts), Markdown or JSON; Perfetto trace; CSV"),
     "launch": ("launch", "start and own an SGLang server (`launch -- python -m sglang.launch_server ARGS…`), relaunching for settings it cannot change live"),
 }
 

@@ -1,0 +1,109 @@
+"""Helpers for the record/report tests: a real `python -m refengine serve` child (the shipped tiny
+model, TP 2 on CPU), a free port, and the `record` command as a child process."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+READY = "The server is fired up and ready to roll!"
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    """`python -m refengine serve ARGS` in its own process group; the URL comes from the ready line."""
+
+    def __init__(self, *args: str) -> None:
+        self.lines: list[str] = []
+        self.url: str | None = None
+        self._ready = threading.Event()
+        self.proc = subprocess.Popen([sys.executable, "-m", "refengine", "serve", *args], cwd=ROOT, env=ENV,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                     start_new_session=True)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if READY in line:
+                m = re.search(r"(http://\S+)", line)
+                self.url = m.group(1) if m else None
+                self._ready.set()
+        self._ready.set()
+
+    def wait_ready(self, timeout: float = 300.0) -> str:
+        self._ready.wait(timeout)
+        if self.url is None:
+            self.stop()
+            raise RuntimeError("serve did not become ready:\n" + "\n".join(self.lines[-40:]))
+        return self.url
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        return self.proc.wait()
+
+
+class Recording:
+    """`python -m tuner record URL --out FILE ARGS` as a child; stderr kept line by line."""
+
+    def __init__(self, url: str, out: Path, *args: str) -> None:
+        self.err: list[str] = []
+        self.proc = subprocess.Popen([sys.executable, "-m", "tuner", "record", url, "--out", str(out), *args],
+                                     cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self._started = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            self.err.append(line.rstrip("\n"))
+            if line.startswith("recording "):
+                self._started.set()
+        self._started.set()
+
+    def wait_started(self, timeout: float = 60.0) -> None:
+        assert self._started.wait(timeout), "record printed nothing"
+        assert self.proc.poll() is None, "record ended early:\n" + "\n".join(self.err)
+
+    def wait_for_line(self, text: str, timeout: float = 60.0) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if any(text in line for line in self.err):
+                return True
+            if self.proc.poll() is not None:
+                time.sleep(0.2)
+                return any(text in line for line in self.err)
+            time.sleep(0.1)
+        return False
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 60.0) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+    def stderr(self) -> str:
+        return "\n".join(self.err)

@@ -1,0 +1,458 @@
+"""`specdecode-tune record URL --out FILE`: the headless session in a plain loop, into one recording.
+
+For shared boxes reached over SSH: no terminal has to stay open (run it under nohup/tmux/systemd),
+and Textual is never imported. The loop ticks the session (which hands every record to the core's
+Recorder), starts trace captures on a timer and scripted setting changes, and prints progress on
+stderr. It stops cleanly on SIGINT/SIGTERM or at --duration; after a SIGKILL the file still opens
+(the Recorder commits about every second). A server that goes away is the backend's business: it
+emits `disconnected`/`connected` events (the marked gap) and the recording goes on.
+
+Must not import textual or reach into the store for anything but the progress line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+TICK_S = 0.1
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|min|s|m|h|d)?")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from `90`, `90s`, `5m`, `2h`, `1h30m`, `1.5h`; raises ArgumentTypeError (one line)."""
+    s = str(text).strip().lower().replace(" ", "")
+    pos, total, parts = 0, 0.0, 0
+    while pos < len(s):
+        m = _PART.match(s, pos)
+        if m is None or m.end() == pos:
+            raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 90, 5m, 2h, 1h30m)")
+        if m.group(2) is None and m.end() != len(s):
+            raise argparse.ArgumentTypeError(f"not a duration: {text!r} (a unit is needed between parts)")
+        total += float(m.group(1)) * _UNITS[m.group(2) or "s"]
+        pos, parts = m.end(), parts + 1
+    if parts == 0 or not math.isfinite(total) or total <= 0:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 90, 5m, 2h)")
+    return total
+
+
+@dataclass(frozen=True, order=True)
+class ScheduledChange:
+    """`--set-at 20:speculative_num_steps=4`: ask for a change this many seconds after the start."""
+
+    at_s: float
+    key: str = field(compare=False)
+    value: Any = field(compare=False)
+
+
+def parse_set_at(text: str) -> ScheduledChange:
+    from tuner.commands.once import _parse_change
+
+    when, sep, change = str(text).partition(":")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"--set-at wants WHEN:KEY=VALUE, got {text!r}")
+    try:
+        key, value = _parse_change(change)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return ScheduledChange(0.0 if when.strip() in ("0", "") else parse_duration(when), key, value)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", metavar="URL", help="the server, e.g. http://127.0.0.1:30000")
+    p.add_argument("--out", "-o", type=Path, required=True, metavar="FILE", help="the recording to write (SQLite)")
+    p.add_argument("--duration", type=parse_duration, default=None, metavar="D",
+                   help="stop after D (90, 5m, 2h; default: until Ctrl-C or SIGTERM)")
+    p.add_argument("--load", type=int, default=0, metavar="N", help="keep N generate requests in flight")
+    p.add_argument("--prompts", type=Path, default=None, help="JSONL prompts for --load (default: built-in)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per load request")
+    p.add_argument("--capture-trace-every", type=parse_duration, default=None, metavar="D",
+                   help="capture a profiler trace on every rank every D (analysed and stored in the file)")
+    p.add_argument("--capture-steps", type=int, default=5, metavar="N", help="decode steps per trace (default 5)")
+    p.add_argument("--set-at", type=parse_set_at, action="append", default=[], metavar="WHEN:KEY=VALUE",
+                   help="change a setting WHEN after the start, e.g. 20s:speculative_num_steps=4 (repeatable)")
+    p.add_argument("--api-key", default=os.environ.get("SPECDECODE_API_KEY"),
+                   help="sent as a bearer token (default: $SPECDECODE_API_KEY)")
+    p.add_argument("--overwrite", action="store_true", help="replace FILE if it exists")
+    p.add_argument("--progress-every", type=parse_duration, default=10.0, metavar="D",
+                   help="progress line interval when stderr is not a terminal (default 10s)")
+
+
+# -- trace captures ---------------------------------------------------------------------------------
+
+def capture_into(session: Any, num_steps: int = 5, timeout_s: float = 120.0,
+                 on_progress: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+    """Capture a trace on every rank, analyse it, and put it on the session's bus.
+
+    The rank files become Trace records (the analysis rides on rank 0's, as the TUI's capture key
+    does) followed by a trace_captured event. Raises probes.capture.CaptureError (one line) when the
+    capture fails; an analysis that fails leaves the traces in with the error in the event.
+    """
+    from probes.capture import TraceCapture
+    from probes.trace_analysis import TraceAnalysisError, analyze_paths
+    from tuner.core.events import EventKind
+    from tuner.core.records import Event, Trace
+
+    backend = session.backend
+    dest = Path(tempfile.mkdtemp(prefix="specdecode-record-"))
+    try:
+        cap = TraceCapture(backend.url, api_key=getattr(backend, "api_key", None),
+                           on_progress=(lambda p: on_progress(p.message)) if on_progress else None)
+        try:
+            result = cap.capture(dest, num_steps=num_steps, timeout_s=timeout_s)
+        finally:
+            cap.close()
+        analysis: dict[str, Any] | None = None
+        error = None
+        try:
+            analysis = analyze_paths(result.files).to_dict()
+        except (TraceAnalysisError, OSError, ValueError) as e:
+            error = str(e).splitlines()[0] if str(e) else type(e).__name__
+        now = session.now()
+        for rank, path in enumerate(result.files):
+            session.put(Trace(now, result.profile_id, rank, path.name, path.read_bytes(),
+                              analysis if rank == 0 else None))
+        data: dict[str, Any] = {"trace_id": result.profile_id, "files": [p.name for p in result.files],
+                                "ranks": len(result.files), "seconds": round(result.seconds, 3),
+                                "mode": analysis.get("mode") if analysis else None}
+        if error:
+            data["analysis_error"] = error
+        session.put(Event(now, EventKind.TRACE_CAPTURED, data))
+        return analysis
+    finally:
+        shutil.rmtree(dest, ignore_errors=True)
+
+
+class Background:
+    """At most one blocking job (a capture, a setting change) at a time, off the ticking thread.
+
+    Daemon threads: a stop must never wait for a capture that the server will not finish.
+    """
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def run(self, name: str, fn: Callable[[], None]) -> bool:
+        if self.busy:
+            return False
+        self._thread = threading.Thread(target=fn, name=name, daemon=True)
+        self._thread.start()
+        return True
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
+# -- progress -----------------------------------------------------------------------------------------
+
+class Progress:
+    """One line on stderr: rewritten in place on a terminal, printed every `every_s` otherwise."""
+
+    def __init__(self, stream: TextIO, every_s: float = 10.0, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.stream = stream
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.every_s = 0.5 if self.tty else every_s
+        self._monotonic = monotonic
+        self._last = -math.inf
+        self._shown = False
+
+    def update(self, line: str, force: bool = False) -> None:
+        now = self._monotonic()
+        if not force and now - self._last < self.every_s:
+            return
+        self._last = now
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + line)
+            self._shown = True
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def say(self, line: str) -> None:
+        """A message of its own line (an event worth a line: a capture, a disconnect)."""
+        if self.tty and self._shown:
+            self.stream.write("\r\x1b[2K")
+            self._shown = False
+        self.stream.write(line + "\n")
+        self.stream.flush()
+        self._last = -math.inf if self.tty else self._last
+
+    def end(self) -> None:
+        if self.tty and self._shown:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._shown = False
+
+
+def _hms(s: float) -> str:
+    s = max(0, int(s))
+    return f"{s // 3600:d}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for suffix in ("", "-wal"):
+        try:
+            total += os.path.getsize(str(path) + suffix)
+        except OSError:
+            pass
+    return total
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+# -- the loop -------------------------------------------------------------------------------------------
+
+class RecordLoop:
+    """Tick the session until stopped; run captures and scheduled changes in the background.
+
+    Args:
+        session: a started Session whose recorder writes the file.
+        duration_s: stop after this long (None: until stop is set).
+        capture_every_s: capture a trace this often (None: never); the first one after one interval.
+        schedule: setting changes to request, by seconds after the start.
+        progress: where the progress line goes (None: nowhere).
+        stop: set by the signal handlers (or a test) to end the loop.
+    """
+
+    def __init__(self, session: Any, *, path: Path, duration_s: float | None = None,
+                 capture_every_s: float | None = None, capture_steps: int = 5,
+                 schedule: list[ScheduledChange] | None = None, progress: Progress | None = None,
+                 stop: threading.Event | None = None, tick_s: float = TICK_S,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.session = session
+        self.path = path
+        self.duration_s = duration_s
+        self.capture_every_s = capture_every_s
+        self.capture_steps = capture_steps
+        self.schedule = sorted(schedule or [])
+        self.progress = progress
+        self.stop = stop or threading.Event()
+        self.tick_s = tick_s
+        self._monotonic = monotonic
+        self.captures = 0
+        self.capture_failures = 0
+        self.moved = 0
+        self._jobs = Background()
+        self._changes = Background()
+        self._seen_events = 0
+
+    def run(self) -> None:
+        t0 = self._monotonic()
+        next_capture = t0 + self.capture_every_s if self.capture_every_s else math.inf
+        todo = list(self.schedule)
+        while not self.stop.is_set():
+            now = self._monotonic()
+            elapsed = now - t0
+            if self.duration_s is not None and elapsed >= self.duration_s:
+                break
+            while todo and elapsed >= todo[0].at_s and not self._changes.busy:
+                self._changes.run("record-set", self._change_job(todo.pop(0)))
+            if now >= next_capture and not self._jobs.busy:
+                self._jobs.run("record-capture", self._capture_job)
+                next_capture = now + (self.capture_every_s or math.inf)
+            self.moved += self.session.tick()
+            self._report_events()
+            if self.progress is not None:
+                self.progress.update(self.status_line(elapsed))
+            remaining = self.tick_s - (self._monotonic() - now)
+            if remaining > 0:
+                self.stop.wait(remaining)
+        self._jobs.join(5.0)
+        self._changes.join(5.0)
+        self.moved += self.session.tick()
+
+    def _change_job(self, change: ScheduledChange) -> Callable[[], None]:
+        def job() -> None:
+            try:
+                res = self.session.set_config({change.key: change.value}, by="record")
+                msg = (f"set {change.key}={change.value}" if res.ok
+                       else f"set {change.key}={change.value} refused: {res.reason}")
+            except Exception as e:   # noqa: BLE001 - a failed change is reported, the recording goes on
+                msg = f"set {change.key}={change.value} failed: {type(e).__name__}: {e}"
+            if self.progress is not None:
+                self.progress.say(msg)
+        return job
+
+    def _capture_job(self) -> None:
+        from probes.capture import CaptureError
+
+        try:
+            analysis = capture_into(self.session, num_steps=self.capture_steps)
+            self.captures += 1
+            if self.progress is not None:
+                self.progress.say(f"trace captured ({analysis.get('mode') if analysis else 'not analysed'})")
+        except (CaptureError, OSError) as e:
+            self.capture_failures += 1
+            self.session.note(f"trace capture failed: {e}")
+            if self.progress is not None:
+                self.progress.say(f"trace capture failed: {e}")
+
+    def _report_events(self) -> None:
+        """Disconnects, reconnects and refusals get a line of their own."""
+        from tuner.core.events import EventKind as K
+
+        events = self.session.store.events((K.DISCONNECTED, K.CONNECTED, K.CONFIG_CHANGED, K.CONFIG_REFUSED))
+        new, self._seen_events = events[self._seen_events:], len(events)
+        if self.progress is None:
+            return
+        for e in new:
+            d = e.data
+            if e.kind == K.DISCONNECTED:
+                self.progress.say(f"server gone: {d.get('error', '')} (recording goes on; waiting for it)")
+            elif e.kind == K.CONNECTED and float(d.get("after_s") or 0) > 0:
+                self.progress.say(f"server back after {float(d.get('after_s')):.1f} s")
+            elif e.kind == K.CONFIG_CHANGED:
+                self.progress.say("setting now " + _setting(d.get("new") or {}))
+
+    def status_line(self, elapsed: float) -> str:
+        from tuner.core import series as S
+
+        st = self.session.store
+        dur = f" / {_hms(self.duration_s)}" if self.duration_s else ""
+        tok = st.value(S.LOAD_TOK_PER_S) if st.latest(S.LOAD_TOK_PER_S) else st.value(S.SERVER_TOK_PER_S)
+        acc = st.value(S.SPEC_ACCEPT_LEN)
+        rec = self.session.recorder
+        written = getattr(rec, "written", self.moved)
+        conn = self.session.connection().text()
+        parts = [f"recording {_hms(elapsed)}{dur}", f"{written} records", _mb(_size(self.path)),
+                 "tok/s " + ("n/a" if math.isnan(tok) else f"{tok:.1f}"),
+                 "accept " + ("n/a" if math.isnan(acc) else f"{acc:.2f}"),
+                 _setting(self.session.active_config()), f"traces {self.captures}", conn]
+        return " · ".join(p for p in parts if p)
+
+
+def _setting(active: Any) -> str:
+    short = {"speculative_num_steps": "steps", "speculative_eagle_topk": "topk",
+             "speculative_num_draft_tokens": "draft_tokens", "speculative_draft_placement": "placement"}
+    return " ".join(f"{v}={active[k]}" for k, v in short.items() if k in active)
+
+
+# -- the command ------------------------------------------------------------------------------------
+
+def _command_line(argv: list[str]) -> str:
+    out, hide = [], False
+    for a in argv:
+        if hide:
+            out.append("***")
+            hide = False
+        elif a == "--api-key":
+            out.append(a)
+            hide = True
+        elif a.startswith("--api-key="):
+            out.append("--api-key=***")
+        else:
+            out.append(a)
+    return "specdecode-tune " + " ".join(shlex.quote(a) for a in out)
+
+
+class _Stopper:
+    """SIGINT/SIGTERM set an Event (the loop ends at its next tick); the old handlers come back after."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> "_Stopper":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt   # a second Ctrl-C: the operator means it
+        self.stop.set()
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tuner.backends import ServerError, connect
+    from tuner.commands.attach import builtin_prompts, gpu_labels, start_nvml
+    from tuner.core.session import Session
+    from tuner.recording import Recorder, RecordingError, header_for
+
+    def fail(msg: str, rc: int = 1) -> int:
+        print(f"specdecode-tune record: {msg}", file=sys.stderr)
+        return rc
+
+    if args.load < 0:
+        return fail("--load must be 0 or more", 2)
+    if args.capture_steps < 1:
+        return fail("--capture-steps must be 1 or more", 2)
+    if args.out.exists() and not args.overwrite:
+        return fail(f"{args.out} exists (choose another --out, or add --overwrite)", 2)
+    try:
+        from tuner.backends.load import load_prompts
+        prompts = load_prompts(args.prompts) if args.prompts else builtin_prompts()
+    except (OSError, ValueError) as e:
+        return fail(f"prompts: {e}", 2)
+    try:
+        backend = connect(args.url, api_key=args.api_key)
+    except ServerError as e:
+        return fail(str(e))
+    if args.capture_trace_every and not backend.capabilities.CAN_CAPTURE_TRACE:
+        backend.stop()
+        return fail(f"{args.url} cannot capture profiler traces (drop --capture-trace-every)", 2)
+    record_opts = {"duration_s": args.duration, "load": args.load, "max_new_tokens": args.max_new_tokens,
+                   "capture_trace_every_s": args.capture_trace_every, "capture_steps": args.capture_steps,
+                   "set_at": [{"at_s": c.at_s, "key": c.key, "value": c.value} for c in args.set_at]}
+    try:
+        recorder = Recorder(args.out, header_for(backend, command=_command_line(sys.argv[1:]), record=record_opts),
+                            overwrite=args.overwrite)
+    except RecordingError as e:
+        backend.stop()
+        return fail(str(e))
+    session = Session(backend, recorder=recorder)
+    progress = Progress(sys.stderr, every_s=args.progress_every)
+    stop = threading.Event()
+    loop = RecordLoop(session, path=args.out, duration_s=args.duration, capture_every_s=args.capture_trace_every,
+                      capture_steps=args.capture_steps, schedule=args.set_at, progress=progress, stop=stop)
+    sampler = None
+    t0 = time.monotonic()
+    with _Stopper(stop):
+        try:
+            session.start()
+            sampler = start_nvml(session)
+            if sampler is not None:
+                recorder.set_header("gpus", [{"index": d.index, "name": d.name, "bus_id": d.bus_id, "uuid": d.uuid,
+                                              "rank": d.rank, "label": gpu_labels(sampler).get(d.index)}
+                                             for d in sampler.devices])
+            if args.load > 0:
+                session.start_load(prompts, args.load, max_new_tokens=args.max_new_tokens)
+            progress.say(f"recording {args.url} ({backend.kind}) into {args.out}; "
+                         + (f"for {_hms(args.duration)}" if args.duration else "Ctrl-C or SIGTERM stops"))
+            loop.run()
+        finally:
+            if sampler is not None:
+                sampler.stop()
+            session.close()
+            progress.end()
+    if recorder.error:
+        return fail(recorder.error)
+    print(f"specdecode-tune record: wrote {args.out} ({recorder.written} records, {loop.captures} trace captures, "
+          f"{_mb(_size(args.out))}, {time.monotonic() - t0:.0f} s); see it with `specdecode-tune replay {args.out}` "
+          f"or `specdecode-tune report {args.out} --out report.html`", file=sys.stderr)
+    return 0
