@@ -49,9 +49,11 @@ def test_keys_change_the_setting_and_the_server_confirms_it(engine):
             assert server_active(engine.url)[PLACEMENT] == new_placement
             await wait_for(pilot, lambda: "now running" in app.main.query_one("#events").plain(),
                            why="the change in the event log")
-            # Put the server back the way the other tests expect it.
-            await pilot.press("minus")
-            await wait_for(pilot, lambda: session.active_config().get(STEPS) == before, why="steps back")
+            # Put the server back the way the other tests expect it, with the mouse this time: the
+            # knobs panel's "-" hint is a button.
+            steps_line = str(app.main.query_one("#knobs").render()).splitlines()[0]
+            assert await pilot.click("#knobs", offset=(steps_line.index(" - ", 13) + 1, 0))
+            await wait_for(pilot, lambda: session.active_config().get(STEPS) == before, why="steps back by click")
             while session.active_config().get(PLACEMENT) != old_placement:
                 current = session.active_config().get(PLACEMENT)
                 await pilot.press("p")

@@ -74,5 +74,6 @@ def bytes_rate(x: float | None) -> str:
         return NA
     for unit, size in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(x) >= size:
-            return f"{x / size:.1f}{unit}"
+            v = x / size
+            return f"{v:.0f}{unit}" if abs(v) >= 10 else f"{v:.1f}{unit}"
     return f"{x:.0f}"

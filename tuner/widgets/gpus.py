@@ -65,35 +65,43 @@ class GpuTable(Static):
         view = self._view
         if not view.rows:
             return Text(view.note or "no GPU readings", style="italic dim")
+        # Two layouts: the main screen's GPU panel is ~66 cells wide at 120 columns, so the
+        # compact one must hold 8 rows there; wider panels add the device name and a longer history.
         wide = self.content_size.width >= 96
-        bar_w = 10 if wide else 6
-        spark_w = 12 if wide else 0
-        table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold", expand=True)
-        table.add_column("gpu", justify="right", no_wrap=True)
+        bar_w, spark_w = (10, 16) if wide else (6, 8)
+        table = Table(box=None, padding=(0, 1, 0, 0), pad_edge=False, show_edge=False, header_style="bold",
+                      expand=False)
+        table.add_column("gpu", no_wrap=True)
         table.add_column("SM active", no_wrap=True)
-        if spark_w:
-            table.add_column("recent", no_wrap=True)
-        table.add_column("memory", justify="right", no_wrap=True)
-        table.add_column("power", justify="right", no_wrap=True)
+        table.add_column("recent", no_wrap=True)
+        table.add_column("mem GiB", justify="right", no_wrap=True)
+        table.add_column("power W", justify="right", no_wrap=True)
         table.add_column("PCIe ↓/↑", justify="right", no_wrap=True)
         table.add_column("NVLink ↓/↑", justify="right", no_wrap=True)
         for r in view.rows:
             sm = r.sm_pct / 100 if is_num(r.sm_pct) else NAN
-            label = f"{r.index} {r.name}".rstrip()
-            sm_cell = Text(hbar(sm, bar_w), style=_level_style(sm)) + Text(f" {num(r.sm_pct, 0):>3}%"
-                                                                          if is_num(r.sm_pct) else f" {NA:>4}")
-            cells: list[Text | str] = [label, sm_cell]
-            if spark_w:
-                cells.append(Text(sparkline(list(r.sm_history), spark_w, top=100.0), style="#4fb3d9"))
+            name = r.name if wide else r.name.split()[-1] if r.name else ""
+            bar = hbar(sm, bar_w)
+            filled = bar.rstrip(" ")
+            sm_cell = Text(filled, style=_level_style(sm))
+            sm_cell.append("·" * (bar_w - len(filled)), style="#444444")   # the track, so 6% reads as 6%
+            sm_cell.append(f" {r.sm_pct:3.0f}%" if is_num(r.sm_pct) else f" {NA:>4}")
             mem_frac = r.mem_used / r.mem_total if is_num(r.mem_used) and is_num(r.mem_total) and r.mem_total else NAN
-            cells.append(Text(f"{_gib(r.mem_used)}/{_gib(r.mem_total)}G", style=_level_style(mem_frac)))
             pwr_frac = r.power_w / r.power_limit_w if is_num(r.power_w) and is_num(r.power_limit_w) else NAN
-            cells.append(Text(f"{num(r.power_w, 0)}/{num(r.power_limit_w, 0)}W", style=_level_style(pwr_frac)))
-            cells.append(f"{bytes_rate(r.pcie_rx)}/{bytes_rate(r.pcie_tx)}")
-            cells.append(f"{bytes_rate(r.nvlink_rx)}/{bytes_rate(r.nvlink_tx)}")
-            table.add_row(*cells)
+            table.add_row(
+                f"{r.index} {name}".rstrip(),
+                sm_cell,
+                Text(sparkline(list(r.sm_history), spark_w, top=100.0), style="#4fb3d9"),
+                Text(f"{_gib(r.mem_used)}/{_gib(r.mem_total)}", style=_level_style(mem_frac)),
+                Text(f"{num(r.power_w, 0)}/{num(r.power_limit_w, 0)}", style=_level_style(pwr_frac)),
+                f"{bytes_rate(r.pcie_rx)}/{bytes_rate(r.pcie_tx)}",
+                f"{bytes_rate(r.nvlink_rx)}/{bytes_rate(r.nvlink_tx)}",
+            )
         return table
 
 
 def _gib(x: float) -> str:
-    return NA if not is_num(x) else f"{x / 2**30:.1f}"
+    if not is_num(x):
+        return NA
+    g = x / 2**30
+    return f"{g:.0f}" if g >= 10 else f"{g:.1f}"
