@@ -279,10 +279,6 @@ class ServerApp:
     def new_generation(self, item: GenerateInput, count: bool = True) -> Generation:
         if self.stopping.is_set():
             raise BadRequest("the server is shutting down", 503, "ServiceUnavailable")
-        if item.sampling.temperature > 0:
-            raise BadRequest(
-                f"temperature {item.sampling.temperature} needs sampling verification, which the reference "
-                "engine does not have yet; send temperature 0 (greedy)")
 
         def finished(out: RequestOutput) -> None:
             if count:

@@ -37,6 +37,7 @@ class Sampling:
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    sampling_seed: int | None = None     # SGLang's name; None = derived from the engine seed and rid
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,8 @@ def _ids(v: Any, name: str, vocab_size: int | None) -> tuple[int, ...]:
     return tuple(v)
 
 
-def parse_sampling(sp: Any, *, default_max: int = DEFAULT_MAX_NEW_TOKENS, max_name: str = "max_new_tokens") -> Sampling:
+def parse_sampling(sp: Any, *, default_max: int = DEFAULT_MAX_NEW_TOKENS, max_name: str = "max_new_tokens",
+                   seed_name: str = "sampling_seed") -> Sampling:
     if sp is None:
         sp = {}
     if not isinstance(sp, dict):
@@ -112,9 +114,12 @@ def parse_sampling(sp: Any, *, default_max: int = DEFAULT_MAX_NEW_TOKENS, max_na
     stop_ids = sp.get("stop_token_ids") or ()
     if not isinstance(stop_ids, (list, tuple)) or not all(_is_int(i) for i in stop_ids):
         raise BadRequest("stop_token_ids: expected a list of integers")
+    seed = sp.get(seed_name)
+    if seed is not None and (not _is_int(seed) or not 0 <= seed < 2**63):
+        raise BadRequest(f"{seed_name}: expected an integer >= 0, got {seed!r}")
     return Sampling(max_new_tokens=mx, temperature=float(temp), top_p=float(top_p),
                     top_k=-1 if top_k == 0 else top_k, ignore_eos=ignore_eos,
-                    stop=tuple(stop), stop_token_ids=tuple(stop_ids))
+                    stop=tuple(stop), stop_token_ids=tuple(stop_ids), sampling_seed=seed)
 
 
 def _bool(body: dict, name: str, default: bool = False) -> bool:
@@ -192,7 +197,7 @@ def parse_completion(body: Any, vocab_size: int | None = None) -> GenerateBatch:
     n = body.get("n", 1)
     if n != 1:
         raise BadRequest("n: only 1 is supported")
-    sampling = parse_sampling(body, default_max=OPENAI_DEFAULT_MAX_TOKENS, max_name="max_tokens")
+    sampling = parse_sampling(body, default_max=OPENAI_DEFAULT_MAX_TOKENS, max_name="max_tokens", seed_name="seed")
     stream = _bool(body, "stream")
     if stream and batch:
         raise BadRequest("streaming several prompts is not supported; send one request per prompt")

@@ -30,6 +30,8 @@ def test_generate_batch_of_ids():
     ({"text": "a", "sampling_params": {"top_p": 0}}, "top_p"),
     ({"text": "a", "sampling_params": {"top_k": -5}}, "top_k"),
     ({"text": "a", "sampling_params": {"ignore_eos": "yes"}}, "ignore_eos"),
+    ({"text": "a", "sampling_params": {"sampling_seed": -1}}, "sampling_seed"),
+    ({"text": "a", "sampling_params": {"sampling_seed": 1.5}}, "sampling_seed"),
     ({"text": "a", "sampling_params": {"stop": [1]}}, "stop"),
     ({"text": "a", "sampling_params": [{}, {}]}, "one entry per prompt"),
     ({"text": ["a", "b"], "stream": True}, "streaming a batch"),
@@ -78,3 +80,12 @@ def test_query_ints():
         parse_int_query({"after": ["x"]}, "after", 0, -1, 100)
     with pytest.raises(BadRequest, match="limit"):
         parse_int_query({"limit": ["0"]}, "limit", 1, 1, 10)
+
+
+def test_sampling_seed_and_openai_seed():
+    sp = parse_generate({"text": "a", "sampling_params": {"temperature": 1, "sampling_seed": 7}}).items[0].sampling
+    assert (sp.temperature, sp.sampling_seed) == (1.0, 7)
+    assert parse_generate({"text": "a"}).items[0].sampling.sampling_seed is None
+    assert parse_completion({"prompt": "a", "seed": 3}).items[0].sampling.sampling_seed == 3
+    with pytest.raises(BadRequest, match="seed"):
+        parse_completion({"prompt": "a", "seed": "x"})
