@@ -27,8 +27,9 @@ class Engine:
     """One `serve` process group; `kill()` takes the ranks with it, `restart()` reuses the port."""
 
     def __init__(self, *args: str, port: int = 0, model_args: list[str] | None = None) -> None:
+        """model_args: the model flags; None: the agreeing preset; []: serve's default (the shipped model)."""
         self.args = list(args)
-        self.model_args = model_args or MODEL_ARGS
+        self.model_args = MODEL_ARGS if model_args is None else list(model_args)
         self.lines: list[str] = []
         self.url: str | None = None
         self.port = port

@@ -1,5 +1,6 @@
-"""Make the TUI's committed recording: the real engine (TP 2 on CPU) under load, recorded by the
-headless core's Recorder while the setting changes twice.
+"""Make the TUI's committed recording: the real engine (TP 2 on CPU, the shipped tiny model) under
+load, recorded by the headless core's Recorder while the setting changes twice and a trace is
+captured.
 
     python -m tests.tui.make_fixture tests/tui/fixtures/engine.db   (from the repository root)
 
@@ -22,13 +23,13 @@ from .helpers import Engine
 
 # (seconds after the load starts, the change) — a steps change, then the draft leaves the TP group.
 SCRIPT = ((12.0, {"speculative_num_steps": 4}), (24.0, {"speculative_draft_placement": "rank0"}))
-CAPTURE_AT_S = 32.0
-LENGTH_S = 40.0
+CAPTURE_AT_S = 38.0
+LENGTH_S = 44.0
 
 
-def record(path: Path, model_args: list[str] | None = None) -> None:
-    engine = Engine("--speculative-num-steps", "3", "--max-running-requests", "4",
-                    **({"model_args": model_args} if model_args else {}))
+def record(path: Path) -> None:
+    # serve's default model: the shipped tiny target and its EAGLE-3 head (real acceptance).
+    engine = Engine("--speculative-num-steps", "3", "--max-running-requests", "4", model_args=[])
     try:
         backend = connect(engine.url)
         header = {"backend": backend.kind, "url": backend.url, "server_info": backend.info,

@@ -28,10 +28,10 @@ class Scenario:
 
 
 SCENARIOS = (
-    Scenario("main_after_placement_change", 34.0, (),
+    Scenario("main_after_placement_change", 36.0, (),
              "after the draft left the TP group: draft collectives gone, A/B readout ready"),
     Scenario("main_not_yet", 14.0, (), "just after a steps change: the A/B readout says not yet"),
-    Scenario("trace_analysis", 61.2, ("a",), "the recorded capture's analysis, per rank"),
+    Scenario("trace_analysis", 46.3, ("a",), "the recorded capture's analysis, per rank"),
     Scenario("help", 34.0, ("question_mark",), "the help screen of a replay"),
     Scenario("replay_stepped", 20.0, ("full_stop", "full_stop", "right"),
              "two one-second steps and a 10-s seek"),

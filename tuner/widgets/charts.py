@@ -91,11 +91,15 @@ class TimeChart(PlotextPlot):
         y_hi = y_hi * 1.15 if y_hi > 0 else 1.0
         plt.ylim(0, y_hi)
         canvas = self._canvas_rgb()
-        for t, label in view.markers:
-            if t0 <= t <= x_hi:
-                plt.vline(t, MARKER_COLOR)
-                if label:
-                    plt.text(label, t, y_hi * 0.97, color=MARKER_COLOR, background=canvas, alignment="left")
+        shown = [(t, label) for t, label in view.markers if t0 <= t <= x_hi]
+        cells_per_s = max(1, self.size.width - 8) / (x_hi - t0)   # minus the y axis labels
+        for i, (t, label) in enumerate(shown):
+            plt.vline(t, MARKER_COLOR)
+            # A label runs to the next marker at most, so close changes stay readable.
+            room = int(((shown[i + 1][0] if i + 1 < len(shown) else x_hi) - t) * cells_per_s) - 1
+            if label and room >= 3:
+                text = label if len(label) <= room else label[: room - 1] + "…"
+                plt.text(text, t, y_hi * 0.97, color=MARKER_COLOR, background=canvas, alignment="left")
         ticks = _time_ticks(t0, x_hi)
         plt.xticks(ticks, [_tick_label(x) for x in ticks])
         plt.ylabel(view.y_label)
