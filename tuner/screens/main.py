@@ -11,7 +11,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
@@ -50,7 +50,7 @@ class MainScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield ServerHeader(id="header")
         with Horizontal(id="body"):
-            with Vertical(id="left"):
+            with VerticalScroll(id="left", can_focus=False):
                 with Vertical(id="throughput-panel", classes="panel"):
                     yield Static(id="throughput-legend")
                     yield TimeChart(id="throughput")
@@ -59,7 +59,7 @@ class MainScreen(Screen[None]):
                     yield PositionBars(id="positions")
                 with Vertical(id="gpus-panel", classes="panel"):
                     yield GpuTable(id="gpus")
-            with Vertical(id="right"):
+            with VerticalScroll(id="right", can_focus=False):
                 with Vertical(id="phases-panel", classes="panel"):
                     yield PhaseSplit(id="phases")
                 with Vertical(id="knobs-panel", classes="panel"):
@@ -81,6 +81,11 @@ class MainScreen(Screen[None]):
     @property
     def session(self) -> Any:
         return self.app.session
+
+    def on_resize(self) -> None:
+        # A short terminal drops the accept-length chart (the per-position bars stay) and lets each
+        # column scroll, so every panel stays reachable at 80x24.
+        self.set_class(self.size.height < 36, "-short")
 
     def clear_log(self) -> None:
         """Forget what the event log showed (a replay seek refills the store from the start)."""
