@@ -168,12 +168,41 @@ class RecordingReader:
                 rows = self.db.execute(f"SELECT seq, {cols} FROM {table} WHERE seq > ? AND {where} "
                                        f"ORDER BY seq LIMIT {CHUNK}", (last, *args)).fetchall()
             except sqlite3.DatabaseError as e:
-                self._warn(f"{self.path.name} is truncated or corrupt: {table} after seq {last} unreadable ({e})")
-                return
+                # A damaged page: read row by row up to it, then look for readable rows past it.
+                cur = self.db.execute(f"SELECT seq, {cols} FROM {table} WHERE seq > ? AND {where} ORDER BY seq",
+                                      (last, *args))
+                try:
+                    for row in cur:
+                        yield row
+                        last = row[0]
+                except sqlite3.DatabaseError:
+                    pass
+                nxt = self._next_readable(table, last)
+                self._warn(f"{self.path.name} is truncated or corrupt: {table} after seq {last} unreadable"
+                           + (f" up to seq {nxt}" if nxt is not None else "") + f" ({e})")
+                if nxt is None:
+                    return
+                last = nxt - 1
+                continue
             if not rows:
                 return
             yield from rows
             last = rows[-1][0]
+
+    def _next_readable(self, table: str, last: int) -> int | None:
+        """The first seq past a damaged stretch whose row can be read (None when none is found)."""
+        step = 16
+        while step <= 1 << 26:
+            try:
+                row = self.db.execute(f"SELECT seq FROM {table} WHERE seq > ? ORDER BY seq LIMIT 1",
+                                      (last + step,)).fetchone()
+                if row is None:
+                    return None
+                self.db.execute(f"SELECT * FROM {table} WHERE seq = ?", (row[0],)).fetchone()
+                return int(row[0])
+            except sqlite3.DatabaseError:
+                step *= 4
+        return None
 
     def _samples(self, where: str, args: tuple) -> Iterator[tuple[int, Record]]:
         for seq, t, sid, v in self._rows("samples", "t, series_id, value", where, args):

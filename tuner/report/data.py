@@ -111,8 +111,13 @@ def load(path: str | Path) -> RecordingData:
                 traces.append(TraceInfo(rec.t, rec.trace_id, rec.rank, rec.name, len(rec.data),
                                         None if rec.analysis is None else thaw(rec.analysis)))
         events.sort(key=lambda e: e.t)
+        # A damaged file may not answer min/max over its index: the records read say it too.
+        seen = [s.t[0] for s in series.values() if s.t] + [e.t for e in events[:1]] + [t.t for t in traces]
+        last = [s.t[-1] for s in series.values() if s.t] + [e.t for e in events[-1:]] + [t.t for t in traces]
+        t_first = min([reader.t_first] + seen) if math.isfinite(reader.t_first) else min(seen, default=math.nan)
+        t_last = max([reader.t_last] + last) if math.isfinite(reader.t_last) else max(last, default=math.nan)
         return RecordingData(Path(path), dict(reader.header), series, events, traces, list(reader.warnings),
-                             reader.t_first, reader.t_last)
+                             t_first, t_last)
     finally:
         reader.close()
 

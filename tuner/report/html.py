@@ -20,7 +20,7 @@ from tuner.report.summary import KNOBS, SHORT, Summary, redact, setting_key, set
 from tuner.report.svg import PALETTE, PHASE_COLORS, Band, Frame, Line, Marker, esc
 
 CSS = """
-body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:960px;color:#222;line-height:1.4}
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:960px;color:#222;line-height:1.4;font-size:14px}
 h1{font-size:22px;margin-bottom:4px}h3{font-size:14px;margin:14px 0 4px}.wide{overflow-x:auto}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd;padding-bottom:3px}
 .sub{color:#555;font-size:13px}.banner{padding:8px 12px;border-radius:4px;margin:8px 0;font-size:14px}
 .problem{background:#fff4ce;border:1px solid #e0c060}.flag{background:#fde2d2;border:1px solid #d55e00;font-weight:600}
@@ -75,6 +75,8 @@ def _markers(s: Summary) -> tuple[list[Marker], list[Band]]:
                                                    if v is not None and k != "speculative_eagle_topk")))
     for a, b, err in s.gaps:
         bands.append(Band(a, b, f"server gone: {err}", "#F4CCCC"))
+    for a, b, tid in s.excluded:
+        bands.append(Band(a, b, f"profiler capture {tid} (left out of the figures)", "#E8D5F0"))
     for e in s.data.events_of("trace_captured"):
         markers.append(Marker(e.t, "trace", "#CC79A7", "1 2"))
     return markers, bands
@@ -93,7 +95,7 @@ def charts_over_time(s: Summary) -> str:
         ser = d.get(name)
         if len(ser.t):
             lines.append(Line(label, ser.t, ser.v, color))
-    out.append(svg.line_chart("Throughput over time (dashed: setting changes; red: server gone)", lines, t0=t0, t1=t1,
+    out.append(svg.line_chart("Throughput over time (dashed: setting changes; red: server gone; violet: trace capture)", lines, t0=t0, t1=t1,
                               y_label="tok/s", markers=markers, bands=bands))
     acc = [Line("accept length τ", d.get(S.SPEC_ACCEPT_LEN).t, d.get(S.SPEC_ACCEPT_LEN).v, PALETTE[2])]
     out.append(svg.line_chart("Accept length over time (tokens per verify, bonus included)", acc, t0=t0, t1=t1,

@@ -118,6 +118,7 @@ class Summary:
     tuning: list[dict[str, Any]]
     predictions: list[dict[str, Any]]
     captures: list[dict[str, Any]]
+    excluded: list[tuple[float, float, str]] = field(default_factory=list)   # capture windows
 
     def to_json(self) -> dict[str, Any]:
         d = self.data
@@ -139,6 +140,7 @@ class Summary:
             "settings": [r.to_json() for r in self.rows],
             "fastest": self.verdict.to_json() if self.verdict else None,
             "gaps": [{"t0": a, "t1": b, "error": e} for a, b, e in self.gaps],
+            "capture_windows": [{"t0": a, "t1": b, "trace_id": i} for a, b, i in self.excluded],
             "changes": [{"t": s.t0, "setting": setting_label(s.key), "source": s.source} for s in self.segments],
             "captures": self.captures,
             "tuning": self.tuning,
@@ -210,7 +212,7 @@ def capture_windows(data: RecordingData) -> list[tuple[float, float, str]]:
                 t0 = min(t0, ti)
             starts.append(t0)
         t0 = min(starts)
-        out.append((max(t0, data.t_first), e.t + 0.5, tid))
+        out.append((max(t0, data.t_first), e.t + 2.0, tid))   # + the catch-up burst after it
     return out
 
 
@@ -517,8 +519,9 @@ def flags_of(data: RecordingData) -> list[str]:
 
 def summarize(data: RecordingData) -> Summary:
     gaps = gaps_of(data)
-    segments = segments_of(data, gaps + capture_windows(data))
+    windows = capture_windows(data)
+    segments = segments_of(data, gaps + windows)
     rows, ranking = build_rows(data, segments)
     tuning, preds = tuning_of(data)
     return Summary(data, segments, gaps, rows, ranking, verdict(rows), flags_of(data), tuning, preds,
-                   captures_of(data))
+                   captures_of(data), windows)
