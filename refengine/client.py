@@ -277,7 +277,8 @@ class EngineClient:
             per_rank = {r: {"phase_seconds": {p: v / 1e3 for p, v in s.get("phase_ms", {}).items()},
                             "phase_comm_seconds": {p: v / 1e3 for p, v in s.get("comm_ms", {}).items()},
                             "iterations": s.get("iterations", 0), "comm_calls_by_op": s.get("comm_by_op", {}),
-                            "comm_bytes": s.get("comm_bytes", {})}
+                            "comm_bytes": s.get("comm_bytes", {}),
+                            "comm_graph_calls": s.get("comm_graph_calls", {}), "graphs": s.get("graphs", {})}
                         for r, s in self._rank_stats.items()}
             running = len(self._callbacks)
             return {

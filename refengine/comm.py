@@ -11,6 +11,7 @@ from __future__ import annotations
 import pickle
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -54,6 +55,7 @@ class CommTotals:
     bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     ms: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     by_op: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    graph_calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
 class Communicator:
@@ -73,6 +75,8 @@ class Communicator:
         self.latency_us = latency_us
         self.phase = "other"
         self._pending: list[tuple[str, str, int, object, object]] = []
+        self._graph: list[tuple[str, str, int]] = []
+        self._capture: list[tuple[str, int]] | None = None
         self.totals = CommTotals()
 
     @property
@@ -111,6 +115,47 @@ class Communicator:
                 dist.broadcast(buf, src=src, group=self.cpu_group)
         return obj if self.rank == src else pickle.loads(buf.numpy().tobytes())
 
+    def agree(self, ok: bool) -> bool:
+        """True only if every rank passes True (a MIN over the CPU group); used so that all
+        ranks take the same path after a graph capture."""
+        if self.world == 1:
+            return ok
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+        with self._op("agree", flag):
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.cpu_group)
+        return bool(flag.item())
+
+    # -- graphs ----------------------------------------------------------------------------------
+    @contextmanager
+    def capturing(self):
+        """Inside a graph capture (or its CPU stand-in): collectives are listed as (op, bytes),
+        not timed (events cannot be timed one by one inside a graph) and never delayed."""
+        prev, self._capture = self._capture, []
+        try:
+            yield self._capture
+        finally:
+            self._capture = prev
+
+    def add_graph_calls(self, ops: list[tuple[str, int]]) -> None:
+        """One replay of a graph holding these collectives, in the current phase: counted, with
+        no time (it comes from traces)."""
+        for op, nbytes in ops:
+            self._graph.append((self.phase, op, nbytes))
+
+    def drain_graph(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Per-phase (calls, bytes) of collectives replayed inside graphs since the last drain."""
+        calls: dict[str, int] = defaultdict(int)
+        nbytes: dict[str, int] = defaultdict(int)
+        for phase, op, size in self._graph:
+            calls[phase] += 1
+            nbytes[phase] += size
+            self.totals.calls[phase] += 1
+            self.totals.bytes[phase] += size
+            self.totals.by_op[op] += 1
+            self.totals.graph_calls[phase] += 1
+        self._graph.clear()
+        return dict(calls), dict(nbytes)
+
     def barrier(self) -> None:
         with self._op("barrier", torch.empty(0)):
             dist.barrier(group=self.cpu_group)
@@ -146,10 +191,16 @@ class _Span:
     def __enter__(self):
         self.rf = record_function(f"specdecode.comm.{self.op}")
         self.rf.__enter__()
-        self.start = self.comm.clock.mark()
+        self.captured = self.comm._capture
+        self.start = None if self.captured is not None else self.comm.clock.mark()
         return self
 
     def __exit__(self, *exc):
+        if self.captured is not None:
+            self.rf.__exit__(*exc)
+            if exc[0] is None:
+                self.captured.append((self.op, self.nbytes))
+            return False
         lat = self.comm.latency_us
         if lat is not None and exc[0] is None:
             # Emulated link latency (labelled as emulation by whoever reports comm time).

@@ -158,6 +158,13 @@ class EngineOptions:
     init_timeout_s: float = 60.0
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment for the ranks (the parent's environment, NCCL_* included, is inherited)."""
+    cuda_graph: str = "auto"
+    """Graph capture of draft steps, verify and draft-extend (refengine.graphs): auto (cuda on a
+    CUDA device, off on CPU), off, cuda, or static (the CPU stand-in with the same buffers and keys)."""
+    cuda_graph_max_graphs: int = 64
+    """Captured graphs kept per scope before the least recently used is dropped."""
+    cuda_graph_timing: bool = False
+    """CUDA events around every replay, reported per graph key in stats (benchmarks)."""
 
     def initial_config(self) -> dict[str, Any]:
         changes: dict[str, Any] = {

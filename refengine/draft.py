@@ -8,6 +8,8 @@ migration between them while requests are running.
 * rank0:     the full head on rank 0 only; the other ranks idle while rank 0 drafts.
 Every rank keeps the unsharded head, so a switch re-shards from it; the draft KV and per-row
 draft state are moved (all-gather / broadcast) so a switch never loses a request's context.
+The head and KV pool of each layout (sharded, full) are built once and kept: captured graphs read
+their memory, so a switch back reuses the graphs instead of capturing again.
 Must not run any speculative step itself (refengine.spec does).
 """
 
@@ -44,6 +46,8 @@ class DraftPlacement:
         self.placement: str | None = None
         self.head: Eagle3Head | None = None
         self.kv: KVPool | None = None
+        self._heads: dict[str, Eagle3Head] = {}
+        self._kvs: dict[str, KVPool] = {}
 
     @property
     def here(self) -> bool:
@@ -65,14 +69,18 @@ class DraftPlacement:
         if placement == "rank0" and self.comm.rank != 0:
             self.head, self.kv = None, None
             return
-        if placement == "sharded" and self.comm.world > 1:
-            head = apply_tp_head(copy.deepcopy(self.full), self.comm)
-            head.set_embed(self.target_embed)
-        else:
-            head = self.full
-            head.set_embed(self.full_embed)
-        self.head = head
-        self.kv = head.make_kv(self.rows, self.row_len, self.dtype, self.device)
+        layout = "sharded" if placement == "sharded" and self.comm.world > 1 else "full"
+        head = self._heads.get(layout)
+        if head is None:
+            if layout == "sharded":
+                head = apply_tp_head(copy.deepcopy(self.full), self.comm)
+                head.set_embed(self.target_embed)
+            else:
+                head = self.full
+                head.set_embed(self.full_embed)
+            self._heads[layout] = head
+            self._kvs[layout] = head.make_kv(self.rows, self.row_len, self.dtype, self.device)
+        self.head, self.kv = head, self._kvs[layout]
         if full_k is not None:
             n = self.kv.k[0].shape[2]
             start = self.comm.rank * n if n != full_k.shape[2] else 0

@@ -19,6 +19,7 @@ from torch.profiler import record_function
 
 from refengine import spec
 from refengine.comm import PHASES, Communicator
+from refengine.graphs import GROUP, LOCAL, GraphCache, graphed_forward, resolve_mode
 from refengine.config import EngineOptions, ModelLimits, SpecConfig, parse_simulate_accept
 from refengine.draft import DraftPlacement
 from refengine.messages import GenRequest, GenUpdate, SpecStats
@@ -80,14 +81,41 @@ class PhaseTimer:
         self.marks.append((name, start, self.comm.clock.mark()))
         self.comm.phase = prev
 
-    def collect(self) -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
+    def collect(self) -> tuple[dict[str, float], dict[str, float], dict[str, int], dict[str, int]]:
+        """-> (ms, comm ms, comm calls, comm calls inside graphs) per phase. A phase whose
+        collectives ran (partly) inside graphs has no comm ms: their time is not measurable
+        here (it comes from traces), and "not available" is not 0."""
         self.comm.clock.sync()
         ms = {p: 0.0 for p in PHASES}
         for name, a, b in self.marks:
             ms[name] += self.comm.clock.ms(a, b)
         self.marks.clear()
+        gcalls, _ = self.comm.drain_graph()
         cms, calls, _ = self.comm.drain()
-        return ms, {p: cms.get(p, 0.0) for p in PHASES}, {p: calls.get(p, 0) for p in PHASES}
+        return (ms, {p: cms.get(p, 0.0) for p in PHASES if not gcalls.get(p)},
+                {p: calls.get(p, 0) + gcalls.get(p, 0) for p in PHASES},
+                {p: gcalls[p] for p in PHASES if gcalls.get(p)})
+
+
+class _GraphedHead:
+    """Stands in for the draft head inside refengine.spec's functions: its forwards go through
+    the engine's graph cache under `phase` (draft_step or draft_extend) and the placement."""
+
+    def __init__(self, engine: "Engine", phase: str):
+        d = engine.draft
+        self.engine, self.phase, self.head, self.kv = engine, phase, d.head, d.kv
+        self.placement = d.placement
+        self.scope = GROUP if (d.placement == "sharded" and engine.world > 1) else LOCAL
+        self.d2t = self.head.d2t
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return self.head.to_target_ids(draft_ids)
+
+    def __call__(self, ids, hidden, meta, kv):
+        assert kv is self.kv, "a graphed head runs over its placement's own KV pool"
+        head = self.head
+        return graphed_forward(self.engine.graphs, self.phase, self.placement, self.scope, ids, hidden, meta,
+                               self.engine.pad_row, lambda i, h, m: head(i, h, m, kv))
 
 
 class Engine:
@@ -98,19 +126,21 @@ class Engine:
         self.max_draft_tokens = 64
         self.rows = opts.max_running_requests
         self.row_len = opts.context_length + self.max_draft_tokens + self.max_topk + 8
+        # One spare KV-pool row past the requests' rows: padded graph rows read and write only it.
+        self.pad_row = self.rows
         full_embed = None
         if head is not None:
             # A full-vocabulary copy of the shared embedding for unsharded placements.
             full_embed = torch.nn.Embedding.from_pretrained(
                 target.model.embed_tokens.weight.detach().clone(), freeze=True).to(device, dtype)
         self.target = apply_tp_target(target.to(device, dtype).eval(), comm)
-        self.kv = self.target.make_kv(self.rows, self.row_len, dtype, device)
+        self.kv = self.target.make_kv(self.rows + 1, self.row_len, dtype, device)
         self.eos = set(target.config.eos_token_ids)
         self.draft: DraftPlacement | None = None
         if head is not None:
             head = head.to(device, dtype).eval()
             self.draft = DraftPlacement(head, full_embed, self.target.model.embed_tokens, comm,
-                                        self.rows, self.row_len, dtype, device)
+                                        self.rows + 1, self.row_len, dtype, device)
         self.simulate = parse_simulate_accept(opts.speculative_simulate_accept)
         self.sim_gen = torch.Generator().manual_seed(opts.random_seed + 17)
         self.config = SpecConfig(steps=0, topk=1, num_draft_tokens=1, placement="sharded", epoch=-1)
@@ -118,6 +148,9 @@ class Engine:
         self.free_rows = list(range(self.rows))[::-1]
         self.iteration = 0
         self.timer = PhaseTimer(comm)
+        mode, why = resolve_mode(opts.cuda_graph, str(device), comm.emulated)
+        self.graphs = GraphCache(mode, comm, self.rows, self.row_len, max_graphs=opts.cuda_graph_max_graphs,
+                                 time_replays=opts.cuda_graph_timing, off_reason=why)
         self._since: float | None = None
         """Start of work done between iterations (prefill, config), counted in the next record."""
 
@@ -227,8 +260,7 @@ class Engine:
                 tokens = roots[:, None]
                 parents = torch.full_like(tokens, -1)
                 meta = causal_meta(rows, seq[:, None], ctx)
-            hidden, aux = self.target(tokens, meta, self.kv)
-            logits = self.target.logits(hidden)
+            logits, aux = self._verify_forward(tokens, meta)
         with self.timer.phase("verify_sample"):
             path, accepted, bonus = self._accept(reqs, tokens, parents, logits, temps, q, sampled, rejection, s)
             if k > 1 and s > 0:
@@ -256,7 +288,13 @@ class Engine:
             if r.finished:
                 self.reqs.pop(r.rid, None)
                 self.free_rows.append(r.row)
-        ms, cms, calls = self.timer.collect()
+        ms, cms, calls, gcalls = self.timer.collect()
+        captures = [e.as_dict() for e in self.graphs.drain_events()]
+        if captures and self.rank == 0:
+            for c in captures:
+                print(f"refengine: graph {'captured' if c['ok'] else 'capture FAILED'} {c['phase']} "
+                      f"{c['placement']} rows={c['rows']} shape={c['shape']} in {c['ms']:.1f} ms"
+                      + (f" ({c['reason']})" if c["reason"] else ""), flush=True)
         wall = (time.perf_counter() - t0) * 1e3
         ms["other"] += max(0.0, wall - sum(ms.values()))
         self.iteration += 1
@@ -264,8 +302,28 @@ class Engine:
                   "num_draft_tokens": cfg.num_draft_tokens, "placement": cfg.placement, "bs": b,
                   "committed": committed, "wall_ms": wall, "phase_ms": ms, "comm_ms": cms,
                   "comm_calls": calls, "accepted": acc_l, "simulated": self.simulate is not None and s > 0,
-                  "emulated_comm": self.comm.emulated}
+                  "emulated_comm": self.comm.emulated, "graph_mode": self.graphs.mode,
+                  # A capture makes this iteration slow for a reason that is not the config: the
+                  # A/B readout and cost fits must skip records with capture = true.
+                  "capture": bool(captures)}
+        if captures:
+            record["captures"] = captures
+        if gcalls:
+            record["comm_calls_in_graph"] = gcalls
         return updates, record
+
+    # -- graphed forwards ------------------------------------------------------------------------
+    def _head(self, phase: str) -> "_GraphedHead":
+        return _GraphedHead(self, phase)
+
+    def _verify_forward(self, tokens: torch.Tensor, meta) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target over the verify tokens -> (logits [B, N, V], aux [B, N, 3H])."""
+        def fn(ids, _hidden, m):
+            hidden, aux = self.target(ids, m, self.kv)
+            return self.target.logits(hidden), aux
+        scope = GROUP if self.world > 1 else LOCAL
+        logits, aux = graphed_forward(self.graphs, "verify", "-", scope, tokens, None, meta, self.pad_row, fn)
+        return logits, aux
 
     def _draft(self, reqs, rows, seq, roots, temps, ctx, rejection):
         """Returns ([B, 3, N] = tokens, parents, depth of the draft tree incl. the root, q or None).
@@ -280,15 +338,16 @@ class Engine:
         q = None
         with record_function(f"step[DRAFT bs={len(reqs)}]"):
             if k > 1:
-                tree = spec.draft_tree(d.head, d.kv, rows, seq, roots, first_logits, hidden, s, k, n, ctx)
+                tree = spec.draft_tree(self._head("draft_step"), d.kv, rows, seq, roots, first_logits, hidden,
+                                       s, k, n, ctx)
                 return torch.stack(tree, 1), None
             if rejection:
                 coins = torch.stack([r.draft_gen_draw(s) for r in reqs]).to(dev)
-                drafts, q = spec.draft_chain_sample(d.head, d.kv, rows, seq, first_logits, hidden, s, ctx,
+                drafts, q = spec.draft_chain_sample(self._head("draft_step"), d.kv, rows, seq, first_logits, hidden, s, ctx,
                                                     temps, coins, self.target.config.vocab_size)
             else:
                 first = d.head.to_target_ids(first_logits.argmax(-1))
-                drafts = spec.draft_chain(d.head, d.kv, rows, seq, first, hidden, s, ctx)
+                drafts = spec.draft_chain(self._head("draft_step"), d.kv, rows, seq, first, hidden, s, ctx)
         return torch.stack(spec.chain_tree(roots, drafts), 1), q
 
     def _accept(self, reqs, tokens, parents, logits, temps, q, sampled, rejection, s):
@@ -360,7 +419,7 @@ class Engine:
             t_idx = torch.arange(width, device=rows.device)[None]
             nxt = torch.where(t_idx >= accepted[:, None], bonus[:, None], nxt)
             feats = aux.gather(1, pp[:, :, None].expand(b, width, aux.shape[-1]))
-            hid, logits = spec.draft_extend(d.head, d.kv, rows, seq, nxt, feats, accepted, ctx)
+            hid, logits = spec.draft_extend(self._head("draft_extend"), d.kv, rows, seq, nxt, feats, accepted, ctx)
             d.hidden[rows] = hid
             d.logits[rows] = logits.to(d.logits.dtype)
         for r in reqs:

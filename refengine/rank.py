@@ -217,7 +217,9 @@ class Follower:
             by_op = dict(self.comm.totals.by_op)
             self.out_q.put(("rank_stats", self.rank, {**self.totals, "comm_by_op": by_op,
                                                       "comm_bytes": dict(self.comm.totals.bytes),
-                                                      "comm_calls": dict(self.comm.totals.calls)}))
+                                                      "comm_calls": dict(self.comm.totals.calls),
+                                                      "comm_graph_calls": dict(self.comm.totals.graph_calls),
+                                                      "graphs": self.engine.graphs.stats_dict()}))
 
     # profiler ----------------------------------------------------------------------------------
     def _start_profile(self, args: dict) -> None:
