@@ -298,6 +298,15 @@ class EngineClient:
         return [{k: v for k, v in self._ready[r].items() if k in ("tp_rank", "pid", "pci_bus_id", "host")}
                 for r in sorted(self._ready)]
 
+    def rank_env(self) -> list[dict[str, str]]:
+        """Per rank, the NCCL/CUDA communication variables it runs with (inherited from this
+        process's environment, plus EngineOptions.env)."""
+        return [dict(self._ready[r].get("env", {})) for r in sorted(self._ready)]
+
+    def graph_info(self) -> list[dict]:
+        """Per rank, the graph mode in effect and why it differs from the one asked for."""
+        return [dict(self._ready[r].get("graphs", {})) for r in sorted(self._ready)]
+
     def model_info(self) -> dict:
         """Shapes and ids of the loaded models (vocab_size, eos_token_ids, aux_layer_ids, ...)."""
         return dict(self._ready[0]["model"]) if 0 in self._ready else {}

@@ -282,18 +282,18 @@ class GraphCache:
             if err is None and not agreed:
                 err = "another rank failed to capture this key"
         ms = (time.perf_counter() - t0) * 1e3
+        self.stats.capture_ms += ms
+        self._events.append(CaptureEvent(key, ms, err is None, len(entry.comm_ops), err))
         if err is not None:
-            entry.graph, entry.eager_reason = None, err
+            entry.graph, entry.eager_reason, entry.comm_ops = None, err, []
             self.stats.failures[err] = self.stats.failures.get(err, 0) + 1
-            entry.outputs = tuple(body(inputs))
             self.stats.eager_calls += 1
+            entry.outputs = tuple(body(inputs))
         else:
             self.stats.captures += 1
             if self.mode == "cuda":
                 entry.graph.replay()        # the capture did not execute: this call's results
             self.comm.add_graph_calls(entry.comm_ops)
-        self.stats.capture_ms += ms
-        self._events.append(CaptureEvent(key, ms, err is None, len(entry.comm_ops), err))
         return entry
 
     def _capture_cuda(self, entry: _Entry, body) -> None:

@@ -82,7 +82,8 @@ def _run(rank, world, opts, store_host, store_port, in_q, out_q, threads) -> Non
     engine = Engine(opts, comm, target, head, device, dtype)
     bus_id = _pci_bus_id(torch, device) if cuda else None
     out_q.put(("ready", rank, {"tp_rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
-                               "pci_bus_id": bus_id, "limits": engine.limits(),
+                               "pci_bus_id": bus_id, "limits": engine.limits(), "env": _comm_env(),
+                               "graphs": {"mode": engine.graphs.mode, "off_reason": engine.graphs.off_reason},
                                "model": _model_info(engine, target, head)}))
     Follower(engine, comm, in_q, out_q).loop()
     dist.destroy_process_group()
@@ -90,6 +91,15 @@ def _run(rank, world, opts, store_host, store_port, in_q, out_q, threads) -> Non
     out_q.close()
     out_q.join_thread()
     os._exit(0)
+
+
+ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_SYMM_MEM_", "NVSHMEM_", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_MAX_CONNECTIONS")
+
+
+def _comm_env() -> dict[str, str]:
+    """The communication-related environment this rank runs with (NCCL knobs such as
+    NCCL_P2P_DISABLE must reach every rank: the spawned ranks inherit the parent's environment)."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
 
 
 def _pci_bus_id(torch, device) -> str | None:

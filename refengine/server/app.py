@@ -98,6 +98,7 @@ def engine_options(opts: ServerOptions) -> Any:
         "speculative_simulate_accept": opts.speculative_simulate_accept,
         "emulate_comm_latency": opts.emulate_comm_latency, "random_seed": opts.random_seed,
         "speculative_draft_model_path": opts.speculative_draft_model_path,
+        "cuda_graph": "off" if opts.disable_cuda_graph else "auto",
     }
     if opts.model_path is not None:
         kw["model_path"] = opts.model_path
@@ -244,8 +245,13 @@ class ServerApp:
         say(decode_log.decode_line(
             running=st["num_running_reqs"], tokens=st["num_used_tokens"], token_usage=st["token_usage"],
             speculative=self.opts.speculative, accept_len=w.accept_len, accept_rate=w.accept_rate,
-            device=self.opts.device, gen_throughput=w.gen_throughput, queued=st["num_queue_reqs"]),
+            device=self.opts.device, gen_throughput=w.gen_throughput, queued=st["num_queue_reqs"],
+            graph=self._graph_on()),
             self.opts.tp_size)
+
+    def _graph_on(self) -> bool:
+        info = self.client.graph_info() if self.client is not None else []
+        return bool(info) and info[0].get("mode") == "cuda"
 
     def _load(self) -> dict[str, Any]:
         """Running/queued requests and KV tokens in use (prompt + generated of running requests)."""

@@ -19,13 +19,13 @@ def timestamp(now: float | None = None) -> str:
 
 def decode_line(*, running: int, tokens: int, token_usage: float, speculative: bool,
                 accept_len: float, accept_rate: float, device: str, gen_throughput: float,
-                queued: int) -> str:
+                queued: int, graph: bool = False) -> str:
     msg = f"Decode batch, #running-req: {running}, #token: {tokens}, token usage: {token_usage:.2f}, "
     if speculative:
         msg += f"accept len: {accept_len:.2f}, accept rate: {accept_rate:.2f}, "
-    graph = "cuda graph" if device == "cuda" else "cpu graph"
-    # We never capture graphs, so the flag is honestly False.
-    msg += f"{graph}: False, gen throughput (token/s): {gen_throughput:.2f}, #queue-req: {queued}"
+    kind = "cuda graph" if device == "cuda" else "cpu graph"
+    # True only when the decode phases replay CUDA graphs (never on CPU).
+    msg += f"{kind}: {graph}, gen throughput (token/s): {gen_throughput:.2f}, #queue-req: {queued}"
     return msg
 
 

@@ -66,3 +66,10 @@ def test_engine_options_mapping():
     assert engine_options(parse_options(["--speculative-algorithm", "NONE"])).speculative_num_steps == 0
     p = engine_options(parse_options(["--model-path", "tiny", "--load-format", "dummy"]))
     assert (p.model_path, p.load_format) == ("tiny", "dummy")
+
+
+def test_disable_cuda_graph_maps_to_the_engine():
+    from refengine.server.app import engine_options
+
+    assert engine_options(parse_options([])).cuda_graph == "auto"
+    assert engine_options(parse_options(["--disable-cuda-graph"])).cuda_graph == "off"

@@ -47,3 +47,6 @@ def test_decode_line_matches_sglang_format():
     plain = decode_line(running=2, tokens=5, token_usage=0.5, speculative=False, accept_len=0,
                         accept_rate=0, device="cpu", gen_throughput=1, queued=3)
     assert "accept len" not in plain and "cpu graph: False" in plain
+    assert "cuda graph: True, gen" in decode_line(running=1, tokens=1, token_usage=0, speculative=True, accept_len=1,
+                                                  accept_rate=0, device="cuda", gen_throughput=1, queued=0,
+                                                  graph=True)
