@@ -13,7 +13,6 @@ from typing import Any, Iterable
 from textual import on, work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
-from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Static
 
@@ -110,19 +109,15 @@ class TunerApp(App[None]):
 
     def tick(self) -> None:
         """Drain the session's bus and redraw the panels if the store changed."""
+        if not self.is_running:   # shutting down: a last timer tick may find the panels gone
+            return
         self.session.tick()
         store = self.session.store
-        try:
-            if store.revision != self._seen_revision:
-                self._seen_revision = store.revision
-                self.main.refresh_panels()
-            elif self.read_only:
-                self.main.draw_header()
-        except NoMatches:
-            # The last timer tick can land while the app closes and removes the panels; a panel
-            # missing from a screen that still has its body is a real bug.
-            if self.main.query("#body"):
-                raise
+        if store.revision != self._seen_revision:
+            self._seen_revision = store.revision
+            self.main.refresh_panels()
+        elif self.read_only:
+            self.main.draw_header()
 
     def capability(self, key: str) -> str:
         """"" when the backend can change `key` live, else why not (and what would)."""

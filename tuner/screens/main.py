@@ -110,7 +110,7 @@ class MainScreen(Screen[None]):
         self.draw_header(active)
         chart = views.throughput_view(store, origin, t_end, self.app.chart_window_s)
         self.query_one("#throughput", TimeChart).show(chart)
-        self.query_one("#throughput-legend", Static).update(self._legend(chart))
+        self.query_one("#throughput-legend", Static).update(self._legend(chart), layout=False)
         self.query_one("#accept-chart", TimeChart).show(
             views.accept_chart_view(store, origin, t_end, self.app.chart_window_s))
         steps = active.get(STEPS)

@@ -60,8 +60,11 @@ class ABReadout(Static):
 
     def show(self, view: ABView) -> None:
         if view != self._view:
+            # A new layout only when the number of lines can change (layout is the costly part).
+            def shape(v: ABView) -> tuple:
+                return (bool(v.change), v.ready, len(v.metrics), any(is_num(m.lo) for m in v.metrics))
+            self.refresh(layout=shape(view) != shape(self._view))
             self._view = view
-            self.refresh(layout=True)  # height: auto follows the new content
 
     def render(self) -> Group | Text:
         view = self._view

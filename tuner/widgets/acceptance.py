@@ -36,8 +36,10 @@ class PositionBars(Static):
 
     def show(self, view: AcceptView) -> None:
         if view != self._view:
+            # A new layout only when the number of lines can change (layout is the costly part).
+            self.refresh(layout=(len(view.positions), view.steps == 0) !=
+                         (len(self._view.positions), self._view.steps == 0))
             self._view = view
-            self.refresh(layout=True)  # height: auto follows the new content
 
     def render(self) -> Group | Text:
         view = self._view

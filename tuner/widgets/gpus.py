@@ -58,8 +58,9 @@ class GpuTable(Static):
 
     def show(self, view: GpuView) -> None:
         if view != self._view:
+            # A new layout only when the number of lines can change (layout is the costly part).
+            self.refresh(layout=(len(view.rows), view.note) != (len(self._view.rows), self._view.note))
             self._view = view
-            self.refresh(layout=True)  # height: auto follows the new content
 
     def render(self) -> Table | Text:
         view = self._view

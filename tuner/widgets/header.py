@@ -52,7 +52,7 @@ class ServerHeader(Static):
     def show(self, view: HeaderView) -> None:
         if view != self._view:
             self._view = view
-            self.update(self.markup(view))
+            self.update(self.markup(view), layout=False)   # always two lines
 
     @staticmethod
     def markup(view: HeaderView) -> Content:

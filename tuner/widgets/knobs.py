@@ -52,11 +52,15 @@ class KnobsPanel(Static):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._view = KnobView()
+        self._lines = -1
 
     def show(self, view: KnobView) -> None:
         if view != self._view:
+            content = self.markup(view)
+            lines = len(content.plain.splitlines())
+            self.update(content, layout=lines != self._lines)   # layout only when it grows or shrinks
+            self._lines = lines
             self._view = view
-            self.update(self.markup(view))
 
     @staticmethod
     def markup(view: KnobView) -> Content:

@@ -106,8 +106,10 @@ class PhaseSplit(Static):
 
     def show(self, view: PhaseView) -> None:
         if view != self._view:
+            # A new layout only when the number of lines can change (layout is the costly part).
+            shape = (bool(view.unavailable), view.iterations == 0)
+            self.refresh(layout=shape != (bool(self._view.unavailable), self._view.iterations == 0))
             self._view = view
-            self.refresh(layout=True)  # height: auto follows the new content
 
     def render(self) -> Group | Text:
         view = self._view
