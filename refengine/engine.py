@@ -480,5 +480,8 @@ class Engine:
                          completion_tokens=r.completion_tokens, spec=r.stats)
 
     def _bucket(self, n: int) -> int:
-        """Context width rounded up to a multiple of 64 (shapes repeat across iterations)."""
+        """Context width rounded up to a multiple of 64 (shapes repeat across iterations); with
+        graphs, to the graph cache's coarser buckets, so masks need no padding."""
+        if self.graphs.enabled:
+            return self.graphs.ctx_for(n)
         return min((n + 63) // 64 * 64, self.row_len)

@@ -338,13 +338,18 @@ def graphed_forward(cache: GraphCache, phase: str, placement: str, scope: str, i
     bucket with invisible columns. Returns the outputs of the real rows."""
     if not cache.enabled:
         return fn(ids, hidden, meta)
-    from refengine.models.layers import AttnMeta
-
     b, t = ids.shape
     rows, ctx = cache.rows_for(b), cache.ctx_for(meta.ctx)
     width = hidden.shape[-1] if hidden is not None else 0
     key = GraphKey(phase, placement, rows, (t, ctx, width))
     pad, dev = rows - b, ids.device
+    if pad == 0 and ctx == meta.ctx:
+        # Already the key's shapes (the engine buckets its context like the cache): no padding
+        # kernels, only the copies into the static buffers.
+        inputs = {"ids": ids, "rows": meta.rows, "positions": meta.positions, "slots": meta.slots, "mask": meta.mask}
+        if hidden is not None:
+            inputs["hidden"] = hidden
+        return cache.run(key, scope, inputs, _body(fn))
     mask = torch.zeros(rows, t, ctx, dtype=torch.bool, device=dev)
     mask[:b, :, : meta.ctx] = meta.mask
     mask[b:, :, 0] = True
@@ -358,7 +363,12 @@ def graphed_forward(cache: GraphCache, phase: str, placement: str, scope: str, i
     if hidden is not None:
         inputs["hidden"] = torch.cat([hidden, hidden.new_zeros(pad, *hidden.shape[1:])])
 
+    return tuple(o[:b] for o in cache.run(key, scope, inputs, _body(fn)))
+
+
+def _body(fn: Callable[..., tuple[torch.Tensor, ...]]) -> Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, ...]]:
+    from refengine.models.layers import AttnMeta
+
     def body(x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         return tuple(fn(x["ids"], x.get("hidden"), AttnMeta(x["rows"], x["positions"], x["slots"], x["mask"])))
-
-    return tuple(o[:b] for o in cache.run(key, scope, inputs, body))
+    return body
