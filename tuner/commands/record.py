@@ -28,6 +28,16 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 TICK_S = 0.1
+# The recording is the file; the store only feeds the progress line and event messages. Small rings
+# keep an hours-long recording's memory flat (the TUI's default keeps hours of every series).
+STORE_READINGS = 4 * 600          # ten minutes of a 4 Hz series per series
+STORE_TRACES = 1                  # GPU traces can be hundreds of MB each; the file has them all
+
+
+def record_store():
+    """The bounded store the headless recorder uses."""
+    from tuner.core.store import Store
+    return Store(capacity=STORE_READINGS, trace_capacity=STORE_TRACES)
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|min|s|m|h|d)?")
 
@@ -425,7 +435,7 @@ def run(args: argparse.Namespace) -> int:
     except RecordingError as e:
         backend.stop()
         return fail(str(e))
-    session = Session(backend, recorder=recorder)
+    session = Session(backend, recorder=recorder, store=record_store())
     progress = Progress(sys.stderr, every_s=args.progress_every)
     stop = threading.Event()
     loop = RecordLoop(session, path=args.out, duration_s=args.duration, capture_every_s=args.capture_trace_every,
