@@ -1,7 +1,9 @@
 """Named model shapes for `--model-path <preset> --load-format dummy`, and the "agreeing" tiny pair.
 
 Presets: `tiny` (random weights), `tiny-agreeing` (constructed weights whose draft agrees with the
-target most of the time, so acceptance is real on a CPU with no training or download), and
+target most of the time, so acceptance is real on a CPU with no training or download),
+`tiny-agreeing-tp8` (the same construction with 8 attention and 8 KV heads, so every placement
+shards at TP 8), and
 `llama-3.1-8b` (Llama-3.1-8B's shape, random weights, for timing on GPUs). Each comes with a
 matching EAGLE-3 head (`<preset>-eagle3`, the official 8B head's shape for the 8B preset).
 Weights are a deterministic function of the preset name and seed, so every rank builds the same.
@@ -25,6 +27,10 @@ TARGETS: dict[str, LlamaConfig] = {
                                  num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
                                  head_dim=32, rms_norm_eps=1e-6, max_position_embeddings=4096,
                                  eos_token_ids=(127,)),
+    "tiny-agreeing-tp8": LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256,
+                                     num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8,
+                                     head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=4096,
+                                     eos_token_ids=(127,)),
     "llama-3.1-8b": LlamaConfig(
         vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5,
@@ -42,6 +48,10 @@ HEADS: dict[str, Eagle3Config] = {
                                          num_key_value_heads=2, head_dim=32, vocab_size=128,
                                          draft_vocab_size=64, target_hidden_size=128, rms_norm_eps=1e-6,
                                          max_position_embeddings=4096),
+    "tiny-agreeing-tp8-eagle3": Eagle3Config(hidden_size=128, intermediate_size=256, num_attention_heads=8,
+                                             num_key_value_heads=8, head_dim=16, vocab_size=128,
+                                             draft_vocab_size=64, target_hidden_size=128, rms_norm_eps=1e-6,
+                                             max_position_embeddings=4096),
     "llama-3.1-8b-eagle3": Eagle3Config(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
                                         num_key_value_heads=8, head_dim=128, vocab_size=128256,
                                         draft_vocab_size=32000, target_hidden_size=4096, rms_norm_eps=1e-5),
@@ -74,8 +84,8 @@ def _random_(module: torch.nn.Module, seed: int, std: float = 0.02) -> None:
 def build_target(name: str, seed: int = 0, device: str | torch.device = "cpu") -> LlamaForCausalLM:
     if name not in TARGETS:
         raise ValueError(f"unknown target preset {name!r}; presets: {', '.join(TARGETS)}")
-    if name == "tiny-agreeing":
-        return _agreeing_pair(seed)[0]
+    if name in AGREEING:
+        return _agreeing_pair(seed, name)[0]
     with torch.device(device):
         model = LlamaForCausalLM(TARGETS[name])
     _random_(model, seed)
@@ -85,8 +95,8 @@ def build_target(name: str, seed: int = 0, device: str | torch.device = "cpu") -
 def build_head(name: str, seed: int = 0, device: str | torch.device = "cpu") -> Eagle3Head:
     if name not in HEADS:
         raise ValueError(f"unknown EAGLE-3 head preset {name!r}; presets: {', '.join(HEADS)}")
-    if name == "tiny-agreeing-eagle3":
-        return _agreeing_pair(seed)[1]
+    if name.removesuffix("-eagle3") in AGREEING:
+        return _agreeing_pair(seed, name.removesuffix("-eagle3"))[1]
     with torch.device(device):
         head = Eagle3Head(HEADS[name])
     _random_(head, seed + 1)
@@ -99,7 +109,11 @@ def build_head(name: str, seed: int = 0, device: str | torch.device = "cpu") -> 
     return head
 
 
-def _agreeing_pair(seed: int, noise: float = 0.7, head_noise: float = 0.4, margin: float = 6.0) -> tuple[LlamaForCausalLM, Eagle3Head]:
+AGREEING = ("tiny-agreeing", "tiny-agreeing-tp8")
+
+
+def _agreeing_pair(seed: int, name: str = "tiny-agreeing", noise: float = 0.7, head_noise: float = 0.4,
+                   margin: float = 6.0) -> tuple[LlamaForCausalLM, Eagle3Head]:
     """A target that mostly follows a fixed token cycle π, perturbed by its context, and a head
     that knows π: its acceptance is high but not total, and depends on both KV caches.
 
@@ -115,7 +129,7 @@ def _agreeing_pair(seed: int, noise: float = 0.7, head_noise: float = 0.4, margi
     The draft vocabulary is the even ids (d2t[j] = j), and π cycles through them; odd ids follow
     no rule (the target's lm_head rows for them are random).
     """
-    tcfg, hcfg = TARGETS["tiny-agreeing"], HEADS["tiny-agreeing-eagle3"]
+    tcfg, hcfg = TARGETS[name], HEADS[f"{name}-eagle3"]
     v, h = tcfg.vocab_size, tcfg.hidden_size
     gen = torch.Generator().manual_seed(1234 + seed)
     q, _ = torch.linalg.qr(torch.randn(h, h, generator=gen, dtype=torch.float64))

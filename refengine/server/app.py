@@ -98,7 +98,7 @@ def engine_options(opts: ServerOptions) -> Any:
         "speculative_simulate_accept": opts.speculative_simulate_accept,
         "emulate_comm_latency": opts.emulate_comm_latency, "random_seed": opts.random_seed,
         "speculative_draft_model_path": opts.speculative_draft_model_path,
-        "cuda_graph": "off" if opts.disable_cuda_graph else "auto",
+        "cuda_graph": "off" if opts.disable_cuda_graph else opts.cuda_graph_mode,
     }
     if opts.model_path is not None:
         kw["model_path"] = opts.model_path

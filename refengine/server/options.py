@@ -47,6 +47,7 @@ class ServerOptions:
     emulate_comm_latency: str | None = None
     skip_server_warmup: bool = False
     disable_cuda_graph: bool = False
+    cuda_graph_mode: str = "auto"
     random_seed: int = 0
     launch_command: list[str] = field(default_factory=list)
 
@@ -134,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--tp-size", "--tensor-parallel-size", type=_positive_int, default=1)
     r.add_argument("--disable-cuda-graph", action="store_true",
                    help="run draft steps, verify and draft-extend eagerly on CUDA (graphs are on by default there)")
+    r.add_argument("--cuda-graph-mode", default="auto", choices=("auto", "off", "static", "cuda"),
+                   help="auto: CUDA graphs on CUDA, eager on CPU; static: the CPU stand-in with the same "
+                        "buffers and keys (for testing)")
     r.add_argument("--max-running-requests", type=_positive_int, default=None)
     r.add_argument("--context-length", type=_positive_int, default=None,
                    help="per-request token capacity (prompt + output)")
@@ -206,6 +210,6 @@ def parse_options(argv: list[str]) -> ServerOptions:
         max_running_requests=a.max_running_requests, context_length=a.context_length, api_key=a.api_key,
         enable_metrics=True, decode_log_interval=a.decode_log_interval,
         emulate_comm_latency=a.emulate_comm_latency, skip_server_warmup=a.skip_server_warmup,
-        disable_cuda_graph=a.disable_cuda_graph,
+        disable_cuda_graph=a.disable_cuda_graph, cuda_graph_mode=a.cuda_graph_mode,
         random_seed=a.random_seed, launch_command=["specdecode-tune", "serve", *argv],
     )

@@ -73,3 +73,4 @@ def test_disable_cuda_graph_maps_to_the_engine():
 
     assert engine_options(parse_options([])).cuda_graph == "auto"
     assert engine_options(parse_options(["--disable-cuda-graph"])).cuda_graph == "off"
+    assert engine_options(parse_options(["--cuda-graph-mode", "static"])).cuda_graph == "static"

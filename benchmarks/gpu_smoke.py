@@ -1,0 +1,355 @@
+"""GPU smoke test of the reference engine through a real `serve` over HTTP: every draft placement
+generates, live switching works, speculative output equals no speculation (tie rules below), and
+per-phase costs are printed next to the H200 cost proxy — with CUDA graphs and eagerly.
+
+GPU, the H200 pair (one device call; parts can be split with --parts if one call is too short):
+    python benchmarks/gpu_smoke.py --device cuda --tp-size 2 --out smoke.json
+CPU check of the script (gloo ranks; the graph part uses the static stand-in of CUDA graphs):
+    python benchmarks/gpu_smoke.py --device cpu --tp-size 2
+
+Parts (each starts its own `serve`):
+  cuda: graphs-bf16    llama-3.1-8b shapes, random weights, bf16, CUDA graphs  (outputs reported)
+        eager-bf16     the same with --disable-cuda-graph                       (outputs reported)
+        graphs-fp32    the same shapes in float32 with CUDA graphs              (outputs must match)
+        agreeing-bf16  tiny-agreeing in bf16 with CUDA graphs, real acceptance  (outputs must match)
+  cpu:  static-fp32    tiny-agreeing, float32, --cuda-graph-mode static         (outputs must match)
+        eager-fp32     tiny-agreeing, float32, eager                            (outputs must match)
+
+Tie rules. Verify runs N tokens per forward where plain decoding runs one, so the matmul shapes and
+hence the rounding differ. Random 8B weights give top-2 logit gaps of the order of 0.01-0.3, and bf16
+rounds logits by about 2^-8 of their size, so a bf16 near-tie flips a greedy token every few dozen
+tokens: for bf16 on the 8B shapes we print how many leading tokens equal plain decoding and do not
+fail. Identity is required where ties are out of reach: float32 (rounding ~1e-6) and the
+agreeing preset in bf16 (constructed logit margin 6).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from engine_runs import PROXY_US, base_env, fmt  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+READY = "The server is fired up and ready to roll!"
+PLACEMENTS = ("sharded", "replicated", "rank0")
+CONFIGS = [("chain steps=1", {"speculative_num_steps": 1, "speculative_eagle_topk": 1}),
+           ("chain steps=3", {"speculative_num_steps": 3, "speculative_eagle_topk": 1}),
+           ("tree 3/4/8", {"speculative_num_steps": 3, "speculative_eagle_topk": 4, "speculative_num_draft_tokens": 8})]
+SWITCHES = [{"speculative_draft_placement": "replicated", "speculative_num_steps": 2},
+            {"speculative_draft_placement": "rank0", "speculative_num_steps": 5},
+            {"speculative_num_steps": 0},
+            {"speculative_draft_placement": "sharded", "speculative_num_steps": 3},
+            {"speculative_eagle_topk": 4, "speculative_num_draft_tokens": 8, "speculative_draft_placement": "replicated"}]
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    model: str
+    dtype: str
+    graph_mode: str          # --cuda-graph-mode
+    strict: bool             # outputs must equal plain decoding
+
+
+def parts_for(device: str, model: str | None) -> list[Part]:
+    if device == "cuda":
+        big = model or "llama-3.1-8b"
+        return [Part("graphs-bf16", big, "bfloat16", "auto", False), Part("eager-bf16", big, "bfloat16", "off", False),
+                Part("graphs-fp32", big, "float32", "auto", True),
+                Part("agreeing-bf16", "tiny-agreeing", "bfloat16", "auto", True)]
+    small = model or "tiny-agreeing"
+    return [Part("static-fp32", small, "float32", "static", True), Part("eager-fp32", small, "float32", "off", True)]
+
+
+class Server:
+    """`python -m refengine serve` as a child process on a free loopback port."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]):
+        self.lines: list[str] = []
+        self.url: str | None = None
+        self._ready = threading.Event()
+        self.proc = subprocess.Popen([sys.executable, "-m", "refengine", "serve", *argv], cwd=ROOT,
+                                     env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if READY in line:
+                m = re.search(r"(http://\S+)", line)
+                self.url = m.group(1) if m else None
+                self._ready.set()
+        self._ready.set()
+
+    def wait_ready(self, timeout: float) -> str:
+        self._ready.wait(timeout)
+        if self.url is None:
+            self.stop()
+            raise RuntimeError("serve did not become ready:\n" + "\n".join(self.lines[-30:]))
+        return self.url
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                return self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait()
+
+
+def leading_equal(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def run_part(part: Part, a, report: dict) -> bool:
+    import httpx
+
+    argv = ["--device", a.device, "--tp-size", str(a.tp_size), "--model-path", part.model, "--load-format", "dummy",
+            "--dtype", part.dtype, "--port", "0", "--context-length", "2048", "--max-running-requests", "4",
+            "--speculative-num-steps", "3", "--decode-log-interval", "20", "--cuda-graph-mode", part.graph_mode]
+    t0 = time.time()
+    srv = Server(argv, base_env())
+    out: dict = {"part": part.name, "model": part.model, "dtype": part.dtype, "graph_mode": part.graph_mode,
+                 "strict": part.strict}
+    ok = True
+    try:
+        url = srv.wait_ready(a.start_timeout_s)
+        print(f"\n## {part.name}: serve {' '.join(argv)}  (ready in {time.time() - t0:.0f} s)")
+        http = httpx.Client(base_url=url, timeout=600)
+        vocab = http.get("/model_info").json().get("vocab_size") or 128
+        rng = random.Random(7)
+        # Even ids: on the agreeing preset's token cycle, so its drafts get accepted (any ids do
+        # for random weights).
+        prompt = [2 * rng.randrange(1, min(vocab, 30000) // 2 - 1) for _ in range(12)]
+
+        def gen(n: int) -> list[int]:
+            r = http.post("/generate", json={"input_ids": prompt, "sampling_params": {
+                "max_new_tokens": n, "temperature": 0, "ignore_eos": True}})
+            r.raise_for_status()
+            return r.json()["output_ids"]
+
+        def state(**kw) -> None:
+            r = http.post("/set_internal_state", json={"server_args": kw})
+            if r.status_code != 200 or r.json() != [True]:
+                raise RuntimeError(f"/set_internal_state {kw}: {r.status_code} {r.text}")
+
+        n = a.tokens
+        state(speculative_num_steps=0)
+        ref = gen(n * 3)
+        rows = []
+        for placement in PLACEMENTS:
+            for label, cfg in CONFIGS:
+                state(**cfg, speculative_draft_placement=placement)
+                got = gen(n)
+                same = leading_equal(got, ref)
+                good = same == n
+                ok &= good or not part.strict
+                rows.append({"placement": placement, "config": label, "leading_equal": same, "tokens": n})
+                print(f"  {placement:<10} {label:<14} equal to plain: {same}/{n} tokens"
+                      + ("" if good else ("  MISMATCH" if part.strict else "  (bf16 near-tie: reported, not failed)")))
+                state(speculative_eagle_topk=1, speculative_num_steps=3)
+        out["placements"] = rows
+        # Live switching while one streamed request runs: the output must stay plain decoding's.
+        state(speculative_num_steps=3, speculative_eagle_topk=1, speculative_draft_placement="sharded")
+        live = _live_switching(http, prompt, n * 3, part)
+        same = leading_equal(live["output_ids"], ref)
+        ok &= same == n * 3 or not part.strict
+        out["live_switching"] = {"leading_equal": same, "tokens": n * 3, "switches_applied": live["applied"],
+                                 "epochs_seen": live["epochs"]}
+        print(f"  live switching ({live['applied']} switches, epochs {live['epochs']}): equal to plain "
+              f"{same}/{n * 3} tokens" + ("" if same == n * 3 else ("  MISMATCH" if part.strict else "  (reported)")))
+        out["costs"] = _costs(http, prompt, a, state)
+        info = http.get("/server_info").json()
+        out["server_internal_state"] = info["internal_states"][0]
+        log = [line for line in srv.lines if "Decode batch" in line]
+        if log:
+            print(f"  last decode log line: {log[-1]}")
+            out["decode_log"] = log[-1]
+        captures = [line for line in srv.lines if "refengine: graph" in line]
+        out["captures_logged"] = len(captures)
+        print(f"  graph captures logged by rank 0: {len(captures)}"
+              + (f" (e.g. {captures[0].split('refengine: ')[1]})" if captures else ""))
+        http.close()
+    except Exception as e:  # one failed part is reported, the others still run
+        ok = False
+        out["error"] = f"{type(e).__name__}: {e}"
+        print(f"  ERROR: {out['error']}\n  server output (last lines):\n    " + "\n    ".join(srv.lines[-15:]))
+    finally:
+        rc = srv.stop()
+        out["server_exit"] = rc
+    out["ok"] = ok
+    report["parts"].append(out)
+    return ok
+
+
+def _live_switching(http, prompt: list[int], n: int, part: Part) -> dict:
+    """Stream one request and apply SWITCHES one after another while it runs."""
+    out = {"output_ids": [], "applied": 0, "epochs": []}
+    progress = threading.Condition()
+
+    def switcher():
+        for i, sw in enumerate(SWITCHES):
+            with progress:
+                progress.wait_for(lambda: len(out["output_ids"]) >= (i + 1) * n // (len(SWITCHES) + 1), timeout=300)
+            r = http.post("/set_internal_state", json={"server_args": sw})
+            if r.status_code == 200 and r.json() == [True]:
+                out["applied"] += 1
+                out["epochs"].append(http.get("/server_info").json()["internal_states"][0]["config_epoch"])
+    t = threading.Thread(target=switcher, daemon=True)
+    t.start()
+    with http.stream("POST", "/generate", json={"input_ids": prompt, "stream": True, "sampling_params": {
+            "max_new_tokens": n, "temperature": 0, "ignore_eos": True}}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunk = json.loads(line[6:])
+                if "output_ids" in chunk:
+                    with progress:
+                        out["output_ids"] = chunk["output_ids"]
+                        progress.notify_all()
+    t.join(60)
+    return out
+
+
+def _costs(http, prompt: list[int], a, state) -> dict:
+    """Batch 1, steps 3 (chain: 2 draft forwards, verify of 4 tokens) per placement: median
+    phase ms over the iterations of that epoch that captured nothing."""
+    res = {}
+    print("  per-phase cost, batch 1, steps 3 (median over iterations without a capture):")
+    for placement in PLACEMENTS:
+        state(speculative_num_steps=3, speculative_eagle_topk=1, speculative_draft_placement=placement)
+        epoch = http.get("/server_info").json()["internal_states"][0]["config_epoch"]
+        after = http.get("/specdecode/phases", params={"after": 0, "limit": 1}).json()["next"]
+        for _ in range(2):   # the first run captures what it needs; the second is measured
+            http.post("/generate", json={"input_ids": prompt, "sampling_params": {
+                "max_new_tokens": a.cost_tokens, "temperature": 0, "ignore_eos": True}}).raise_for_status()
+        recs = []
+        while True:
+            body = http.get("/specdecode/phases", params={"after": after, "limit": 4096}).json()
+            recs += body["records"]
+            if not body["records"]:
+                break
+            after = body["next"]
+        recs = [r for r in recs if r["epoch"] == epoch and not r.get("capture") and r["bs"] == 1 and r["steps"] == 3]
+        if not recs:
+            continue
+
+        def med(key, p):
+            vals = [r[key][p] for r in recs if p in r.get(key, {})]
+            return statistics.median(vals) if vals else math.nan
+        res[placement] = {"iterations": len(recs), "draft_step_us": med("phase_ms", "draft") / 2 * 1e3,
+                          "verify4_us": med("phase_ms", "verify") * 1e3,
+                          "draft_extend_us": med("phase_ms", "draft_extend") * 1e3,
+                          "wall_us": statistics.median(r["wall_ms"] for r in recs) * 1e3,
+                          "comm_us": {p: med("comm_ms", p) * 1e3 for p in ("draft", "verify", "draft_extend")},
+                          "calls_in_graph": recs[-1].get("comm_calls_in_graph", {}),
+                          "calls": recs[-1]["comm_calls"]}
+        c = res[placement]
+        print(f"    {placement:<10} iters {c['iterations']:>3}  draft step {c['draft_step_us']:8.1f} µs  verify(4) "
+              f"{c['verify4_us']:8.1f} µs  extend {c['draft_extend_us']:8.1f} µs  wall {c['wall_us']:8.1f} µs  "
+              f"comm µs draft/verify {fmt(c['comm_us']['draft'], '{:.1f}')}/{fmt(c['comm_us']['verify'], '{:.1f}')}"
+              f"  collectives in graphs {c['calls_in_graph']}")
+    return res
+
+
+def print_proxy_table(report: dict, device: str) -> None:
+    """Measured per-phase costs next to the proxy (2×H200, Llama-3.1-8B shapes, bf16, batch 1)."""
+    by = {p["part"]: p.get("costs", {}) for p in report["parts"]}
+    g, e = by.get("graphs-bf16", {}), by.get("eager-bf16", {})
+    if device != "cuda":
+        g, e = by.get("static-fp32", {}), by.get("eager-fp32", {})
+        print("\n## per-phase cost (µs), CPU check of the script: the proxy is for 2×H200 bf16 and does not apply")
+    else:
+        print("\n## per-phase cost (µs) vs the H200 cost proxy (NVLink, batch 1, bf16; aim: within 1.3× of the graph proxy)")
+    print("   phase                     graphs   eager  | proxy graph  proxy eager | graphs/proxy")
+    rows = [("draft step, sharded", "sharded", "draft_step_us", ("draft_step", "sharded")),
+            ("draft step, replicated", "replicated", "draft_step_us", ("draft_step", "replicated")),
+            ("draft step, rank0", "rank0", "draft_step_us", None),
+            ("verify of 4 tokens, TP2", "sharded", "verify4_us", ("verify4", "tp2"))]
+    table = []
+    for label, placement, key, proxy in rows:
+        gv = g.get(placement, {}).get(key, math.nan)
+        ev = e.get(placement, {}).get(key, math.nan)
+        pg = PROXY_US.get((*proxy, "nvlink", "graph"), math.nan) if proxy else math.nan
+        pe = PROXY_US.get((*proxy, "nvlink", "eager"), math.nan) if proxy else math.nan
+        ratio = gv / pg if device == "cuda" and pg == pg else math.nan
+        table.append({"phase": label, "graphs_us": gv, "eager_us": ev, "proxy_graph_us": pg, "proxy_eager_us": pe,
+                      "graphs_over_proxy": ratio})
+        print(f"   {label:<24} {fmt(gv, '{:8.1f}')} {fmt(ev, '{:8.1f}')} | {fmt(pg, '{:11.0f}')} {fmt(pe, '{:12.0f}')} |"
+              f" {fmt(ratio, '{:8.2f}')}")
+    report["proxy_table"] = table
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--tp-size", type=int, default=2)
+    ap.add_argument("--model-path", default=None, help="the big preset (default llama-3.1-8b on cuda, tiny-agreeing on cpu)")
+    ap.add_argument("--parts", default=None, help="comma-separated part names (default: all for the device)")
+    ap.add_argument("--tokens", type=int, default=None, help="new tokens per placement check (live switching: 3x)")
+    ap.add_argument("--cost-tokens", type=int, default=None, help="new tokens per cost run")
+    ap.add_argument("--start-timeout-s", type=float, default=420.0)
+    ap.add_argument("--budget-s", type=float, default=560.0, help="start no new part after this long")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    a.tokens = a.tokens or (32 if a.device == "cuda" else 12)
+    a.cost_tokens = a.cost_tokens or (48 if a.device == "cuda" else 12)
+    parts = parts_for(a.device, a.model_path)
+    if a.parts:
+        want = a.parts.split(",")
+        unknown = [w for w in want if w not in {p.name for p in parts}]
+        if unknown:
+            print(f"gpu_smoke: unknown part {unknown[0]!r}; parts on {a.device}: {', '.join(p.name for p in parts)}",
+                  file=sys.stderr)
+            return 2
+        parts = [p for p in parts if p.name in want]
+    t0 = time.time()
+    report: dict = {"argv": sys.argv[1:], "device": a.device, "tp_size": a.tp_size, "parts": []}
+    try:
+        import torch
+        if a.device == "cuda" and torch.cuda.is_available():
+            report["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            print(f"# GPUs: {report['gpus']}; torch {torch.__version__}; NCCL {torch.cuda.nccl.version()}")
+    except Exception as e:  # a report without GPU names is still a report
+        print(f"# (no GPU description: {e})")
+    print(f"# gpu_smoke on {a.device}, TP{a.tp_size}: parts {', '.join(p.name for p in parts)}")
+    ok = True
+    for p in parts:
+        if time.time() - t0 > a.budget_s:
+            print(f"\n## {p.name}: SKIPPED (time budget {a.budget_s:.0f} s spent)")
+            report["parts"].append({"part": p.name, "skipped": True})
+            ok = False
+            continue
+        ok &= run_part(p, a, report)
+    print_proxy_table(report, a.device)
+    report["ok"], report["elapsed_s"] = ok, time.time() - t0
+    print(f"\n# {'PASS' if ok else 'FAIL'}: every part generated with every placement, live switching applied, "
+          f"strict parts identical to plain decoding ({report['elapsed_s']:.0f} s)" if ok else
+          f"\n# FAIL (see above) after {report['elapsed_s']:.0f} s")
+    if a.out:
+        Path(a.out).write_text(json.dumps(report, indent=1, default=str))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
