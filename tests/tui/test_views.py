@@ -140,3 +140,9 @@ def test_trailing_mean_skips_gaps_and_forgets_old_values():
     out = views.trailing_mean(t, v, span=1.0)
     assert out[:4] == (10.0, 10.0, 20.0, 25.0)
     assert out[4] == 30.0 and math.isnan(out[5])
+
+
+def test_short_error_drops_the_request_and_fits_the_header():
+    assert views.short_error("GET http://127.0.0.1:1/specdecode/phases: cannot connect (refused)") == \
+        "cannot connect (refused)"
+    assert len(views.short_error("x" * 200)) == 60

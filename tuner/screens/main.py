@@ -142,7 +142,10 @@ class MainScreen(Screen[None]):
         else:
             conn = self.session.connection()
             state = "connecting" if math.isnan(conn.since) else ("connected" if conn.connected else "disconnected")
-            detail = conn.error if not conn.connected else ""
+            detail = ""
+            if not conn.connected and not math.isnan(conn.since):
+                away = max(0.0, self.session.now() - conn.since)
+                detail = f"{away:.0f} s · {views.short_error(conn.error, 40)}"
         launch = info.get("launch") or {}
         tp = info.get("tp_size", launch.get("tp_size"))
         self.query_one("#header", ServerHeader).show(HeaderView(
@@ -185,6 +188,9 @@ class MainScreen(Screen[None]):
         if change is None:
             return ABView()
         label = views.change_label(change.data.get("old") or {}, change.data.get("new") or {})
+        if not self.app.read_only and not self.session.connection().connected:
+            # Readings taken while the server is away are not the new setting's: wait for it.
+            return ABView(label, False, "the server is not answering")
         tok = self.session.ab(now=now)
         acc = self.session.ab("spec/accept_len", now=now)
         if not tok.ready:

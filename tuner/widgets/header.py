@@ -43,7 +43,7 @@ _STATE = {
 
 
 class ServerHeader(Static):
-    DEFAULT_CSS = "ServerHeader { height: 2; padding: 0 1; }"
+    DEFAULT_CSS = "ServerHeader { height: 2; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }"
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)

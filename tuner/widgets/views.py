@@ -208,7 +208,7 @@ def event_line(e: Event, origin: float) -> LogLine | None:
         away = d.get("after_s") or 0
         return LogLine(t, f"connected to {d.get('url', '?')}" + (f" after {away:.0f}s away" if away else ""), "good")
     if e.kind == K.DISCONNECTED:
-        return LogLine(t, f"disconnected: {d.get('error', '?')}", "error")
+        return LogLine(t, f"disconnected: {short_error(str(d.get('error', '?')), 80)}", "error")
     if e.kind == K.POLL_ERROR:
         return LogLine(t, f"{d.get('endpoint', '?')}: {d.get('error', '?')}", "warn")
     if e.kind == K.LOAD_STARTED:
@@ -228,6 +228,14 @@ def event_line(e: Event, origin: float) -> LogLine | None:
     if e.kind == K.SERVER_INFO:
         return LogLine(t, f"server: {d.get('kind', '?')} {d.get('version', '')} · {d.get('model', '')}", "dim")
     return None
+
+
+def short_error(error: str, limit: int = 60) -> str:
+    """`cannot connect (...)` from `GET http://host/path: cannot connect (...)`: the header has one line."""
+    head, sep, rest = error.partition(": ")
+    if sep and head.split(" ", 1)[0] in ("GET", "POST", "PUT", "DELETE"):
+        error = rest
+    return error if len(error) <= limit else error[: limit - 1] + "…"
 
 
 def _changes(changes: Mapping[str, Any]) -> str:
