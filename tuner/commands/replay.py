@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         session = open_replay(args.file, args.start, args.speed, args.paused)
     except RecordingError as e:
-        print(f"specdecode-tune replay: {args.file}: {e}", file=sys.stderr)
+        print(f"specdecode-tune replay: {e}", file=sys.stderr)
         return 1
     from tuner.app import make_app
 
