@@ -396,8 +396,13 @@ def why(best: SettingRow, other: SettingRow) -> list[str]:
                  f"iteration time {t_o:.2f} → {t_b:.2f} ms ({(t_b / t_o - 1) * 100:+.1f} %)"]
         if abs(b_r - 1) > 0.05:
             parts.append(f"batch {other.batch:.2f} → {best.batch:.2f}")
+        same = 0.02            # changes this small are noise, not a reason
         lead = "more tokens per iteration" if math.log(tau_r) > math.log(t_r) else "shorter iterations"
-        if tau_r < 1 and t_r > 1:
+        if abs(tau_r - 1) < same and t_r > 1:
+            lead = "shorter iterations at about the same accept length"
+        elif abs(t_r - 1) < same and tau_r > 1:
+            lead = "more tokens per iteration at about the same iteration time"
+        elif tau_r < 1 and t_r > 1:
             lead = "shorter iterations, despite fewer tokens accepted per iteration"
         elif tau_r > 1 and t_r < 1:
             lead = "more tokens per iteration, despite longer iterations"
