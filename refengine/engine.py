@@ -276,7 +276,9 @@ class Engine:
                 self._count(r, j, s)
                 r.seq_len += j + 1
                 if s == 0:
-                    r.pending_aux.append(aux[i, :1])
+                    # A copy: with graphs, aux is the verify graph's output buffer, rewritten by
+                    # the next replay, while this waits for the catch-up extend.
+                    r.pending_aux.append(aux[i, :1].clone())
                 u = self._commit_tokens(r, tok_l[i][1: j + 1] + [bonus_l[i]])
                 committed += j + 1
                 if u is not None:

@@ -167,7 +167,6 @@ class GraphCache:
         self.stats = GraphStats()
         self._lru: dict[str, OrderedDict[GraphKey, _Entry]] = {GROUP: OrderedDict(), LOCAL: OrderedDict()}
         self._events: list[CaptureEvent] = []
-        self._pool = None
 
     @property
     def enabled(self) -> bool:
@@ -297,8 +296,6 @@ class GraphCache:
         return entry
 
     def _capture_cuda(self, entry: _Entry, body) -> None:
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -309,7 +306,9 @@ class GraphCache:
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with self.comm.capturing() as ops:
-            with torch.cuda.graph(graph, pool=self._pool):
+            # A private memory pool per graph: replays happen in any order (draft steps, verify,
+            # extend, other keys), so no graph may reuse memory another graph's outputs live in.
+            with torch.cuda.graph(graph):
                 outs = body(entry.inputs)
         entry.graph, entry.outputs, entry.comm_ops = graph, tuple(outs), list(ops)
 

@@ -46,6 +46,17 @@ def test_graphed_greedy_equals_plain(graphed, plain, placement):
     assert run.tokens == plain
 
 
+def test_live_switches_through_steps_zero_keep_output(graphed, plain):
+    # Steps 0 keeps the verify graph's aux for the later catch-up extend: it must survive replays.
+    run = generate(graphed, PROMPTS, MAX_NEW, config={"speculative_num_steps": 3, "speculative_eagle_topk": 1,
+                                                      "speculative_draft_placement": "sharded"},
+                   switches=[(3, {"speculative_num_steps": 0}), (9, {"speculative_num_steps": 2,
+                                                                     "speculative_draft_placement": "rank0"}),
+                             (14, {"speculative_num_steps": 4, "speculative_draft_placement": "replicated"})])
+    assert run.tokens == plain
+    assert {r["steps"] for r in run.records} >= {0, 2, 4}
+
+
 def test_steps_change_reuses_draft_graphs_and_captures_are_flagged(graphed):
     graphed.set_config({"speculative_num_steps": 3, "speculative_eagle_topk": 1,
                         "speculative_draft_placement": "sharded"})
