@@ -27,6 +27,7 @@ from tuner.widgets import views
 from tuner.widgets.fmt import rel_time
 from tuner.widgets.knobs import KnobsPanel
 
+DEFAULT_LOAD = 4
 CONTROL_ACTIONS = {"steps", "topk", "draft_tokens", "placement", "toggle_load", "capture_trace", "pyspy"}
 REPLAY_ACTIONS = {"pause", "step", "seek", "speed"}
 
@@ -37,7 +38,7 @@ class TunerApp(App[None]):
     Args:
         session: the headless session (started by the caller or by the app on mount).
         tick_s: seconds between ticks; None runs no timer (tests call `tick()` themselves).
-        load_concurrency: concurrency the load toggle starts with (0: the toggle starts nothing).
+        load_concurrency: requests the load driver keeps in flight (0: DEFAULT_LOAD when l is pressed).
         prompts: prompts for the load driver.
         start_load: start the load driver as soon as the app is up.
     """
@@ -73,7 +74,8 @@ class TunerApp(App[None]):
         super().__init__()
         self.session = session
         self.tick_s = tick_s
-        self.load_concurrency = load_concurrency
+        # The l key starts this many requests when --load gave none.
+        self.load_concurrency = load_concurrency or DEFAULT_LOAD
         self.prompts = prompts or []
         self.chart_window_s = chart_window_s
         self.autostart_load = start_load
@@ -188,8 +190,8 @@ class TunerApp(App[None]):
     def action_toggle_load(self) -> None:
         if self.session.load is not None:
             self._load_worker(False)
-        elif not self.load_concurrency or not self.prompts:
-            self.notify("no load configured: start with --load N", severity="warning")
+        elif not self.prompts:
+            self.notify("no prompts for the load driver", severity="warning")
         else:
             self._load_worker(True)
 
@@ -339,7 +341,13 @@ class TunerApp(App[None]):
             yield SystemCommand("Sample Python stacks (py-spy)", "top functions of the server's processes",
                                 self.action_pyspy)
         else:
-            yield SystemCommand("Pause / resume replay", "space", self.action_pause)
+            yield SystemCommand("Pause / resume the replay", "space", self.action_pause)
+            yield SystemCommand("Step the replay one second", ".", self.action_step)
+            yield SystemCommand("Seek 10 s forward", "→", lambda: self.action_seek(10))
+            yield SystemCommand("Seek 10 s back", "←", lambda: self.action_seek(-10))
+            yield SystemCommand("Replay faster", ">", lambda: self.action_speed(2))
+            yield SystemCommand("Replay slower", "<", lambda: self.action_speed(0.5))
+        yield SystemCommand("Trace analysis", "the newest capture's analysis", self.action_analysis)
         yield SystemCommand("Keys and panels", "the help screen", self.action_help)
 
 
@@ -347,5 +355,8 @@ def make_app(session: Session, *, load: int = 0, prompts: list[dict] | None = No
              max_new_tokens: int = 128, tick_s: float | None = 0.25, start_load: bool = True,
              gpu_labels: dict[int, str] | None = None) -> TunerApp:
     """The app as every command and test builds it (Posting's make_posting)."""
+    if prompts is None:
+        from tuner.commands.attach import builtin_prompts
+        prompts = builtin_prompts()
     return TunerApp(session, tick_s=tick_s, load_concurrency=load, prompts=prompts,
                     max_new_tokens=max_new_tokens, start_load=start_load and load > 0, gpu_labels=gpu_labels)

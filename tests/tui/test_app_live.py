@@ -54,6 +54,12 @@ def test_keys_change_the_setting_and_the_server_confirms_it(engine):
             steps_line = str(app.main.query_one("#knobs").render()).splitlines()[0]
             assert await pilot.click("#knobs", offset=(steps_line.index(" - ", 13) + 1, 0))
             await wait_for(pilot, lambda: session.active_config().get(STEPS) == before, why="steps back by click")
+            # l stops the load driver and starts it again; the store sees both.
+            await pilot.press("l")
+            await wait_for(pilot, lambda: session.store.events("load_stopped"), why="load stopped by l")
+            assert "off · l starts 2 concurrent" in str(app.main.query_one("#knobs").render())
+            await pilot.press("l")
+            await wait_for(pilot, lambda: len(session.store.events("load_started")) == 2, why="load started by l")
             while session.active_config().get(PLACEMENT) != old_placement:
                 current = session.active_config().get(PLACEMENT)
                 await pilot.press("p")

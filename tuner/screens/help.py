@@ -19,7 +19,7 @@ ACTION_HELP = {
     "topk": "wider / narrower draft tree (speculative_eagle_topk)",
     "draft_tokens": "more / fewer tokens verified per step (speculative_num_draft_tokens)",
     "placement": "move the draft: sharded (target's TP group) → replicated (every rank) → rank0",
-    "toggle_load": "start or stop the client load (concurrency from --load)",
+    "toggle_load": "start or stop the client load (--load N requests in flight, 4 by default)",
     "capture_trace": "capture a profiler trace on every rank, then show where the time went",
     "pyspy": "sample the server's Python stacks with py-spy: its top functions",
     "analysis": "show the newest capture's analysis again",

@@ -177,7 +177,7 @@ class MainScreen(Screen[None]):
             return ""
         load = self.session.load
         if load is None:
-            return "off" if self.app.load_concurrency else "off (start with --load N)"
+            return f"off · l starts {self.app.load_concurrency} concurrent"
         now = self.session.now()
         tok = views.mean(self.session.store.window("load/tok_per_s", now - views.SMOOTH_S, now).v)
         return f"{self.app.load_concurrency} concurrent · {tok:.1f} tok/s" if tok == tok else \
