@@ -88,8 +88,11 @@ class TimeChart(PlotextPlot):
                     continue
                 y_hi = max(y_hi, max(y for _, y in keep))
                 plt.plot([x for x, _ in keep], [y for _, y in keep], color=s.color, marker="braille")
-        y_hi = y_hi * 1.15 if y_hi > 0 else 1.0
+        y_step = _nice_step(y_hi * 1.1 if y_hi > 0 else 1.0, max(2, min(5, self.size.height // 3)))
+        y_hi = y_step * math.ceil((y_hi * 1.1 if y_hi > 0 else 1.0) / y_step)
         plt.ylim(0, y_hi)
+        y_ticks = [i * y_step for i in range(int(round(y_hi / y_step)) + 1)]
+        plt.yticks(y_ticks, [f"{y:g}" for y in y_ticks])
         canvas = self._canvas_rgb()
         shown = [(t, label) for t, label in view.markers if t0 <= t <= x_hi]
         cells_per_s = max(1, self.size.width - 8) / (x_hi - t0)   # minus the y axis labels
@@ -112,6 +115,13 @@ class TimeChart(PlotextPlot):
             return Color.parse(self.app.theme_variables["surface"]).rgb
         except Exception:   # no app theme yet (first layout): plotext's default is fine
             return None
+
+
+def _nice_step(span: float, n: int) -> float:
+    """A 1, 2 or 5 times a power of ten step giving about n intervals over span."""
+    raw = span / max(1, n)
+    base = 10 ** math.floor(math.log10(raw))
+    return next(m * base for m in (1, 2, 5, 10) if m * base >= raw)
 
 
 def _time_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
