@@ -6,6 +6,7 @@ server that goes away leaves a marked gap and the recording resumes when it is b
 from __future__ import annotations
 
 import argparse
+import io
 import math
 import signal
 import time
@@ -14,7 +15,8 @@ import pytest
 
 from report_helpers import Recording, Served, free_port
 from tuner.backends import connect
-from tuner.commands.record import ScheduledChange, RecordLoop, parse_duration, parse_set_at
+from tuner.cli import main
+from tuner.commands.record import Progress, RecordLoop, ScheduledChange, parse_duration, parse_set_at
 from tuner.core import series as S
 from tuner.core.events import EventKind
 from tuner.core.records import Event, Sample, Trace
@@ -207,3 +209,51 @@ def test_a_server_that_goes_away_leaves_a_marked_gap_and_recording_resumes(tmp_p
     assert len(summary.gaps) == 1
     g0, g1, err = summary.gaps[0]
     assert g1 - g0 > 1.0 and err
+
+
+# -- progress and refusals (no server) --------------------------------------------------------------------
+
+class _Stream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self._tty = tty
+
+    def isatty(self) -> bool:
+        return self._tty
+
+
+def test_progress_is_one_line_in_place_on_a_terminal_and_periodic_lines_otherwise():
+    now = [0.0]
+    tty = Progress(_Stream(True), monotonic=lambda: now[0])
+    for i in range(5):
+        tty.update(f"recording {i}")
+        now[0] += 0.6
+    tty.say("server gone")
+    tty.update("recording 9")
+    tty.end()
+    text = tty.stream.getvalue()
+    assert text.count("\r\x1b[2K") >= 5 and text.count("\n") == 2       # the message and the final newline
+    assert "recording 4" in text and "server gone\n" in text
+
+    now[0] = 0.0
+    log = Progress(_Stream(False), every_s=10.0, monotonic=lambda: now[0])
+    for i in range(25):
+        log.update(f"recording {i}")
+        now[0] += 1.0
+    lines = log.stream.getvalue().splitlines()
+    assert lines == ["recording 0", "recording 10", "recording 20"]      # no control characters in logs
+    log.end()
+
+
+def test_record_refuses_in_one_line_without_leaving_a_file(tmp_path, capsys):
+    out = tmp_path / "x.db"
+    assert main(["record", "http://127.0.0.1:1", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot connect" in err and not out.exists()
+    out.write_text("keep me")
+    assert main(["record", "http://127.0.0.1:1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "exists" in err and "--overwrite" in err and out.read_text() == "keep me"
+    with pytest.raises(SystemExit):
+        main(["record", "http://127.0.0.1:1", "--out", str(out), "--duration", "soon"])
+    assert "not a duration" in capsys.readouterr().err
