@@ -128,3 +128,19 @@ def test_demo_in_tmux_as_a_person_uses_it():
         assert left == [], f"the demo left processes behind: {left}"
     finally:
         pane.close()
+
+
+def test_closing_the_terminal_takes_the_engine_with_it():
+    """The terminal goes away (SIGHUP to the demo): the engine and its ranks must not be left behind."""
+    env = f"-u COLUMNS -u LINES PYTHONPATH={ROOT} OMP_NUM_THREADS=1"
+    pane = Pane(f"cd {ROOT} && exec env {env} {sys.executable} -m tuner demo --load 1")
+    try:
+        pane.wait(r"● connected", 240, "the demo opens the TUI connected to its engine")
+        everything = {p for p in descendants(pane.pid()) if alive(p)} | {pane.pid()}
+        assert any("refengine" in open(f"/proc/{p}/cmdline").read() for p in everything if alive(p))
+    finally:
+        pane.close()                    # kills the tmux server: the demo's terminal hangs up
+    end = time.monotonic() + 30
+    while time.monotonic() < end and any(alive(p) for p in everything):
+        time.sleep(0.5)
+    assert [p for p in everything if alive(p)] == [], "processes outlived their terminal"

@@ -49,6 +49,19 @@ def local_gpu_count() -> int:
         return 0
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the demo process dies, however it dies (even
+    SIGKILL), so the engine never outlives it. Linux's PR_SET_PDEATHSIG."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # 1 = PR_SET_PDEATHSIG
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    # A closed terminal (SIGHUP) or a kill (SIGTERM) must still run the teardown in `run`.
+    raise SystemExit(128 + signum)
+
+
 def server_command(device: str, tp: int, port: int, emulate: str | None) -> list[str]:
     cmd = [sys.executable, "-m", "refengine", "serve", "--tp-size", str(tp), "--device", device,
            "--host", "127.0.0.1", "--port", str(port)]
@@ -66,7 +79,8 @@ class EngineProcess:
         # A new session: the ranks the server spawns share its group, so one killpg ends them all,
         # and Ctrl-C in the TUI's terminal does not reach them behind the app's back.
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> str:
         """Wait for the server's ready line (it names the URL, so `--port 0` works) and return the URL."""
@@ -124,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"specdecode-tune demo: prompts: {e}", file=sys.stderr)
         return 2
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit_on_signal)
     log_dir = Path(tempfile.mkdtemp(prefix="specdecode-demo-"))
     cmd = server_command(device, tp, args.port, args.emulate_comm_latency)
     print(f"starting the engine: TP {tp} on {device} (log: {log_dir / 'server.log'}) …", file=sys.stderr)
