@@ -23,6 +23,12 @@ START_TIMEOUT_S = 240.0
 MODEL_ARGS = ["--model-path", "tiny-agreeing", "--load-format", "dummy"]
 
 
+def _die_with_parent() -> None:
+    # A killed test run must not leave servers behind (Linux's PR_SET_PDEATHSIG).
+    import ctypes
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)
+
+
 class Engine:
     """One `serve` process group; `kill()` takes the ranks with it, `restart()` reuses the port."""
 
@@ -42,7 +48,7 @@ class Engine:
             [sys.executable, "-m", "refengine", "serve", *self.model_args, "--tp-size", "2",
              "--port", str(self.port), *self.args],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-            start_new_session=True)
+            start_new_session=True, preexec_fn=_die_with_parent)
         threading.Thread(target=self._read, daemon=True).start()
         self._ready.wait(START_TIMEOUT_S)
         if self.url is None:
