@@ -156,6 +156,8 @@ def run_interconnect(a, interconnect: str, curve: tuple[float, ...], report: dic
     env = client.rank_env()
     info = client.graph_info()[0]
     label = interconnect + (f" (EMULATED {EMULATED_SLOW} µs per collective)" if interconnect == "emulated" else "")
+    if a.device == "cpu" and interconnect != "emulated":
+        label += " (CPU ranks: gloo; the NCCL variables have no effect)"
     print(f"\n## interconnect {label}: {a.model_path} TP{a.tp_size} {a.device} {a.dtype}; started in "
           f"{time.time() - t0:.1f} s; graphs: {info['mode']}" + (f" ({info['off_reason']})" if info.get("off_reason") else ""))
     print(f"   NCCL environment on every rank: {env[0] if all(e == env[0] for e in env) else env}")
@@ -185,7 +187,7 @@ def run_interconnect(a, interconnect: str, curve: tuple[float, ...], report: dic
                     print(f"   load errors: {load.errors[:3]}")
         _print_table(rows, curve)
         keys = graph_keys(client)
-        _print_graph_keys(keys)
+        _print_graph_keys(keys, info["mode"])
         report["interconnects"].append({"interconnect": interconnect, "emulated": interconnect == "emulated",
                                         "rank_env": env, "graphs": info, "rows": rows, "graph_keys": keys})
     finally:
@@ -216,11 +218,12 @@ def _print_table(rows: list[dict], curve) -> None:
               + ("  TIMED OUT" if r["timed_out"] else ""))
 
 
-def _print_graph_keys(keys: list[dict]) -> None:
+def _print_graph_keys(keys: list[dict], mode: str) -> None:
     rank0 = [k for k in keys if k["rank"] == 0 and k["replays"] and k["replay_ms_mean"] is not None]
     if not rank0:
         return
-    print("   rank 0 graph replays (mean µs per replay, CUDA events around each replay; collectives inside):")
+    how = "CUDA events around each replay" if mode == "cuda" else "host clock around each re-execution (static stand-in)"
+    print(f"   rank 0 graph replays (mean µs per replay, {how}; collectives inside):")
     for k in sorted(rank0, key=lambda k: (k["phase"], k["placement"], k["rows"], k["shape"])):
         print(f"     {k['key']:<44} replays {k['replays']:>6}  {k['replay_ms_mean'] * 1e3:9.1f} µs  "
               f"collectives {k['comm_calls']}" + (f"  EAGER: {k['eager']}" if k["eager"] else ""))
