@@ -5,7 +5,8 @@ and against the sharded draft, all measured side by side in one run. TP size is 
 the same script serves the H200 pair (TP2) and eight GPUs (TP8); `--check-greedy` first checks
 greedy speculative output ≡ plain decoding for every placement (simulator off).
 
-GPU (one device call each; NCCL knobs per interconnect reach every rank through the environment):
+GPU (each planned to finish within 10 minutes; NCCL knobs per interconnect reach every rank through
+the environment):
     python benchmarks/gpu_scenario.py --device cuda --tp-size 2 --out results.json
     python benchmarks/gpu_scenario.py --device cuda --tp-size 8 --out results.json
 CPU check of the script (gloo ranks, tiny shapes; "emulated" adds the slow link's latency):

@@ -2,7 +2,7 @@
 generates, live switching works, speculative output equals no speculation (tie rules below), and
 per-phase costs are printed next to the H200 cost proxy — with CUDA graphs and eagerly.
 
-GPU, the H200 pair (one device call; parts can be split with --parts if one call is too short):
+GPU, the H200 pair (planned for under 10 minutes; split with --parts if that is too long):
     python benchmarks/gpu_smoke.py --device cuda --tp-size 2 --out smoke.json
 CPU check of the script (gloo ranks; the graph part uses the static stand-in of CUDA graphs):
     python benchmarks/gpu_smoke.py --device cpu --tp-size 2
