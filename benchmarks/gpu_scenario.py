@@ -64,16 +64,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--check-greedy", action="store_true",
                     help="first: greedy speculative output == plain decoding for every placement (simulator off)")
     ap.add_argument("--check-tokens", type=int, default=24)
+    ap.add_argument("--check-dtype", default=None,
+                    help="dtype of the greedy check (default float32 on cuda: bf16 near-ties would flip "
+                         "greedy tokens on random 8B weights; the run's dtype on cpu)")
     ap.add_argument("--threads-per-rank", type=int, default=None)
     ap.add_argument("--budget-s", type=float, default=540.0, help="stop starting new settings after this long")
     ap.add_argument("--out", default=None, help="write every figure as JSON here")
     a = ap.parse_args(argv)
     a.model_path = a.model_path or ("llama-3.1-8b" if a.device == "cuda" else "tiny-agreeing")
     a.threads_per_rank = a.threads_per_rank or (1 if a.device == "cpu" else None)
+    a.check_dtype = a.check_dtype or ("float32" if a.device == "cuda" else a.dtype)
     return a
 
 
-def engine_opts(a, interconnect: str | None, simulate: str | None):
+def engine_opts(a, interconnect: str | None, simulate: str | None, dtype: str | None = None):
     from refengine.client import EngineOptions
 
     env = base_env()
@@ -83,10 +87,10 @@ def engine_opts(a, interconnect: str | None, simulate: str | None):
     elif interconnect is not None:
         env.update(INTERCONNECTS[interconnect])
     return EngineOptions(model_path=a.model_path, load_format="dummy", tp_size=a.tp_size, device=a.device,
-                         dtype=a.dtype, speculative_num_steps=1, max_running_requests=max(_ints(a.batches)),
+                         dtype=dtype or a.dtype, speculative_num_steps=1, max_running_requests=max(_ints(a.batches)),
                          context_length=a.context_length, speculative_simulate_accept=simulate,
                          emulate_comm_latency=emulate, threads_per_rank=a.threads_per_rank, env=env,
-                         cuda_graph=a.cuda_graph, cuda_graph_timing=True, init_timeout_s=120)
+                         cuda_graph=a.cuda_graph, cuda_graph_timing=True, cuda_graph_log=False, init_timeout_s=120)
 
 
 def check_greedy(a, report: dict) -> bool:
@@ -94,8 +98,8 @@ def check_greedy(a, report: dict) -> bool:
     from refengine.client import EngineClient, GenRequest
 
     t0 = time.time()
-    client = EngineClient.start(engine_opts(a, None, None))
-    print(f"\n## greedy check: {a.model_path} TP{a.tp_size} {a.device} "
+    client = EngineClient.start(engine_opts(a, None, None, a.check_dtype))
+    print(f"\n## greedy check: {a.model_path} TP{a.tp_size} {a.device} {a.check_dtype} "
           f"(started in {time.time() - t0:.1f} s; graphs: {client.graph_info()[0]['mode']})")
     prompts = [[2, 40, 6], [10, 12, 14, 16, 18]]     # even ids: the agreeing presets' drafts get accepted
     ok = True
@@ -187,8 +191,14 @@ def run_interconnect(a, interconnect: str, curve: tuple[float, ...], report: dic
                 if load.errors:
                     print(f"   load errors: {load.errors[:3]}")
         _print_table(rows, curve)
+        time.sleep(1.5)   # ranks send their statistics every 0.25 s while busy, every 1 s while idle
         keys = graph_keys(client)
         _print_graph_keys(keys, info["mode"])
+        for rank, st in sorted(client.stats()["per_rank"].items()):
+            g = st.get("graphs") or {}
+            if rank == 0 or g.get("failures"):
+                print(f"   rank {rank} graphs: {g.get('captures', 0)} captures in {g.get('capture_ms', 0):.0f} ms, "
+                      f"{g.get('replays', 0)} replays, {g.get('evictions', 0)} evictions, failures {g.get('failures') or 'none'}")
         report["interconnects"].append({"interconnect": interconnect, "emulated": interconnect == "emulated",
                                         "rank_env": env, "graphs": info, "rows": rows, "graph_keys": keys})
     finally:

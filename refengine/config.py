@@ -165,6 +165,8 @@ class EngineOptions:
     """Captured graphs kept per scope before the least recently used is dropped."""
     cuda_graph_timing: bool = False
     """CUDA events around every replay, reported per graph key in stats (benchmarks)."""
+    cuda_graph_log: bool = True
+    """Rank 0 prints one line per capture (they are in the phase records either way)."""
 
     def initial_config(self) -> dict[str, Any]:
         changes: dict[str, Any] = {

@@ -292,7 +292,7 @@ class Engine:
                 self.free_rows.append(r.row)
         ms, cms, calls, gcalls = self.timer.collect()
         captures = [e.as_dict() for e in self.graphs.drain_events()]
-        if captures and self.rank == 0:
+        if captures and self.rank == 0 and self.opts.cuda_graph_log:
             for c in captures:
                 print(f"refengine: graph {'captured' if c['ok'] else 'capture FAILED'} {c['phase']} "
                       f"{c['placement']} rows={c['rows']} shape={c['shape']} in {c['ms']:.1f} ms"
