@@ -29,8 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_runs import (EMULATED_SLOW, INTERCONNECTS, PHASES, Load, base_env, curve_tau, fmt,  # noqa: E402
-                         graph_keys, measure, published_curve)
+from engine_runs import (EMULATED_SLOW, INTERCONNECTS, PHASES, PROXY_US, Load, base_env, curve_tau,  # noqa: E402
+                         fmt, graph_keys, measure, published_curve)
 
 PLACEMENTS = ("sharded", "replicated", "rank0")
 
@@ -194,6 +194,8 @@ def run_interconnect(a, interconnect: str, curve: tuple[float, ...], report: dic
         time.sleep(1.5)   # ranks send their statistics every 0.25 s while busy, every 1 s while idle
         keys = graph_keys(client)
         _print_graph_keys(keys, info["mode"])
+        if a.device == "cuda" and a.tp_size == 2 and info["mode"] == "cuda":
+            _print_vs_proxy(keys, interconnect)
         for rank, st in sorted(client.stats()["per_rank"].items()):
             g = st.get("graphs") or {}
             if rank == 0 or g.get("failures"):
@@ -238,6 +240,23 @@ def _print_graph_keys(keys: list[dict], mode: str) -> None:
     for k in sorted(rank0, key=lambda k: (k["phase"], k["placement"], k["rows"], k["shape"])):
         print(f"     {k['key']:<44} replays {k['replays']:>6}  {k['replay_ms_mean'] * 1e3:9.1f} µs  "
               f"collectives {k['comm_calls']}" + (f"  EAGER: {k['eager']}" if k["eager"] else ""))
+
+
+def _print_vs_proxy(keys: list[dict], interconnect: str) -> None:
+    """Rank 0's mean graph replay per call at batch 1 next to the H200 cost proxy (TP2, bf16)."""
+    def mean_us(pred) -> float:
+        ks = [k for k in keys if k["rank"] == 0 and k["rows"] == 1 and k["replays"] and pred(k)]
+        n = sum(k["replays"] for k in ks)
+        return sum(k["replay_ms_mean"] * k["replays"] for k in ks) / n * 1e3 if n else math.nan
+
+    print(f"   batch-1 graph replays vs the cost proxy ({interconnect}; aim: within 1.3x):")
+    rows = [(f"draft step, {p}", lambda k, p=p: k["phase"] == "draft_step" and k["placement"] == p and k["shape"][0] == 1,
+             ("draft_step", p if p != "rank0" else "replicated")) for p in PLACEMENTS]
+    rows.append(("verify of 4 tokens", lambda k: k["phase"] == "verify" and k["shape"][0] == 4, ("verify4", "tp2")))
+    for label, pred, proxy in rows:
+        got = mean_us(pred)
+        ref = PROXY_US.get((*proxy, interconnect, "graph"), math.nan)
+        print(f"     {label:<24} {fmt(got, '{:8.1f}')} µs   proxy {fmt(ref, '{:7.0f}')} µs   ratio {fmt(got / ref, '{:5.2f}')}")
 
 
 def main(argv=None) -> int:
