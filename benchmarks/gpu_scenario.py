@@ -283,6 +283,8 @@ def main(argv=None) -> int:
             print(f"\n## interconnect {ic}: SKIPPED (time budget {a.budget_s:.0f} s spent)")
             continue
         run_interconnect(a, ic, curve, report, t_start)
+        if a.out:   # after every interconnect: a run cut short by a time limit keeps what it measured
+            Path(a.out).write_text(json.dumps(report, indent=1, default=str))
     report["elapsed_s"] = time.time() - t_start
     if a.out:
         Path(a.out).write_text(json.dumps(report, indent=1, default=str))

@@ -341,6 +341,8 @@ def main(argv=None) -> int:
             ok = False
             continue
         ok &= run_part(p, a, report)
+        if a.out:   # after every part: a run cut short by a time limit keeps what it measured
+            Path(a.out).write_text(json.dumps(report, indent=1, default=str))
     print_proxy_table(report, a.device)
     report["ok"], report["elapsed_s"] = ok, time.time() - t0
     print(f"\n# {'PASS' if ok else 'FAIL'}: every part generated with every placement, live switching applied, "
