@@ -168,8 +168,11 @@ def run_interconnect(a, interconnect: str, curve: tuple[float, ...], report: dic
     print(f"   NCCL environment on every rank: {env[0] if all(e == env[0] for e in env) else env}")
     rows = []
     vocab = client.model_info()["vocab_size"]
+    out_of_time = False
     try:
         for batch in _ints(a.batches):
+            if out_of_time:
+                break
             load = Load(client, vocab, batch, max_new=min(2048, a.context_length - 64))
             load.start()
             try:
@@ -179,17 +182,21 @@ def run_interconnect(a, interconnect: str, curve: tuple[float, ...], report: dic
                 for steps in _ints(a.steps):
                     for placement in _placements(a):
                         if time.time() - t_start > a.budget_s:
-                            print(f"   SKIPPED the rest: time budget {a.budget_s:.0f} s spent")
-                            return
+                            out_of_time = True
+                            break
                         m = measure(client, {"speculative_num_steps": steps, "speculative_eagle_topk": 1,
                                              "speculative_draft_placement": placement}, batch, a.iterations, a.settle)
                         if placement == "sharded":
                             by_sharded[steps] = m
                         rows.append(_row(interconnect, placement, steps, batch, m, base, by_sharded.get(steps)))
+                    if out_of_time:
+                        break
             finally:
                 load.stop()
                 if load.errors:
                     print(f"   load errors: {load.errors[:3]}")
+        if out_of_time:
+            print(f"   SKIPPED the rest of this interconnect: time budget {a.budget_s:.0f} s spent")
         _print_table(rows, curve)
         time.sleep(1.5)   # ranks send their statistics every 0.25 s while busy, every 1 s while idle
         keys = graph_keys(client)
