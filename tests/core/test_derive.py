@@ -142,3 +142,15 @@ def test_records_without_comm_parts_say_not_available():
     s, _ = r.update(1.0, {"next": 1, "dropped": 0, "records": [plugin_like]})
     v = {x.series: x.value for x in s}
     assert v[S.phase_ms("draft")] == 2.0 and math.isnan(v[S.phase_comm_ms("draft")])
+
+
+def test_a_phase_missing_from_comm_ms_is_not_available():
+    """The engine leaves a phase out of comm_ms when its collectives ran inside CUDA graphs."""
+    r = PhaseStreamReader()
+    r.update(0.0, {"next": 0, "dropped": 0, "records": []})
+    graphed = rec(1, 5.0, 1, 3, [1])
+    del graphed["comm_ms"]["draft"]
+    s, _ = r.update(1.0, {"next": 1, "dropped": 0, "records": [graphed]})
+    v = {x.series: x.value for x in s}
+    assert math.isnan(v[S.phase_comm_ms("draft")])
+    assert v[S.phase_comm_ms("verify")] == 2.0 and v[S.phase_comm_ms("verify_sample")] == 0.0

@@ -139,6 +139,18 @@ def test_what_if_removes_the_draft_collectives():
     assert pred.basis == "what-if" and pred.tok_s == pytest.approx(w.tok_s)
 
 
+def test_untimed_collectives_make_no_what_if():
+    """A record whose comm_ms lacks a phase (collectives inside CUDA graphs, SGLang's plugin)
+    says "not measured": the what-if must be unknown, not a free move off the TP group."""
+    truth = Truth(comm_share=0.6)
+    records = _records(truth, CHAIN_PROBES, n=100)
+    for r in records:
+        r["comm_ms"] = {k: v for k, v in r["comm_ms"].items() if k not in ("draft", "draft_extend")}
+    model = fit_from_records(records, tp_size=2, warmup_iters=0, warmup_s=0)
+    assert model.what_if(Setting(5), 1, "replicated") is None
+    assert model.predict(Setting(5), 1).tok_s is not None  # the costs themselves still fit
+
+
 def test_measured_placement_is_fitted_not_what_if():
     truth = Truth(comm_share=0.6)
     probes = CHAIN_PROBES + [Setting(s, placement="replicated") for s in (1, 4, 7)]

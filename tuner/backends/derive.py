@@ -52,10 +52,12 @@ def _map(x: Any) -> Mapping[str, Any]:
 
 
 def _field(record: Mapping[str, Any], key: str, phase: str) -> float:
-    """record[key][phase] in ms; a phase missing from a present map is 0, a missing map is NaN."""
+    """record[key][phase] in ms; a missing map is NaN. A phase missing from a present phase_ms
+    map did not run (0); one missing from comm_ms was not measurable (collectives inside CUDA
+    graphs), so NaN: "not available" is never 0."""
     if key not in record:
         return NAN
-    return _num(_map(record[key]).get(phase, 0.0))
+    return _num(_map(record[key]).get(phase, NAN if key == "comm_ms" else 0.0))
 
 
 def _ints(x: Any) -> list[int]:

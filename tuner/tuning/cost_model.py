@@ -139,12 +139,15 @@ def _fit_group(placement: str, bs: int, stats: Sequence[SettingStats]) -> GroupF
             terms[term] = fit_linear(cols, x, [s.terms[term][0] for s in spec],
                                      [s.terms[term][1] for s in spec])
         for term in COMM_TERMS:
+            if not all(math.isfinite(s.comm[term][0]) for s in spec):
+                continue  # collectives not measurable there (inside CUDA graphs): no comm fit
             cols = TERM_COLS[term]
             x = [features(cols, s.setting) for s in spec]
             comm[term] = fit_linear(cols, x, [s.comm[term][0] for s in spec],
                                     [s.comm[term][1] for s in spec])
-    calls = sum(s.comm_calls.get("draft", 0.0) * s.n for s in spec)
-    comm_ms = sum(s.comm["draft"][0] * s.n for s in spec)
+    timed = [s for s in spec if math.isfinite(s.comm["draft"][0])]
+    calls = sum(s.comm_calls.get("draft", 0.0) * s.n for s in timed)
+    comm_ms = sum(s.comm["draft"][0] * s.n for s in timed)
     per_call = comm_ms / calls if calls > 0 else 0.0
     off = None
     if off_stats:
@@ -246,8 +249,8 @@ class CostModel:
             return None
         g = self.groups.get(("sharded", bs))
         base = s.__class__(s.steps, s.topk, s.num_draft_tokens, "sharded")
-        if g is None or not g.terms:
-            return None
+        if g is None or not g.terms or not all(t in g.comm for t in ("draft", "draft_extend")):
+            return None  # unmeasured, or the draft's collectives were not timed
         res = self._terms(g, base)
         tau = self.acceptance.tau(base)
         if isinstance(res, str) or tau is None:

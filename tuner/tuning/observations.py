@@ -68,7 +68,9 @@ def parse_record(rec: Mapping) -> Iteration:
     if not isinstance(phases, Mapping) or not isinstance(comms, Mapping):
         raise ValueError(f"phase record {rec.get('seq', '?')}: phase_ms/comm_ms must be objects")
     phase_ms = {p: _num(phases, p) if p in phases else 0.0 for p in PHASES}
-    comm_ms = {p: _num(comms, p) if p in comms else 0.0 for p in PHASES}
+    # A phase missing from comm_ms is "not available" (collectives inside CUDA graphs, SGLang's
+    # plugin), never 0: it must not make a what-if look free.
+    comm_ms = {p: _num(comms, p) if p in comms else math.nan for p in PHASES}
     calls = rec.get("comm_calls", {})
     if not isinstance(calls, Mapping):
         raise ValueError(f"phase record {rec.get('seq', '?')}: comm_calls must be an object")
@@ -168,7 +170,7 @@ def summarise(iters: Iterable[Iteration]) -> list[SettingStats]:
             "verify_sample": mean_se([i.phase_ms["verify_sample"] for i in its]),
             "sched": mean_se([i.sched_ms for i in its]),
         }
-        comm = {p: mean_se([i.comm_ms[p] for i in its])
+        comm = {p: mean_se([i.comm_ms[p] for i in its if math.isfinite(i.comm_ms[p])])
                 for p in ("draft", "draft_extend", "verify", "verify_sample")}
         calls = {p: sum((i.comm_calls or {}).get(p, 0) for i in its) / len(its)
                  for p in ("draft", "draft_extend", "verify", "verify_sample")}
