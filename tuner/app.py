@@ -8,6 +8,7 @@ This module owns no measuring and no state logic: no statistics, no HTTP, no NVM
 
 from __future__ import annotations
 
+import time
 from typing import Any, Iterable
 
 from textual import on, work
@@ -23,11 +24,15 @@ from tuner.core.session import Session
 from tuner.messages import CaptureFinished, CaptureProgress, ControlFinished, PySpyFinished
 from tuner.screens.help import HelpScreen
 from tuner.screens.main import CHART_WINDOW_S, MainScreen
+from tuner.screens.tune import TuneScreen
 from tuner.widgets import views
 from tuner.widgets.fmt import rel_time
 from tuner.widgets.knobs import KnobsPanel
+from tuner.widgets.tune_view import TUNING_KINDS, recorded_doc
 
 DEFAULT_LOAD = 4
+TUNE_BUDGET_S = 120.0
+TUNE_MAX_STEPS = 5
 CONTROL_ACTIONS = {"steps", "topk", "draft_tokens", "placement", "toggle_load", "capture_trace", "pyspy"}
 REPLAY_ACTIONS = {"pause", "step", "seek", "speed"}
 
@@ -57,6 +62,7 @@ class TunerApp(App[None]):
         Binding("c", "capture_trace", "trace"),
         Binding("y", "pyspy", "py-spy"),
         Binding("a", "analysis", "analysis"),
+        Binding("u", "tune", "tune"),
         Binding("space", "pause", "pause"),
         Binding("full_stop", "step", "step", key_display="."),
         Binding("left", "seek(-10)", "-10s", key_display="←", priority=True),
@@ -70,7 +76,8 @@ class TunerApp(App[None]):
     def __init__(self, session: Session, *, tick_s: float | None = 0.25, load_concurrency: int = 0,
                  prompts: list[dict] | None = None, chart_window_s: float = CHART_WINDOW_S,
                  start_load: bool = False, max_new_tokens: int = 128,
-                 gpu_labels: dict[int, str] | None = None) -> None:
+                 gpu_labels: dict[int, str] | None = None, tune_budget_s: float = TUNE_BUDGET_S,
+                 tune_max_steps: int = TUNE_MAX_STEPS) -> None:
         super().__init__()
         self.session = session
         self.tick_s = tick_s
@@ -85,6 +92,14 @@ class TunerApp(App[None]):
         self.pending = ""
         self.refused = ""
         self._seen_revision = -1
+        # The live tuner while the tune screen is open, or while it puts the server back after the
+        # screen closed (`tuner_released`); the tick steps it. Budget and space for the next one:
+        self.tuner: Any = None
+        self.tuner_released = False
+        self.tune_budget_s = tune_budget_s
+        self.tune_max_steps = tune_max_steps
+        self.tune_placements: tuple[str, ...] | None = None     # None: every one settable live
+        self._recorded_tuning = False
 
     # -- layout -----------------------------------------------------------------------------------
 
@@ -105,6 +120,7 @@ class TunerApp(App[None]):
             self._load_worker(True)
 
     def on_unmount(self) -> None:
+        self._end_tuner_now()
         self.session.close()
 
     # -- the one loop: tick, then pull ------------------------------------------------------------
@@ -113,13 +129,25 @@ class TunerApp(App[None]):
         """Drain the session's bus and redraw the panels if the store changed."""
         if not self.is_running:   # shutting down: a last timer tick may find the panels gone
             return
+        tuner = self.tuner
+        if tuner is not None:
+            # The tuner's decisions become events on the bus: step it before the session drains.
+            running = tuner.step()
+            if not running and self.tuner_released:
+                self.tuner, self.tuner_released = None, False
+                self._close_tuner(tuner)
         self.session.tick()
         store = self.session.store
         if store.revision != self._seen_revision:
             self._seen_revision = store.revision
             self.main.refresh_panels()
+            if self.read_only and self._recorded_tuning != bool(store.events(TUNING_KINDS)):
+                self._recorded_tuning = not self._recorded_tuning
+                self.refresh_bindings()
         elif self.read_only:
             self.main.draw_header()
+        if self.tuning_on_screen() and self.screen.tuner is not None:
+            self.screen.refresh_view()
 
     def capability(self, key: str) -> str:
         """"" when the backend can change `key` live, else why not (and what would)."""
@@ -132,10 +160,17 @@ class TunerApp(App[None]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in CONTROL_ACTIONS:
-            return not self.read_only
+            # While the tune screen is up the tuner owns the setting: no knob keys behind its back.
+            return not self.read_only and not self.tuning_on_screen()
         if action in REPLAY_ACTIONS:
             return self.read_only
+        if action == "tune" and self.read_only:
+            # A replay shows a recorded tuning read-only; without one the key is hidden.
+            return self._recorded_tuning
         return True
+
+    def tuning_on_screen(self) -> bool:
+        return bool(self.screen_stack) and isinstance(self.screen_stack[-1], TuneScreen)
 
     def action_steps(self, delta: int) -> None:
         self._bump(STEPS, delta, lo=0)
@@ -218,9 +253,10 @@ class TunerApp(App[None]):
         def progress(text: str, fraction: float | None = None) -> None:
             self.post_message(CaptureProgress(text, fraction))
         try:
-            from tuner.commands.attach import capture_trace
-            capture = getattr(self.session, "capture_trace", None) or (lambda **kw: capture_trace(self.session, **kw))
-            self.post_message(CaptureFinished(capture(progress=progress)))
+            from tuner.core.capture import capture_into
+            captured = capture_into(self.session, progress=progress)
+            error = f"captured, but the analysis failed: {captured.analysis_error}"
+            self.post_message(CaptureFinished(captured.analysis, "" if captured.analysis else error))
         except Exception as exc:   # a failed capture is a message, never the end of the app
             self.post_message(CaptureFinished(None, f"{type(exc).__name__}: {exc}"))
 
@@ -278,6 +314,87 @@ class TunerApp(App[None]):
             return
         from tuner.screens.pyspy import PySpyScreen
         self.push_screen(PySpyScreen(message.result))
+
+    # -- the tune screen ------------------------------------------------------------------------
+
+    def action_tune(self) -> None:
+        if self.read_only:
+            recorded = recorded_doc(self.session.store.events(TUNING_KINDS))
+            if recorded is None:
+                self.notify("no tuning in this recording (so far)", severity="warning")
+                return
+            self.push_screen(TuneScreen(recorded=recorded))
+            return
+        if self.tuner is not None:
+            if self.tuner_released:
+                self.notify("the last tuning is still putting the server back: a moment", severity="warning")
+            else:
+                self.push_screen(TuneScreen(self.tuner))
+            return
+        tuner, reason = self._new_tuner()
+        if tuner is None:
+            self.notify(reason, title="tuning is not available here", severity="warning")
+            return
+        tuner.start()
+        self.tuner, self.tuner_released = tuner, False
+        if self.session.load is None and self.prompts:
+            # The tuner measures decode iterations: without traffic there are none.
+            self._load_worker(True)
+            self.notify(f"started the load ({self.load_concurrency} concurrent): tuning needs traffic")
+        self.push_screen(TuneScreen(tuner))
+
+    def tune_space(self) -> list:
+        """Chains 1..tune_max_steps, speculation off, every placement the server can set live."""
+        from tuner.tuning.settings import PLACEMENTS as ALL, settings_space
+
+        placements = [p for p in (self.tune_placements or ALL) if p == "sharded" or not self.capability(PLACEMENT)]
+        return settings_space(self.tune_max_steps, [1], [], placements, include_off=True)
+
+    def _new_tuner(self) -> tuple[Any, str]:
+        """A Tuner over the session, or None and why not (one line)."""
+        from tuner.tuning.live import Tuner, TunerOptions, TuningError
+
+        backend = self.session.backend
+        if backend is None:
+            return None, "no server to tune"
+        reason = self.capability(STEPS)
+        if reason:
+            return None, f"the tuner changes steps live, and {reason}"
+        try:
+            return Tuner(self.session, self.tune_space(), TunerOptions(budget_s=self.tune_budget_s)), ""
+        except TuningError as e:
+            return None, str(e)
+
+    def release_tuner(self) -> None:
+        """The tune screen closed: cancel a running tuner (it then puts the best verified setting
+        back, stepped by the tick) and close it once it has finished."""
+        tuner = self.tuner
+        if tuner is None:
+            return
+        if tuner.state == "running":
+            tuner.cancel()
+            self.tuner_released = True
+            self.notify("tuning stopped: putting the best verified setting back")
+        else:
+            self.tuner, self.tuner_released = None, False
+            self._close_tuner(tuner)
+
+    @work(thread=True, group="tuner", exit_on_error=False)
+    def _close_tuner(self, tuner: Any) -> None:
+        tuner.close()    # joins the phase feed's thread: never on the event loop
+
+    def _end_tuner_now(self, timeout_s: float = 10.0) -> None:
+        """Quitting while tuning: let the tuner put the server back (bounded), then close it."""
+        tuner, self.tuner = self.tuner, None
+        if tuner is None:
+            return
+        try:
+            tuner.cancel()
+            end = time.monotonic() + timeout_s
+            while tuner.step() and time.monotonic() < end:
+                time.sleep(0.05)
+        finally:
+            tuner.close()
 
     # -- replay keys --------------------------------------------------------------------------------
 
@@ -347,16 +464,21 @@ class TunerApp(App[None]):
             yield SystemCommand("Seek 10 s back", "←", lambda: self.action_seek(-10))
             yield SystemCommand("Replay faster", ">", lambda: self.action_speed(2))
             yield SystemCommand("Replay slower", "<", lambda: self.action_speed(0.5))
+        if not self.read_only or self._recorded_tuning:
+            yield SystemCommand("Tune", "probe settings, predict tok/s for each, verify the best (u)"
+                                if not self.read_only else "the recorded tuning (u)", self.action_tune)
         yield SystemCommand("Trace analysis", "the newest capture's analysis", self.action_analysis)
         yield SystemCommand("Keys and panels", "the help screen", self.action_help)
 
 
 def make_app(session: Session, *, load: int = 0, prompts: list[dict] | None = None,
              max_new_tokens: int = 128, tick_s: float | None = 0.25, start_load: bool = True,
-             gpu_labels: dict[int, str] | None = None) -> TunerApp:
+             gpu_labels: dict[int, str] | None = None, tune_budget_s: float = TUNE_BUDGET_S,
+             tune_max_steps: int = TUNE_MAX_STEPS) -> TunerApp:
     """The app as every command and test builds it (Posting's make_posting)."""
     if prompts is None:
         from tuner.commands.attach import builtin_prompts
         prompts = builtin_prompts()
     return TunerApp(session, tick_s=tick_s, load_concurrency=load, prompts=prompts,
-                    max_new_tokens=max_new_tokens, start_load=start_load and load > 0, gpu_labels=gpu_labels)
+                    max_new_tokens=max_new_tokens, start_load=start_load and load > 0, gpu_labels=gpu_labels,
+                    tune_budget_s=tune_budget_s, tune_max_steps=tune_max_steps)

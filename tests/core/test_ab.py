@@ -99,3 +99,48 @@ def test_load_stop_ends_the_after_side():
     _feed(st, 20.0, 30.0, 0.0)
     r = ab.compare_last_change(st, S.SERVER_TOK_PER_S, 30.0)
     assert r.ratio == pytest.approx(1.2)
+
+
+def _event(store, t, kind, **data):
+    store.add_many([Event(t, kind, data)])
+
+
+def test_outage_is_left_out_and_reconnect_settles():
+    # The load driver counts 0 tok/s while the server is down: those readings are nobody's setting.
+    st = Store()
+    _feed(st, 0.0, 10.0, 100.0, series=S.LOAD_TOK_PER_S, wobble=1.0)
+    _change(st, 10.0, 3)
+    _feed(st, 10.0, 30.0, 120.0, series=S.LOAD_TOK_PER_S, wobble=1.0)
+    _event(st, 30.0, EventKind.DISCONNECTED, url="u", since=30.0, error="cannot connect")
+    _feed(st, 30.0, 40.0, 0.0, series=S.LOAD_TOK_PER_S)
+    # Still away: the after side is the 18 windows before the outage, not the zeros.
+    r = ab.compare_last_change(st, S.LOAD_TOK_PER_S, 40.0)
+    assert r.ready and r.n_after == 18 and r.ratio == pytest.approx(1.2)
+    _event(st, 40.0, EventKind.CONNECTED, url="u", backend="refengine", after_s=10.0)
+    _feed(st, 40.0, 42.0, 1000.0, series=S.LOAD_TOK_PER_S)      # cold start: settles like a change
+    _feed(st, 42.0, 50.0, 120.0, series=S.LOAD_TOK_PER_S, wobble=1.0)
+    r = ab.compare_last_change(st, S.LOAD_TOK_PER_S, 50.0)
+    assert r.n_after == 18 + 8
+    assert r.ratio == pytest.approx(1.2) and 1.15 < r.lo <= r.hi < 1.25
+    assert r.median_after == pytest.approx(120.0, abs=1.0)
+
+
+def test_outage_before_the_change_is_left_out_of_the_before_side():
+    st = Store()
+    _feed(st, 0.0, 5.0, 100.0)
+    _event(st, 5.0, EventKind.DISCONNECTED, url="u", since=5.0, error="timed out")
+    _feed(st, 5.0, 9.0, 0.0)
+    _event(st, 9.0, EventKind.CONNECTED, url="u", backend="refengine", after_s=4.0)
+    _feed(st, 9.0, 20.0, 100.0)
+    _change(st, 20.0, 3)
+    _feed(st, 20.0, 30.0, 110.0)
+    r = ab.compare_last_change(st, S.SERVER_TOK_PER_S, 30.0)
+    # [0, 5) and [11, 20): 5 + 9 windows, none of them from the outage or its settling.
+    assert r.n_before == 14 and r.median_before == pytest.approx(100.0)
+    assert r.ratio == pytest.approx(1.1)
+
+
+def test_spans_minus_outages():
+    assert ab._spans(0.0, 10.0, [(2.0, 3.0), (5.0, math.inf)]) == [(0.0, 2.0), (3.0, 5.0)]
+    assert ab._spans(0.0, 10.0, [(-5.0, 1.0)]) == [(1.0, 10.0)]
+    assert ab._spans(0.0, 10.0, []) == [(0.0, 10.0)]

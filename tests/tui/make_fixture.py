@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 from tuner.backends import connect
-from tuner.commands.attach import builtin_prompts, capture_trace
+from tuner.commands.attach import builtin_prompts
+from tuner.core.capture import capture_into
 from tuner.core.session import Session
 from tuner.recording import Recorder
 
@@ -44,7 +45,7 @@ def record(path: Path) -> None:
                 print(f"{elapsed:5.1f}s {result}", file=sys.stderr)
             if not captured and elapsed >= CAPTURE_AT_S:
                 # The same glue the capture key runs; it blocks, so the tick catches up after it.
-                capture_trace(session, progress=lambda text, frac=None: print(text, file=sys.stderr), num_steps=3)
+                capture_into(session, progress=lambda text, frac=None: print(text, file=sys.stderr), num_steps=3)
                 captured = True
             session.tick()
             time.sleep(0.1)

@@ -10,9 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 
@@ -122,41 +121,7 @@ def gpu_labels(sampler) -> dict[int, str]:
     return out
 
 
-# -- what the capture and py-spy keys run (headless: the fixture maker and tests use it too) ----
-
-def capture_trace(session, progress: Callable[..., None], num_steps: int = 5) -> dict:
-    """Glue for the capture key: the instruments capture and analyse, the result goes on the bus.
-
-    The rank files and the analysis become Trace records and a trace_captured event, so the store,
-    a recording and the report see the capture exactly as the analysis screen does.
-    """
-    from probes.capture import TraceCapture
-    from probes.trace_analysis import analyze_paths
-    from tuner.core.events import EventKind
-    from tuner.core.records import Event, Trace
-
-    backend = session.backend
-    dest = Path(tempfile.mkdtemp(prefix="specdecode-trace-"))
-
-    def on_progress(p: Any) -> None:
-        progress(p.message, p.files_ready / p.files_expected if p.files_expected else None)
-
-    cap = TraceCapture(backend.url, api_key=backend.api_key, on_progress=on_progress)
-    try:
-        result = cap.capture(dest, num_steps=num_steps)
-    finally:
-        cap.close()
-    progress(f"analysing {len(result.files)} rank file(s)…", None)
-    analysis = analyze_paths(result.files).to_dict()
-    now = session.now()
-    for rank, path in enumerate(result.files):
-        session.put(Trace(now, result.profile_id, rank, path.name, path.read_bytes(),
-                          analysis if rank == 0 else None))
-    session.put(Event(now, EventKind.TRACE_CAPTURED, {
-        "trace_id": result.profile_id, "files": [p.name for p in result.files],
-        "ranks": len(result.files), "mode": analysis.get("mode")}))
-    return analysis
-
+# -- what the py-spy key runs (captures: tuner.core.capture) -----------------------------------------
 
 def pyspy_top(session) -> Any:
     """Glue for the py-spy key: the instruments sample the server's processes on this host."""

@@ -17,10 +17,8 @@ import math
 import os
 import re
 import shlex
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -101,50 +99,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="progress line interval when stderr is not a terminal (default 10s)")
 
 
-# -- trace captures ---------------------------------------------------------------------------------
-
-def capture_into(session: Any, num_steps: int = 5, timeout_s: float = 120.0,
-                 on_progress: Callable[[str], None] | None = None) -> dict[str, Any] | None:
-    """Capture a trace on every rank, analyse it, and put it on the session's bus.
-
-    The rank files become Trace records (the analysis rides on rank 0's, as the TUI's capture key
-    does) followed by a trace_captured event. Raises probes.capture.CaptureError (one line) when the
-    capture fails; an analysis that fails leaves the traces in with the error in the event.
-    """
-    from probes.capture import TraceCapture
-    from probes.trace_analysis import TraceAnalysisError, analyze_paths
-    from tuner.core.events import EventKind
-    from tuner.core.records import Event, Trace
-
-    backend = session.backend
-    dest = Path(tempfile.mkdtemp(prefix="specdecode-record-"))
-    try:
-        cap = TraceCapture(backend.url, api_key=getattr(backend, "api_key", None),
-                           on_progress=(lambda p: on_progress(p.message)) if on_progress else None)
-        try:
-            result = cap.capture(dest, num_steps=num_steps, timeout_s=timeout_s)
-        finally:
-            cap.close()
-        analysis: dict[str, Any] | None = None
-        error = None
-        try:
-            analysis = analyze_paths(result.files).to_dict()
-        except (TraceAnalysisError, OSError, ValueError) as e:
-            error = str(e).splitlines()[0] if str(e) else type(e).__name__
-        now = session.now()
-        for rank, path in enumerate(result.files):
-            session.put(Trace(now, result.profile_id, rank, path.name, path.read_bytes(),
-                              analysis if rank == 0 else None))
-        data: dict[str, Any] = {"trace_id": result.profile_id, "files": [p.name for p in result.files],
-                                "ranks": len(result.files), "seconds": round(result.seconds, 3),
-                                "mode": analysis.get("mode") if analysis else None}
-        if error:
-            data["analysis_error"] = error
-        session.put(Event(now, EventKind.TRACE_CAPTURED, data))
-        return analysis
-    finally:
-        shutil.rmtree(dest, ignore_errors=True)
-
+# -- background jobs (captures go through tuner.core.capture) ---------------------------------------
 
 class Background:
     """At most one blocking job (a capture, a setting change) at a time, off the ticking thread.
@@ -306,9 +261,10 @@ class RecordLoop:
 
     def _capture_job(self) -> None:
         from probes.capture import CaptureError
+        from tuner.core.capture import capture_into
 
         try:
-            analysis = capture_into(self.session, num_steps=self.capture_steps)
+            analysis = capture_into(self.session, num_steps=self.capture_steps).analysis
             self.captures += 1
             if self.progress is not None:
                 self.progress.say(f"trace captured ({analysis.get('mode') if analysis else 'not analysed'})")

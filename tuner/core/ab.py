@@ -3,7 +3,9 @@
 After a change, drop the settling time (the later of 2 s and 20 iterations), cut each side into 1-s
 windows, take each window's mean reading, and report the ratio of the sides' medians with a 95 %
 bootstrap interval (fixed seed, so the same data always gives the same answer). Until each side has
-5 windows the answer is "not yet". Pure functions over a Store; it must not talk to servers.
+5 windows the answer is "not yet". Time the server was away (from `disconnected` to the end of the
+settling after `connected`) belongs to neither side: the load driver counts 0 tok/s while the server
+is down, which says nothing about the setting. Pure functions over a Store; it must not talk to servers.
 """
 
 from __future__ import annotations
@@ -69,11 +71,15 @@ class ABResult:
                 f"({self.median_before:.4g} -> {self.median_after:.4g})")
 
 
-def window_means(store: Store, series: str, t0: float, t1: float, width: float = WINDOW_S) -> list[float]:
+def window_means(store: Store, series: str, t0: float, t1: float, width: float = WINDOW_S,
+                 exclude: Sequence[tuple[float, float]] = ()) -> list[float]:
     """Means of the available readings in consecutive [t0 + i*w, t0 + (i+1)*w) windows within [t0, t1].
 
-    Only complete windows count; windows with no available reading are skipped.
+    Only complete windows count; windows with no available reading are skipped. `exclude` holds
+    [a, b) intervals left out (outages): the windows restart after each one.
     """
+    if exclude:
+        return [m for a, b in _spans(t0, t1, exclude) for m in window_means(store, series, a, b, width)]
     if not (t1 - t0 >= width):
         return []
     n = int((t1 - t0) // width)
@@ -121,6 +127,39 @@ def _ratio_of_medians(before: tuple[float, ...], after: tuple[float, ...], round
     return ratio, lo, hi
 
 
+def _spans(t0: float, t1: float, exclude: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """[t0, t1] minus the [a, b) intervals of `exclude`, as ordered spans."""
+    spans, start = [], t0
+    for a, b in sorted(exclude):
+        if b <= start or a >= t1:
+            continue
+        if a > start:
+            spans.append((start, a))
+        start = max(start, b)
+    if start < t1:
+        spans.append((start, t1))
+    return spans
+
+
+def outages(store: Store, settle_s: float = SETTLE_S, settle_iterations: int = SETTLE_ITERATIONS
+            ) -> list[tuple[float, float]]:
+    """[disconnected, settled after connected) intervals; an outage not over yet runs to +inf.
+
+    A reconnect is treated like a change: the server (maybe restarted, with cold caches) settles
+    again before its readings count."""
+    out: list[tuple[float, float]] = []
+    down = None
+    for e in store.events((EventKind.DISCONNECTED, EventKind.CONNECTED)):
+        if e.kind == EventKind.DISCONNECTED and down is None:
+            down = e.t
+        elif e.kind == EventKind.CONNECTED and down is not None:
+            out.append((down, settle_end(store, e.t, settle_s, settle_iterations)))
+            down = None
+    if down is not None:
+        out.append((down, math.inf))
+    return out
+
+
 def settle_end(store: Store, change_t: float, settle_s: float = SETTLE_S,
                settle_iterations: int = SETTLE_ITERATIONS) -> float:
     """When readings after a change start to count: the later of +settle_s and +settle_iterations.
@@ -148,7 +187,7 @@ def compare_last_change(store: Store, series: str, now: float, *, settle_s: floa
     if change is None:
         return ABResult(series, NO_CHANGE)
     # The "before" side is the previous setting's steady part: from the boundary before it (a change,
-    # load start/stop, reconnect) plus its settling time, to the change.
+    # load start/stop) plus its settling time, to the change. Outages are left out of both sides.
     prev = None
     for e in reversed(store.events(AB_BOUNDARY_KINDS, t1=change.t)):
         if e is not change and e.t < change.t:
@@ -156,14 +195,15 @@ def compare_last_change(store: Store, series: str, now: float, *, settle_s: floa
             break
     b0 = settle_end(store, prev.t, settle_s, settle_iterations) if prev else store.t_first
     b0 = max(b0, change.t - max_side_s)
-    # A boundary after the change (load stopped, reconnect) ends the "after" side.
+    # A boundary after the change (load stopped or started) ends the "after" side.
     later = [e for e in store.events(AB_BOUNDARY_KINDS, t0=change.t, t1=now)
              if e is not change and e.t > change.t]
     a1 = min([now] + [e.t for e in later])
     a0 = settle_end(store, change.t, settle_s, settle_iterations)
     a0 = max(a0, a1 - max_side_s) if math.isfinite(a0) else a0
-    before = window_means(store, series, b0, change.t, width) if math.isfinite(b0) else []
-    after = window_means(store, series, a0, a1, width) if math.isfinite(a0) else []
+    away = outages(store, settle_s, settle_iterations)
+    before = window_means(store, series, b0, change.t, width, away) if math.isfinite(b0) else []
+    after = window_means(store, series, a0, a1, width, away) if math.isfinite(a0) else []
     if len(before) < min_windows or len(after) < min_windows:
         return ABResult(series, NOT_YET, change_t=change.t, n_before=len(before), n_after=len(after))
     ratio, lo, hi = ratio_of_medians(before, after, rounds, seed)

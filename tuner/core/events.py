@@ -48,7 +48,8 @@ class EventKind:
     """Written by readers for records they could not read. data: reason."""
 
 
-# Events after which the before/after comparison restarts its sides (see tuner.core.ab).
+# Events after which the before/after comparison restarts its sides (see tuner.core.ab). A
+# disconnect/reconnect is not one: the outage and the settling after it are left out of both sides.
 AB_BOUNDARY_KINDS = frozenset({
-    EventKind.CONFIG_CHANGED, EventKind.LOAD_STARTED, EventKind.LOAD_STOPPED, EventKind.CONNECTED,
+    EventKind.CONFIG_CHANGED, EventKind.LOAD_STARTED, EventKind.LOAD_STOPPED,
 })

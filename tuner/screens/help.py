@@ -23,6 +23,8 @@ ACTION_HELP = {
     "capture_trace": "capture a profiler trace on every rank, then show where the time went",
     "pyspy": "sample the server's Python stacks with py-spy: its top functions",
     "analysis": "show the newest capture's analysis again",
+    "tune": "tune: probe a few settings, predict tok/s for every one (± uncertainty), verify the best "
+            "with an A/B; enter applies a row. On a replay: the recorded tuning",
     "pause": "pause / resume the replay",
     "step": "step the replay one second (pauses it)",
     "seek": "seek the replay 10 seconds back / forward",
@@ -44,6 +46,9 @@ PANELS = """
   split into its own work (█) and the collectives inside it (▒); idle is wall minus the phases.
 - **GPUs**: one row per local GPU: SM activity and its recent history, memory, power, PCIe and
   NVLink traffic (↓ received, ↑ sent, bytes per second).
+- **draft off the TP group** (under the decode iteration): predicted tok/s if the draft ran
+  replicated or on rank 0, from the measured collective share of the draft (the cost model's
+  what-if: collectives removed; compute as is (high) or ×TP (low)); n/a with the reason otherwise.
 - **A/B**: after a change, tok/s and accept length before vs after: the ratio of the medians of
   1-s windows with its 95 % interval; "not yet" until both sides have 5 windows.
 - **events**: changes, refusals with the server's reason, captures, disconnects.

@@ -26,6 +26,7 @@ from tuner.widgets.gpus import GpuTable
 from tuner.widgets.header import HeaderView, ServerHeader, replay_detail
 from tuner.widgets.knobs import KnobsPanel, KnobView
 from tuner.widgets.phases import PhaseSplit
+from tuner.widgets.what_if import WhatIfLine
 
 if TYPE_CHECKING:
     from tuner.app import TunerApp
@@ -62,6 +63,7 @@ class MainScreen(Screen[None]):
             with VerticalScroll(id="right", can_focus=False):
                 with Vertical(id="phases-panel", classes="panel"):
                     yield PhaseSplit(id="phases")
+                    yield WhatIfLine(id="what-if")
                 with Vertical(id="knobs-panel", classes="panel"):
                     yield KnobsPanel(id="knobs")
                 with Vertical(id="ab-panel", classes="panel"):
@@ -116,8 +118,11 @@ class MainScreen(Screen[None]):
         steps = active.get(STEPS)
         self.query_one("#positions", PositionBars).show(
             views.accept_view(store, t_end, steps if isinstance(steps, int) else None))
-        self.query_one("#phases", PhaseSplit).show(
-            views.phase_view(store, t_end, PHASE_WINDOW_S, self._why_no_phases()))
+        why_no_phases = self._why_no_phases()
+        self.query_one("#phases", PhaseSplit).show(views.phase_view(store, t_end, PHASE_WINDOW_S, why_no_phases))
+        self.query_one("#what-if", WhatIfLine).show(views.what_if_view(
+            store, t_end, active, self.session.server_info().get("tp_size"), PHASE_WINDOW_S,
+            has_phases=not why_no_phases and (not self.app.read_only or bool(store.series_names("phase/")))))
         self.query_one("#gpus", GpuTable).show(views.gpu_view(store, t_end, note=self._why_no_gpus(),
                                                                 labels=self.app.gpu_labels))
         self.query_one("#knobs", KnobsPanel).show(self.knob_view(active))

@@ -15,12 +15,14 @@ from tuner.core import series as S
 from tuner.core.events import EventKind
 from tuner.core.records import Event
 from tuner.core.store import Store
+from tuner.tuning.what_if_now import WhatIfReadout, what_if_now
 from tuner.widgets.acceptance import AcceptView
 from tuner.widgets.charts import ACCEPT_COLOR, CLIENT_COLOR, SERVER_COLOR, ChartView, Series
 from tuner.widgets.event_log import LogLine
 from tuner.widgets.fmt import is_num
 from tuner.widgets.gpus import GpuRow, GpuView
 from tuner.widgets.phases import PhaseView
+from tuner.widgets.tune_view import short_label
 
 NAN = math.nan
 
@@ -149,6 +151,13 @@ def phase_view(store: Store, t_end: float, window_s: float, unavailable: str = "
     return PhaseView(phase, comm, wall, count, window_s, unavailable)
 
 
+def what_if_view(store: Store, t_end: float, active: Mapping[str, Any], tp_size: Any,
+                 window_s: float, has_phases: bool = True) -> WhatIfReadout:
+    """The draft-off-the-TP-group readout (computed by tuner.tuning.what_if_now, not here)."""
+    return what_if_now(store, t_end, active, tp_size if isinstance(tp_size, int) else None, window_s,
+                       has_phases)
+
+
 # NVML sampler names (probes/gpu_readings.py SERIES) tried in order for each column: the first with
 # a reading wins (SM activity needs GPM, Hopper and later; older GPUs fall back to utilisation).
 GPU_METRICS: dict[str, tuple[str, ...]] = {
@@ -227,6 +236,29 @@ def event_line(e: Event, origin: float) -> LogLine | None:
         return LogLine(t, f"recording gap: {d.get('reason', '?')}", "warn")
     if e.kind == K.SERVER_INFO:
         return LogLine(t, f"server: {d.get('kind', '?')} {d.get('version', '')} · {d.get('model', '')}", "dim")
+    if e.kind.startswith("tuning_"):
+        return _tuning_line(e, t)
+    return None
+
+
+def _tuning_line(e: Event, t: float) -> LogLine | None:
+    """The tuner's decisions (tuner.tuning.live's events) in the log; probes stay in the tune screen."""
+    d = e.data
+    if e.kind == "tuning_started":
+        return LogLine(t, f"tuning from {short_label(d.get('initial') or {})}", "info")
+    if e.kind == "tuning_applied":
+        gain = d.get("predicted_gain")
+        more = f" (predicted {gain * 100:+.0f}%)" if isinstance(gain, (int, float)) else ""
+        return LogLine(t, f"tuner tries {short_label(d.get('setting') or {})}{more}", "info")
+    if e.kind == "tuning_verified" and isinstance(d.get("ratio"), (int, float)):
+        return LogLine(t, f"tuner A/B {short_label(d.get('setting') or {})}: {d.get('verdict')} "
+                          f"{(d['ratio'] - 1) * 100:+.1f}%", "good" if d.get("verdict") == "better" else "info")
+    if e.kind == "tuning_rolled_back":
+        return LogLine(t, f"tuner rolled back {short_label(d.get('setting') or {})}: {d.get('reason', '')}", "warn")
+    if e.kind == "tuning_problem":
+        return LogLine(t, f"tuner: {d.get('message', '?')}", "warn")
+    if e.kind == "tuning_finished":
+        return LogLine(t, f"tuning done: best {short_label(d.get('best') or {})} ({d.get('stop_reason', '')})", "good")
     return None
 
 

@@ -1,0 +1,117 @@
+"""Pilot tests of the tune screen against a real engine server on loopback (TP 2 on CPU): the
+screen drives the live tuner from the app's timer to the end (progress, predicted ± vs measured,
+fitted costs), enter applies the selected setting and the server confirms it, and closing the screen
+while tuning stops the tuner and puts the starting setting back. A small space and budget keep each
+run well under a minute."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from .helpers import wait_for
+from tuner.app import make_app
+from tuner.backends import connect
+from tuner.commands.attach import builtin_prompts
+from tuner.core.session import Session
+from tuner.screens.tune import TuneScreen
+
+pytestmark = pytest.mark.slow
+STEPS, PLACEMENT = "speculative_num_steps", "speculative_draft_placement"
+START = {STEPS: 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4, PLACEMENT: "sharded"}
+
+
+def server_active(url: str) -> dict:
+    """What the server itself says it runs (internal_states[0]), read past the TUI."""
+    return httpx.get(url + "/server_info", timeout=30).json()["internal_states"][0]
+
+
+def put_back(url: str) -> None:
+    """The session's engine is shared: leave it as the other tests expect it."""
+    httpx.post(url + "/set_internal_state", json={"server_args": START}, timeout=60).raise_for_status()
+
+
+def tune_app(url: str, budget_s: float):
+    session = Session(connect(url))
+    app = make_app(session, load=2, prompts=builtin_prompts(), max_new_tokens=32,
+                   tune_budget_s=budget_s, tune_max_steps=2)
+    app.tune_placements = ("sharded",)      # chains 1..2 and speculation off: 3 settings
+    return session, app
+
+
+def test_tune_screen_runs_the_tuner_and_applies_a_row(engine):
+    put_back(engine.url)
+
+    async def scenario():
+        session, app = tune_app(engine.url, budget_s=20)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: isinstance(session.active_config().get(STEPS), int), why="first read-back")
+            assert ("u", "tune", "tune") in app.key_help()
+            await pilot.press("u")
+            screen = app.screen
+            assert isinstance(screen, TuneScreen) and app.tuner is screen.tuner
+            # The knob keys belong to the tuner while its screen is up.
+            assert app.check_action("steps", (1,)) is False
+            seen = set()
+            await wait_for(pilot, lambda: seen.add(round(screen.view.progress, 2)) or screen.view.state == "done",
+                           timeout=50, why="the tuning to finish within its budget")
+            view = screen.view
+            assert len(seen) > 3 and view.progress == 1.0
+            rows = {r.label: r for r in view.rows}
+            assert {"off", "s1 k1 N2 sharded", "s2 k1 N3 sharded"} <= set(rows)
+            for label in ("off", "s1 k1 N2 sharded", "s2 k1 N3 sharded"):
+                r = rows[label]
+                assert r.predicted > 0 and r.sd > 0 and r.measured > 0, r
+                # The cost model's prediction of a setting it measured is near the measurement.
+                assert abs(r.predicted - r.measured) < 0.5 * r.measured, r
+            assert any(line.startswith("sharded (bs ") for line in view.costs)
+            assert any("acceptance p_k" in line for line in view.costs)
+            status = str(screen.query_one("#tune-status").render())
+            assert "done" in status and "best" in status
+            table = str(screen.query_one("#tune-table").render_line(1))
+            assert "±" in table
+            # enter applies the selected row; the server itself confirms.
+            target = next(i for i, r in enumerate(view.rows) if r.label == "s1 k1 N2 sharded")
+            screen.query_one("#tune-table").move_cursor(row=target)
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: server_active(engine.url)[STEPS] == 1, why="steps 1 applied")
+            await wait_for(pilot, lambda: session.active_config().get(STEPS) == 1, why="the TUI sees steps 1")
+            tuner = app.tuner
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: app.tuner is None and not tuner.feed._thread.is_alive(),
+                           why="the tuner closed")
+            assert not isinstance(app.screen, TuneScreen)
+            assert app.check_action("steps", (1,)) is True
+            events = [e.kind for e in session.store.events()]
+            assert "tuning_started" in events and "tuning_finished" in events
+    try:
+        asyncio.run(scenario())
+    finally:
+        put_back(engine.url)
+
+
+def test_closing_the_screen_while_tuning_puts_the_starting_setting_back(engine):
+    put_back(engine.url)
+
+    async def scenario():
+        session, app = tune_app(engine.url, budget_s=120)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: isinstance(session.active_config().get(STEPS), int), why="first read-back")
+            await pilot.press("u")
+            tuner = app.tuner
+            # The first probe is the starting setting; the second changes what the server runs.
+            await wait_for(pilot, lambda: session.active_config().get(STEPS) != 3, timeout=40,
+                           why="the tuner to apply a probe setting")
+            await pilot.press("escape")
+            assert app.tuner_released and tuner.state == "running"
+            await wait_for(pilot, lambda: app.tuner is None, timeout=30, why="the tuner to finish after closing")
+            assert tuner.state == "done" and tuner.result.stop_reason == "cancelled"
+            await wait_for(pilot, lambda: not tuner.feed._thread.is_alive(), why="the feed thread to stop")
+            assert server_active(engine.url)[STEPS] == 3
+            await wait_for(pilot, lambda: session.active_config().get(STEPS) == 3, why="the TUI sees steps 3")
+    try:
+        asyncio.run(scenario())
+    finally:
+        put_back(engine.url)

@@ -1,0 +1,78 @@
+"""Trace capture into a session: capture on every rank, analyse, and put the result on the bus.
+
+The one implementation behind the TUI's capture key and `record --capture-trace-every`: the
+instruments (probes.capture, probes.trace_analysis) do the work, this glue turns the rank files and
+the analysis into `Trace` records (the analysis rides on rank 0's) and a `trace_captured` event, so
+the store, a recording and the report all see the capture the same way. No textual; it blocks for
+the capture's length, so callers run it off their ticking thread.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from tuner.core.events import EventKind
+from tuner.core.records import Event, Trace
+
+Progress = Callable[[str, "float | None"], None]
+
+
+@dataclass(frozen=True)
+class Captured:
+    trace_id: str
+    files: tuple[str, ...]
+    seconds: float
+    analysis: dict[str, Any] | None      # None when the analysis failed (see analysis_error)
+    analysis_error: str = ""
+
+
+def capture_into(session: Any, num_steps: int = 5, timeout_s: float = 120.0,
+                 progress: Progress | None = None) -> Captured:
+    """Capture `num_steps` iterations on every rank of the session's server and record them.
+
+    Raises probes.capture.CaptureError (one line) when the capture itself fails; an analysis that
+    fails keeps the traces, with the error in the event and in `Captured.analysis_error`.
+    `progress(text, fraction or None)` is called from this thread as the capture moves on.
+    """
+    from probes.capture import TraceCapture
+    from probes.trace_analysis import TraceAnalysisError, analyze_paths
+
+    def on_progress(p: Any) -> None:
+        if progress is not None:
+            progress(p.message, p.files_ready / p.files_expected if p.files_expected else None)
+
+    backend = session.backend
+    dest = Path(tempfile.mkdtemp(prefix="specdecode-trace-"))
+    try:
+        cap = TraceCapture(backend.url, api_key=getattr(backend, "api_key", None), on_progress=on_progress)
+        try:
+            result = cap.capture(dest, num_steps=num_steps, timeout_s=timeout_s)
+        finally:
+            cap.close()
+        if progress is not None:
+            progress(f"analysing {len(result.files)} rank file(s)…", None)
+        analysis: dict[str, Any] | None = None
+        error = ""
+        try:
+            analysis = analyze_paths(result.files).to_dict()
+        except (TraceAnalysisError, OSError, ValueError) as e:
+            error = str(e).splitlines()[0] if str(e) else type(e).__name__
+        now = session.now()
+        for rank, path in enumerate(result.files):
+            session.put(Trace(now, result.profile_id, rank, path.name, path.read_bytes(),
+                              analysis if rank == 0 else None))
+        data: dict[str, Any] = {"trace_id": result.profile_id, "files": [p.name for p in result.files],
+                                "ranks": len(result.files), "seconds": round(result.seconds, 3),
+                                "mode": analysis.get("mode") if analysis else None}
+        if error:
+            data["analysis_error"] = error
+        session.put(Event(now, EventKind.TRACE_CAPTURED, data))
+        return Captured(result.profile_id, tuple(p.name for p in result.files), result.seconds,
+                        analysis, error)
+    finally:
+        # The bytes are in the Trace records now; the files were only the profiler's way to us.
+        shutil.rmtree(dest, ignore_errors=True)

@@ -1,0 +1,210 @@
+"""The tune screen: the live tuner's progress, its table of settings (predicted tok/s ± uncertainty
+vs measured), the fitted costs in brief, the A/B verdicts, and a key to apply a setting.
+
+The app drives the tuner (`Tuner.step()` on its tick, before `session.tick()`) and calls
+`refresh_view()` while this screen is up; the screen only draws a `TuneView` (tuner.widgets.
+tune_view) and turns keys into `Tuner.apply` / `Tuner.cancel`. On a replay it shows the recorded
+tuning read-only. Closing the screen hands the tuner back to the app, which cancels it (the tuner
+then puts the best verified setting back) and closes it.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Mapping
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, ProgressBar, Static
+
+from tuner.tuning.settings import Setting
+from tuner.tuning.what_if_now import active_setting
+from tuner.widgets.fmt import is_num, num
+from tuner.widgets.tune_view import TuneRow, TuneView, build_view, live_doc
+
+if TYPE_CHECKING:
+    from tuner.app import TunerApp
+
+COLUMNS = (("", 3), ("setting", 22), ("predicted tok/s", 16), ("τ", 5), ("measured", 9), ("basis / note", 30))
+BASIS_STYLE = {"measured": "#8bc34a", "fitted": "", "extrapolated": "#e0b040", "what-if": "#b38cd9"}
+
+
+def row_cells(row: TuneRow) -> tuple[Any, ...]:
+    pred = (Text(f"{row.predicted:.1f} ± {row.sd:.1f}", style="bold" if "★" in row.marks else "")
+            if is_num(row.predicted) else Text("—", style="dim"))
+    note = Text(row.basis, style=BASIS_STYLE.get(row.basis, ""))
+    if row.note:
+        note.append((" · " if row.basis else "") + row.note, style="dim")
+    return (Text(row.marks, style="bold #e0b040"), row.label, pred, num(row.tau, 2),
+            num(row.measured), note)
+
+
+class TuneScreen(Screen[None]):
+    """Either `tuner` (live) or `recorded` ((result-shaped dict, state)) is given."""
+
+    app: "TunerApp"
+    BINDINGS = [
+        Binding("enter", "apply", "apply selected", priority=True),
+        Binding("s", "stop", "stop tuning"),
+        Binding("escape,q,u", "close", "close", key_display="esc"),
+    ]
+    DEFAULT_CSS = """
+    TuneScreen { layout: vertical; }
+    TuneScreen #tune-top { height: auto; padding: 0 1; border: round $accent; }
+    TuneScreen #tune-status { height: auto; }
+    TuneScreen #tune-progress { height: 1; margin-top: 1; }
+    TuneScreen #tune-table { height: 1fr; min-height: 6; }
+    TuneScreen #tune-notes { height: auto; max-height: 14; padding: 0 1; border: round $panel-lighten-2; }
+    """
+
+    def __init__(self, tuner: Any = None, recorded: tuple[Mapping[str, Any], str] | None = None) -> None:
+        super().__init__()
+        self.tuner = tuner
+        self.recorded = recorded
+        self.view = TuneView()
+        self._model: tuple[int, Any] = (0, None)
+        self._applying: tuple[str, Future] | None = None
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="tune-top"):
+            yield Static(id="tune-status")
+            yield ProgressBar(id="tune-progress", total=100, show_eta=False)
+        table: DataTable = DataTable(id="tune-table", cursor_type="row", zebra_stripes=True)
+        for name, width in COLUMNS:
+            table.add_column(name, width=width, key=name or "marks")
+        yield table
+        yield Static(id="tune-notes")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        top = self.query_one("#tune-top")
+        if self.tuner is not None:
+            top.border_title = "tune · live"
+            budget = getattr(getattr(self.tuner, "opts", None), "budget_s", None)
+            top.border_subtitle = (f"budget {budget:.0f} s · " if budget else "") + \
+                f"{len(self.tuner.space)} settings · enter applies the selected row"
+        else:
+            top.border_title = "tune · recorded (read-only)"
+            top.border_subtitle = "esc closes"
+        self.query_one("#tune-notes").border_title = "A/B and fitted costs"
+        self.refresh_view()
+        self.query_one(DataTable).focus()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "apply":
+            return self.tuner is not None
+        if action == "stop":
+            return self.tuner is not None and self.tuner.state == "running"
+        return True
+
+    # -- drawing ------------------------------------------------------------------------------
+
+    def build(self) -> TuneView:
+        if self.tuner is None:
+            doc, state = self.recorded or ({}, "none")
+            return build_view(doc, state=state, stage="recorded", status=f"recorded tuning ({state})",
+                              progress=1.0, read_only=True)
+        t = self.tuner
+        model = t.model
+        if model is not None and id(model) != self._model[0]:
+            self._model = (id(model), model.to_json())
+        doc = live_doc(t, self._model[1])
+        # "Running now" is what the server reports, not what the tuner believes it asked for.
+        current = active_setting(self.app.session.active_config())
+        return build_view(doc, state=t.state, stage=t.stage, status=t.status, progress=t.progress(),
+                          current=current.to_json() if current is not None else None,
+                          space=[s.to_json() for s in t.space])
+
+    def refresh_view(self) -> None:
+        """Redraw from the tuner (live) or the recording; only what changed."""
+        self._check_apply()
+        view = self.build()
+        if view == self.view:
+            return
+        old, self.view = self.view, view
+        if view.state != old.state:
+            self.refresh_bindings()     # "stop" only while tuning runs
+        state = {"running": "[b #e0b040]tuning[/]", "done": "[b #8bc34a]done[/]",
+                 "failed": "[b #d96e6e]failed[/]"}.get(view.state, f"[b]{view.state}[/]")
+        stage = f" · {view.stage}" if view.stage and view.stage != view.state else ""
+        lines = [state + stage + (f" · bs {view.bs}" if view.bs else ""),
+                 f"[dim]{Text(view.status).markup}[/]" if view.status else ""]
+        if view.result:
+            lines.append(Text(view.result).markup)
+        self.query_one("#tune-status", Static).update("\n".join(x for x in lines if x))
+        self.query_one("#tune-progress", ProgressBar).update(progress=round(view.progress * 100, 1))
+        if view.rows != old.rows:
+            self._fill_table(view.rows)
+        notes = [*(f"A/B {v}" for v in view.verifications), *view.costs]
+        self.query_one("#tune-notes", Static).update(
+            "\n".join(Text(n).markup for n in notes) if notes else
+            "[dim]the fitted costs appear after the first probes[/]")
+
+    def _fill_table(self, rows: tuple[TuneRow, ...]) -> None:
+        table = self.query_one(DataTable)
+        selected = self.selected()
+        table.clear()
+        for row in rows:
+            table.add_row(*row_cells(row), key=repr(row.key))
+        if selected is not None:
+            for i, row in enumerate(rows):
+                if row.key == selected.key:
+                    table.move_cursor(row=i, animate=False)
+                    break
+
+    def selected(self) -> TuneRow | None:
+        table = self.query_one(DataTable)
+        rows = self.view.rows
+        if not table.row_count or not (0 <= table.cursor_row < table.row_count):
+            return None
+        key = table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value
+        return next((r for r in rows if repr(r.key) == key), None)
+
+    # -- keys ---------------------------------------------------------------------------------
+
+    def action_apply(self) -> None:
+        row = self.selected()
+        if self.tuner is None or row is None:
+            return
+        if self.tuner.state == "running":
+            self.notify("tuning is still running: press s to stop it (the best verified setting stays), "
+                        "then apply", severity="warning")
+            return
+        if self._applying is not None:
+            self.notify("a change is already on its way", severity="warning")
+            return
+        try:
+            setting = Setting.from_json(dict(row.setting))
+        except (KeyError, TypeError, ValueError) as e:
+            self.notify(f"cannot apply {row.label}: {e}", severity="error")
+            return
+        self._applying = (row.label, self.tuner.apply(setting))
+        self.notify(f"applying {row.label}…")
+
+    def _check_apply(self) -> None:
+        if self._applying is None or not self._applying[1].done():
+            return
+        what, fut = self._applying
+        self._applying = None
+        try:
+            res = fut.result()
+            ok, reason = bool(getattr(res, "ok", res)), str(getattr(res, "reason", "") or "")
+        except Exception as e:   # a dead server is a message here, never the end of the app
+            ok, reason = False, f"{type(e).__name__}: {e}"
+        if ok:
+            self.notify(f"the server runs {what}", title="applied")
+        else:
+            self.notify(f"{what}: {reason or 'no reason given'}", title="refused", severity="error")
+
+    def action_stop(self) -> None:
+        if self.tuner is not None and self.tuner.state == "running":
+            self.tuner.cancel()
+            self.notify("stopping: the best verified setting is put back")
+
+    def action_close(self) -> None:
+        if self.tuner is not None:
+            self.app.release_tuner()
+        self.dismiss()

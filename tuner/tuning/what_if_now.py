@@ -1,0 +1,138 @@
+"""The main screen's "what if the draft left the TP group" readout, from the session's store.
+
+The store holds the phase stream as per-poll means (`phase/<p>_ms`, `phase/<p>_comm_ms`,
+`phase/wall_ms`, `spec/accept_pos/<k>`, `spec/verifies`, `server/batch_size`). This module turns the
+readings of the active setting (after its settling time) into one `SettingStats`, fits the cost
+model on that single point and asks its `what_if` (tuner.tuning.cost_model) what tok/s would be with
+the draft's collectives removed. So the TUI and the tuner answer the question with one formula.
+
+Pure: reads a Store, never a server; never imports textual. Anything it cannot answer is a readout
+with `reason` set ("n/a" and why), never an exception.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from tuner.core import ab as core_ab
+from tuner.core import series as S
+from tuner.core.events import EventKind
+from tuner.core.store import Store
+from tuner.tuning.cost_model import fit_cost_model
+from tuner.tuning.observations import SettingStats, mean_se
+from tuner.tuning.settings import Setting
+
+WINDOW_S = 10.0
+MIN_READINGS = 4          # per-poll means: at ~4 Hz, one second of the settled setting
+OFF_GROUP = "replicated / rank0"
+
+
+@dataclass(frozen=True)
+class WhatIfReadout:
+    """tok/s now vs predicted with the draft off the TP group; `reason` says why not when n/a."""
+
+    reason: str = ""
+    placement: str = OFF_GROUP
+    comm_share: float = math.nan     # collective share of draft + draft_extend time
+    tok_s_now: float = math.nan      # the model's tok/s at the active setting (its check on itself)
+    tok_s: float = math.nan          # draft compute unchanged (latency-bound small layer)
+    tok_s_low: float = math.nan      # draft compute × TP size (the whole layer on one rank)
+    assumption: str = ""
+
+    @property
+    def available(self) -> bool:
+        return not self.reason
+
+    def gain(self) -> tuple[float, float]:
+        """(low, high) predicted change as ratios (1.10 = +10 %)."""
+        if not (self.tok_s_now > 0):
+            return math.nan, math.nan
+        return self.tok_s_low / self.tok_s_now, self.tok_s / self.tok_s_now
+
+
+def active_setting(active: Mapping[str, Any]) -> Setting | None:
+    """The Setting of an active-config dict (server-arg names), None when incomplete or invalid."""
+    steps = active.get("speculative_num_steps", active.get("specdecode_num_steps"))
+    if not isinstance(steps, int):
+        return None
+    try:
+        if steps == 0:
+            return Setting(0)
+        topk = active.get("speculative_eagle_topk", 1)
+        n = active.get("speculative_num_draft_tokens", 0)
+        placement = active.get("speculative_draft_placement", "sharded")
+        return Setting(steps, int(topk or 1), int(n or 0), str(placement or "sharded"))
+    except (TypeError, ValueError):
+        return None
+
+
+def _values(store: Store, series: str, t0: float, t1: float) -> list[float]:
+    return [v for v in store.window(series, t0, t1).v if not math.isnan(v)]
+
+
+def _histogram(p: list[float], verifies: float) -> tuple[int, ...]:
+    """h[j] (rounds that accepted exactly j drafts) back from unconditional p_k and a round count:
+    p_k = Σ_{j≥k} h[j] / Σ h, so h[j] = V·(p_j − p_{j+1}) with p_0 = 1."""
+    ps = [1.0] + [min(max(x, 0.0), 1.0) for x in p] + [0.0]
+    return tuple(max(0, round(verifies * (ps[j] - ps[j + 1]))) for j in range(len(ps) - 1))
+
+
+def what_if_now(store: Store, t_end: float, active: Mapping[str, Any], tp_size: int | None,
+                window_s: float = WINDOW_S, has_phases: bool = True) -> WhatIfReadout:
+    """The readout for the active setting over the last `window_s` seconds of settled readings.
+
+    has_phases: False when the source has no phase timers at all (the reason then says so)."""
+    setting = active_setting(active)
+    if not has_phases:
+        return WhatIfReadout("no phase stream: the server reports no per-phase collective times")
+    if setting is None:
+        return WhatIfReadout("the server has not reported its setting yet")
+    if setting.steps == 0:
+        return WhatIfReadout("speculation is off: there is no draft to move")
+    if setting.placement != "sharded":
+        return WhatIfReadout(f"the draft already runs off the TP group ({setting.placement})")
+    if tp_size is not None and tp_size < 2:
+        return WhatIfReadout("TP size 1: there is no TP group to leave")
+    t0 = t_end - window_s
+    change = store.last_event(EventKind.CONFIG_CHANGED, at=t_end)
+    if change is not None:
+        # Readings from before the active setting settled describe another setting.
+        t0 = max(t0, core_ab.settle_end(store, change.t))
+    draft = _values(store, S.phase_ms("draft"), t0, t_end)
+    if len(draft) < MIN_READINGS:
+        return WhatIfReadout("waiting for settled decode iterations of this setting")
+
+    def ms(series: str) -> tuple[float, float]:
+        m, se = mean_se(_values(store, series, t0, t_end))
+        return (m, se) if not math.isnan(m) else (0.0, 0.0)
+
+    terms = {p: ms(S.phase_ms(p)) for p in ("draft", "draft_extend", "verify", "verify_sample")}
+    wall = ms(S.PHASE_WALL_MS)
+    if not wall[0] > 0:
+        return WhatIfReadout("waiting for settled decode iterations of this setting")
+    work = sum(m for m, _ in terms.values())
+    terms["sched"] = (max(wall[0] - work, 0.0), wall[1])
+    comm = {p: ms(S.phase_comm_ms(p)) for p in ("draft", "draft_extend", "verify", "verify_sample")}
+    p = [pk for k in range(1, setting.steps + 1)
+         if not math.isnan(pk := _mean(_values(store, S.accept_pos(k), t0, t_end)))]
+    verifies = sum(_values(store, S.SPEC_VERIFIES, t0, t_end))
+    if len(p) < setting.steps or not verifies > 0:
+        return WhatIfReadout("waiting for acceptance readings of this setting")
+    batch = _mean(_values(store, S.SERVER_BATCH, t0, t_end))
+    bs = max(1, round(batch)) if batch > 0 else 1
+    stats = SettingStats(setting, bs, len(draft), terms, comm, {}, wall, math.nan,
+                         _histogram(p, verifies))
+    model = fit_cost_model([stats], tp_size)
+    w = model.what_if(setting, bs, "replicated")
+    if w is None:
+        return WhatIfReadout("the cost model could not use these readings")
+    # Without per-phase collective counts in the store, the one broadcast the draft keeps off the
+    # group is not charged: the prediction is the draft's collectives removed entirely.
+    return WhatIfReadout("", OFF_GROUP, w.comm_share, w.tok_s_now, w.tok_s, w.tok_s_low,
+                         w.assumption.replace("one broadcast of draft tokens kept", "all of them"))
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
