@@ -224,6 +224,15 @@ class Engine:
         return self._final(r, [], "abort")
 
     # -- one decode iteration --------------------------------------------------------------------
+    def begin_command(self) -> None:
+        """Rank 0's next command is about to be broadcast: the iteration it may start is timed
+        from here, so the broadcast, config changes and prefills count in that iteration's
+        `other`. What was timed while no request ran (idle heartbeats, an idle config change)
+        belongs to no iteration and is dropped, or it would show up as comm larger than wall."""
+        if not any(not r.finished for r in self.reqs.values()):
+            self.timer.collect()
+        self._since = time.perf_counter()
+
     @torch.no_grad()
     def step(self) -> tuple[list[GenUpdate], dict]:
         """One decode iteration over every running request. Returns (updates, phase record)."""

@@ -171,10 +171,12 @@ class Follower:
         while True:
             if self.rank == 0:
                 cmd = self._next_command()
+                self.engine.begin_command()
                 if world > 1:
                     self.comm.phase = "other"
                     self.comm.broadcast_object(cmd, 0)
             else:
+                self.engine.begin_command()
                 cmd = self.comm.broadcast_object(None, 0)
             if self._execute(cmd):
                 return
