@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from report_helpers import Served
+from report_helpers import start_engine
 
 
 @pytest.fixture(scope="session")
 def engine_tp2():
-    s = Served("--tp-size", "2", "--port", "0", "--max-running-requests", "4")
-    s.wait_ready()
+    s = start_engine("--tp-size", "2", "--port", "0", "--max-running-requests", "4")
     yield s
-    assert s.stop() == 0, "\n".join(s.lines[-40:])
+    assert s.stop(timeout=60.0) == 0, s.log_tail(40)

@@ -4,8 +4,6 @@ model, TP 2 on CPU), a free port, and the `record` command as a child process.""
 from __future__ import annotations
 
 import os
-import re
-import signal
 import socket
 import subprocess
 import sys
@@ -13,8 +11,9 @@ import threading
 import time
 from pathlib import Path
 
+from tuner.engine_process import EngineProcess
+
 ROOT = Path(__file__).resolve().parents[2]
-READY = "The server is fired up and ready to roll!"
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
@@ -24,42 +23,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Served:
-    """`python -m refengine serve ARGS` in its own process group; the URL comes from the ready line."""
-
-    def __init__(self, *args: str) -> None:
-        self.lines: list[str] = []
-        self.url: str | None = None
-        self._ready = threading.Event()
-        self.proc = subprocess.Popen([sys.executable, "-m", "refengine", "serve", *args], cwd=ROOT, env=ENV,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                     start_new_session=True)
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-            if READY in line:
-                m = re.search(r"(http://\S+)", line)
-                self.url = m.group(1) if m else None
-                self._ready.set()
-        self._ready.set()
-
-    def wait_ready(self, timeout: float = 300.0) -> str:
-        self._ready.wait(timeout)
-        if self.url is None:
-            self.stop()
-            raise RuntimeError("serve did not become ready:\n" + "\n".join(self.lines[-40:]))
-        return self.url
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        return self.proc.wait()
+def start_engine(*args: str, timeout_s: float = 300.0) -> EngineProcess:
+    """`python -m refengine serve ARGS`, ready; `.stop(timeout=60.0)` ends it and its ranks."""
+    return EngineProcess.start(list(args), env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+                               timeout_s=timeout_s, cwd=ROOT, die_with_parent=True)
 
 
 class Recording:

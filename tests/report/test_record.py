@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from report_helpers import Recording, Served, free_port
+from report_helpers import Recording, free_port, start_engine
 from tuner.backends import connect
 from tuner.cli import main
 from tuner.commands.record import Progress, RecordLoop, ScheduledChange, parse_duration, parse_set_at
@@ -168,19 +168,18 @@ def test_sigkill_leaves_a_file_that_opens_with_at_most_about_a_second_missing(en
 def test_a_server_that_goes_away_leaves_a_marked_gap_and_recording_resumes(tmp_path):
     port = free_port()
     args = ("--tp-size", "2", "--port", str(port), "--max-running-requests", "2")
-    server = Served(*args)
-    url = server.wait_ready()
+    server = start_engine(*args)
+    url = server.url
     out = tmp_path / "gap.db"
     rec = Recording(url, out, "--load", "1", "--max-new-tokens", "24", "--progress-every", "1")
     try:
         rec.wait_started()
         time.sleep(4.0)
-        assert server.stop() == 0
+        assert server.stop(timeout=60.0) == 0
         gone_at = time.time()
         assert rec.wait_for_line("server gone", 30), rec.stderr()
         time.sleep(2.0)
-        server = Served(*args)
-        server.wait_ready()
+        server = start_engine(*args)
         assert rec.wait_for_line("server back", 60), rec.stderr()
         back_seen = time.time()
         time.sleep(5.0)
@@ -189,7 +188,7 @@ def test_a_server_that_goes_away_leaves_a_marked_gap_and_recording_resumes(tmp_p
     finally:
         if rec.proc.poll() is None:
             rec.proc.kill()
-        server.stop()
+        server.stop(timeout=60.0)
     r = open_recording(out)
     assert r.problem is None
     events = r.events()
