@@ -9,17 +9,14 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 
+from tuner.engine_process import EngineProcess
+
 ROOT = Path(__file__).resolve().parents[2]
-READY = "The server is fired up and ready to roll!"
 START_TIMEOUT_S = 180.0
 
 # No --model-path: the default, i.e. the shipped tiny model (trained, so acceptance is real and
@@ -28,52 +25,12 @@ MODEL_ARGS: list[str] = []
 EXTRA_ARGS = shlex.split(os.environ.get("SPECDECODE_SERVE_ARGS", ""))
 
 
-class ServerProc:
-    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
-        self.args = args
-        self.lines: list[str] = []
-        self.url: str | None = None
-        self._ready = threading.Event()
-        full_env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "refengine", "serve", *args, *EXTRA_ARGS], cwd=ROOT, env=full_env,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-            if READY in line:
-                m = re.search(r"(http://\S+)", line)
-                self.url = m.group(1) if m else None
-                self._ready.set()
-        self._ready.set()
-
-    def output(self) -> str:
-        return "\n".join(self.lines)
-
-    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> str:
-        self._ready.wait(timeout)
-        if self.url is None:
-            self.stop()
-            raise RuntimeError(f"server did not become ready:\n{self.output()[-4000:]}")
-        return self.url
-
-    def wait_exit(self, timeout: float) -> int:
-        rc = self.proc.wait(timeout)
-        self._reader.join(5)
-        return rc
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                return self.wait_exit(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.wait()
+def start_server(args: list[str], env: dict[str, str] | None = None) -> EngineProcess:
+    """A ready `serve ARGS` (plus SPECDECODE_SERVE_ARGS). `.stop()` sends SIGTERM to the server only
+    (ending its ranks is its job, which these tests check through `left_behind`)."""
+    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
+    return EngineProcess.start([*args, *EXTRA_ARGS], env=env, timeout_s=START_TIMEOUT_S, cwd=ROOT,
+                               die_with_parent=True)
 
 
 def pid_alive(pid: int) -> bool:

@@ -249,7 +249,7 @@ def test_decode_log_line_printed(server, http):
     pat = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d TP0\] Decode batch, #running-req: \d+, #token: \d+, "
                      r"token usage: \d+\.\d\d, accept len: \d+\.\d\d, accept rate: \d+\.\d\d, "
                      r"(cpu|cuda) graph: False, gen throughput \(token/s\): \d+\.\d\d, #queue-req: \d+$")
-    assert any(pat.match(line) for line in server.lines), server.output()[-2000:]
+    assert any(pat.match(line) for line in server.log_text().splitlines()), server.log_text()[-2000:]
 
 
 def test_profile_both_ranks_spans_and_download(http, tmp_path):

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from refengine.server import main
-from .helpers import MODEL_ARGS, ROOT, ServerProc, rank_pids, wait_gone
+from .helpers import MODEL_ARGS, ROOT, rank_pids, start_server, wait_gone
 
 
 def test_refuses_non_loopback_without_key(capsys):
@@ -40,11 +40,11 @@ def test_cli_entry_point_prints_usage():
 
 @pytest.mark.slow
 def test_api_key_and_sigint_shutdown():
-    s = ServerProc([*MODEL_ARGS, "--port", "0", "--api-key", "sekret", "--skip-server-warmup"])
+    s = start_server([*MODEL_ARGS, "--port", "0", "--api-key", "sekret", "--skip-server-warmup"])
     # A loaded 2-core CI machine can take seconds for a first forward: generous timeouts.
     c = httpx.Client(timeout=120)
     try:
-        base = s.wait_ready()
+        base = s.url
         auth = {"Authorization": "Bearer sekret"}
         body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
         assert c.post(f"{base}/generate", json=body).status_code == 401
@@ -60,17 +60,17 @@ def test_api_key_and_sigint_shutdown():
         assert len(pids) == 1
     finally:
         c.close()
-        rc = s.stop(signal.SIGINT)
-    assert rc == 0, s.output()[-2000:]
-    assert wait_gone(pids) == []
-    assert "shutting down" in s.output()
-    assert "sekret" not in s.output()
+        rc = s.stop(sig=signal.SIGINT)
+    assert rc == 0, s.log_text()[-2000:]
+    assert s.left_behind == [] and wait_gone(pids) == []
+    assert "shutting down" in s.log_text()
+    assert "sekret" not in s.log_text()
 
 
 @pytest.mark.slow
 def test_killed_rank_ends_server_with_message():
-    s = ServerProc([*MODEL_ARGS, "--tp-size", "2", "--port", "0", "--skip-server-warmup"])
-    base = s.wait_ready()
+    s = start_server([*MODEL_ARGS, "--tp-size", "2", "--port", "0", "--skip-server-warmup"])
+    base = s.url
     pids = rank_pids(base)
     assert len(pids) == 2
     events: list = []
@@ -88,13 +88,13 @@ def test_killed_rank_ends_server_with_message():
     t = threading.Thread(target=stream)
     try:
         t.start()
-        rc = s.wait_exit(timeout=90)
+        rc = s.wait(timeout=90)
         t.join(30)
     finally:
         s.stop()
     assert rc != 0
-    assert re.search(r"the engine died \(TP rank 1 \(pid \d+\) died", s.output()), s.output()[-2000:]
-    assert wait_gone(pids) == []
+    assert re.search(r"the engine died \(TP rank 1 \(pid \d+\) died", s.log_text()), s.log_text()[-2000:]
+    assert s.left_behind == [] and wait_gone(pids) == []
     # The client in flight is told why, SGLang-style, instead of being left hanging.
     assert events and events[-1] == "[DONE]", events[-3:]
     err = json.loads(events[-2])["error"]
@@ -103,13 +103,13 @@ def test_killed_rank_ends_server_with_message():
 
 @pytest.mark.slow
 def test_sigterm_during_stream_leaves_no_process():
-    s = ServerProc([*MODEL_ARGS, "--tp-size", "2", "--port", "0", "--skip-server-warmup"])
-    base = s.wait_ready()
-    pids = rank_pids(base) + [s.proc.pid]
+    s = start_server([*MODEL_ARGS, "--tp-size", "2", "--port", "0", "--skip-server-warmup"])
+    base = s.url
+    pids = rank_pids(base) + [s.pid]
     with httpx.Client(base_url=base, timeout=60) as c:
         with c.stream("POST", "/generate", json={"input_ids": [1, 2, 3], "stream": True, "sampling_params": {
                 "max_new_tokens": 500, "temperature": 0, "ignore_eos": True}}) as r:
             next(r.iter_bytes())
-            rc = s.stop(signal.SIGTERM)
-    assert rc == 0, s.output()[-2000:]
-    assert wait_gone(pids) == []
+            rc = s.stop(sig=signal.SIGTERM)
+    assert rc == 0, s.log_text()[-2000:]
+    assert s.left_behind == [] and wait_gone(pids) == []
