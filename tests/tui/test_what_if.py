@@ -138,3 +138,31 @@ def test_the_event_log_shows_the_tuners_decisions():
     assert any(x.startswith("tuner A/B ") for x in lines)
     assert any(x.startswith("tuning done: best ") for x in lines)
     assert not any("measured" in x for x in lines)      # probes stay in the tune screen
+
+
+def test_u_on_a_replay_shows_the_recorded_tuning_only_when_there_is_one():
+    import asyncio
+
+    from tuner.screens.tune import TuneScreen
+
+    from .scenarios import Scenario, replay_app
+
+    async def scenario():
+        app = replay_app(Scenario("plain", 20.0))
+        async with app.run_test(size=(120, 40)) as pilot:
+            assert "tune" not in [a for _, a, _ in app.key_help()]
+            app.action_tune()
+            await pilot.pause()
+            assert not isinstance(app.screen, TuneScreen)
+            assert any("no tuning in this recording" in n.message for n in app._notifications)
+        app = replay_app(Scenario("tuned", 43.2, fixture=TUNING_FIXTURE))
+        async with app.run_test(size=(120, 40)) as pilot:
+            assert ("u", "tune", "tune") in app.key_help()
+            await pilot.press("u")
+            screen = app.screen
+            assert isinstance(screen, TuneScreen) and screen.tuner is None
+            assert screen.check_action("apply", ()) is False and screen.check_action("stop", ()) is False
+            assert screen.view.state == "done" and screen.view.read_only
+            await pilot.press("escape")
+            assert not isinstance(app.screen, TuneScreen)
+    asyncio.run(scenario())

@@ -14,6 +14,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Mapping
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -40,6 +41,44 @@ def row_cells(row: TuneRow) -> tuple[Any, ...]:
         note.append((" · " if row.basis else "") + row.note, style="dim")
     return (Text(row.marks, style="bold #e0b040"), row.label, pred, num(row.tau, 2),
             num(row.measured), note)
+
+
+class TuneTable(DataTable):
+    """The settings table; `picked` turns True once the operator moves the cursor, from then on the
+    cursor follows that setting when the rows re-sort (before that it stays on the best row)."""
+
+    picked = False
+
+    def _pick(self) -> None:
+        self.picked = True
+
+    def action_cursor_up(self) -> None:
+        self._pick()
+        super().action_cursor_up()
+
+    def action_cursor_down(self) -> None:
+        self._pick()
+        super().action_cursor_down()
+
+    def action_page_up(self) -> None:
+        self._pick()
+        super().action_page_up()
+
+    def action_page_down(self) -> None:
+        self._pick()
+        super().action_page_down()
+
+    def action_scroll_top(self) -> None:
+        self._pick()
+        super().action_scroll_top()
+
+    def action_scroll_bottom(self) -> None:
+        self._pick()
+        super().action_scroll_bottom()
+
+    async def _on_click(self, event: events.Click) -> None:
+        self._pick()
+        await super()._on_click(event)
 
 
 class TuneScreen(Screen[None]):
@@ -72,7 +111,7 @@ class TuneScreen(Screen[None]):
         with Vertical(id="tune-top"):
             yield Static(id="tune-status")
             yield ProgressBar(id="tune-progress", total=100, show_eta=False)
-        table: DataTable = DataTable(id="tune-table", cursor_type="row", zebra_stripes=True)
+        table = TuneTable(id="tune-table", cursor_type="row", zebra_stripes=True)
         for name, width in COLUMNS:
             table.add_column(name, width=width, key=name or "marks")
         yield table
@@ -144,8 +183,8 @@ class TuneScreen(Screen[None]):
             "[dim]the fitted costs appear after the first probes[/]")
 
     def _fill_table(self, rows: tuple[TuneRow, ...]) -> None:
-        table = self.query_one(DataTable)
-        selected = self.selected()
+        table = self.query_one(TuneTable)
+        selected = self.selected() if table.picked else None
         table.clear()
         for row in rows:
             table.add_row(*row_cells(row), key=repr(row.key))
