@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from http.server import ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from refengine.server import decode_log
@@ -36,6 +37,18 @@ FOLLOW_PERIOD_S = 0.05
 SUPERVISE_PERIOD_S = 0.25
 SHUTDOWN_GRACE_S = 3.0
 
+
+
+def shown_path(path: str | None) -> str | None:
+    """A model path as the server reports it: the shipped model as `refengine/data/...`, so
+    recordings and reports made from it name no machine's directories; other paths as given."""
+    if not path:
+        return path
+    pkg = Path(__file__).resolve().parents[1]
+    try:
+        return str(Path("refengine") / Path(path).resolve().relative_to(pkg))
+    except ValueError:
+        return path
 
 def say(message: str, tp_size: int = 1) -> None:
     """One log line in SGLang's `[time TPn] message` format on stdout."""
@@ -385,8 +398,8 @@ class ServerApp:
             d["port"] = self.httpd.server_address[1]  # the real port when --port 0 picked one
         d["max_running_requests"] = self.max_running_requests()
         d["context_length"] = self.context_length()
-        d["model_path"] = self.engine_opts.model_path
-        d["speculative_draft_model_path"] = self.engine_opts.speculative_draft_model_path
+        d["model_path"] = shown_path(self.engine_opts.model_path)
+        d["speculative_draft_model_path"] = shown_path(self.engine_opts.speculative_draft_model_path)
         d["load_format"] = self.engine_opts.load_format
         return d
 
@@ -420,9 +433,9 @@ class ServerApp:
 
     def model_info(self) -> dict[str, Any]:
         return {
-            "model_path": self.engine_opts.model_path,
+            "model_path": shown_path(self.engine_opts.model_path),
             "served_model_name": self.opts.model_name,
-            "tokenizer_path": self.engine_opts.model_path,
+            "tokenizer_path": shown_path(self.engine_opts.model_path),
             "is_generation": True,
             "preferred_sampling_params": None,
             "weight_version": "default",

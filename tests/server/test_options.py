@@ -74,3 +74,13 @@ def test_disable_cuda_graph_maps_to_the_engine():
     assert engine_options(parse_options([])).cuda_graph == "auto"
     assert engine_options(parse_options(["--disable-cuda-graph"])).cuda_graph == "off"
     assert engine_options(parse_options(["--cuda-graph-mode", "static"])).cuda_graph == "static"
+
+
+def test_the_shipped_model_is_reported_without_machine_directories(tmp_path):
+    from refengine.data import TINY_DRAFT_DIR, TINY_TARGET_DIR
+    from refengine.server.app import shown_path
+
+    assert shown_path(str(TINY_TARGET_DIR)) == "refengine/data/tiny/target"
+    assert shown_path(str(TINY_DRAFT_DIR)) == "refengine/data/tiny/eagle3"
+    assert shown_path(str(tmp_path)) == str(tmp_path)   # a user's own path stays as given
+    assert shown_path("tiny") == "tiny" and shown_path(None) is None
