@@ -11,9 +11,10 @@ import json
 import logging
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from refengine.server import auth, sse
@@ -111,24 +112,14 @@ def generate(app: ServerApp, req: Request, stream: Callable[[], Any]) -> Reply |
     batch = parse_generate(parse_json(req.body), app.vocab_size())
     gens = [app.new_generation(item) for item in batch.items]
     if not batch.stream:
-        outs = run_all(gens)
-        failed = [o.error for o in outs if o.error]
-        if failed:
-            return error_reply(f"generation failed: {failed[0]}", 503, "ServiceUnavailable")
+        outs, failure = _run_unstreamed(gens)
+        if failure is not None:
+            return failure
         return json_reply(reply_dicts(outs, batch.batch))
     g = gens[0]
-    g.start()
-    w = stream()
-    try:
+    with _sse(g, stream) as w:
         for out in g.updates_until_done():
-            w.write(sse.event(out.generate_reply()))
-            if out.error:  # as SGLang: an error event before [DONE]
-                w.write(sse.error_event(f"generation failed: {out.error}", "ServiceUnavailable", 503))
-            w.flush()
-        w.write(sse.DONE)
-        w.flush()
-    except OSError:
-        g.cancel("client disconnected")
+            _send(w, out.generate_reply(), out.error)
     return None
 
 
@@ -141,16 +132,13 @@ def completions(app: ServerApp, req: Request, stream: Callable[[], Any]) -> Repl
         if batch.extras.get("echo") else None
     details = bool(batch.extras.get("return_spec_tokens_details"))
     if not batch.stream:
-        outs = run_all(gens)
-        failed = [o.error for o in outs if o.error]
-        if failed:
-            return error_reply(f"generation failed: {failed[0]}", 503, "ServiceUnavailable")
+        outs, failure = _run_unstreamed(gens)
+        if failure is not None:
+            return failure
         return json_reply(completion_reply(cid, model, outs, echo, details))
     g = gens[0]
-    g.start()
-    w = stream()
     sent = 0
-    try:
+    with _sse(g, stream) as w:
         if echo:
             w.write(sse.event(_chunk(cid, model, {"index": 0, "text": echo[0], "logprobs": None,
                                                   "finish_reason": None, "matched_stop": None})))
@@ -166,15 +154,39 @@ def completions(app: ServerApp, req: Request, stream: Callable[[], Any]) -> Repl
                                       "total_tokens": out.prompt_tokens + n}
                     if details:
                         chunk["sglext"] = {"spec_tokens_details": out.spec_fields()}
-                w.write(sse.event(chunk))
-                if out.error:
-                    w.write(sse.error_event(f"generation failed: {out.error}", "ServiceUnavailable", 503))
-                w.flush()
+                _send(w, chunk, out.error)
+    return None
+
+
+def _run_unstreamed(gens: list) -> tuple[list, Reply | None]:
+    """Run every generation to its end; the first failure is the whole request's 503 (as SGLang)."""
+    outs = run_all(gens)
+    failed = [o.error for o in outs if o.error]
+    if failed:
+        return outs, error_reply(f"generation failed: {failed[0]}", 503, "ServiceUnavailable")
+    return outs, None
+
+
+@contextmanager
+def _sse(g: Any, stream: Callable[[], Any]) -> Iterator[Any]:
+    """Start one streamed generation and yield its event writer; [DONE] closes a stream that ran to
+    its end, and a client that went away (OSError on write) cancels the generation instead."""
+    g.start()
+    w = stream()
+    try:
+        yield w
         w.write(sse.DONE)
         w.flush()
     except OSError:
         g.cancel("client disconnected")
-    return None
+
+
+def _send(w: Any, chunk: dict, error: str | None) -> None:
+    """One event, then (as SGLang) an error event before [DONE] when the update carries a failure."""
+    w.write(sse.event(chunk))
+    if error:
+        w.write(sse.error_event(f"generation failed: {error}", "ServiceUnavailable", 503))
+    w.flush()
 
 
 def _chunk(cid: str, model: str, choice: dict) -> dict:
