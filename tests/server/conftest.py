@@ -5,18 +5,15 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from .helpers import MODEL_ARGS, rank_pids, start_server, wait_gone
+from .helpers import MODEL_ARGS, checked_server
 
 
 @pytest.fixture(scope="session")
 def server():
     """One TP2 server for the session; short decode-log interval so the log line shows quickly."""
-    s = start_server([*MODEL_ARGS, "--tp-size", "2", "--port", "0", "--decode-log-interval", "5",
-                      "--max-running-requests", "2", "--speculative-num-steps", "3"])
-    pids = rank_pids(s.url) + [s.pid]
-    yield s
-    assert s.stop() == 0, s.log_text()[-3000:]
-    assert s.left_behind == [] and wait_gone(pids) == [], "a server or rank process outlived SIGTERM"
+    with checked_server([*MODEL_ARGS, "--tp-size", "2", "--port", "0", "--decode-log-interval", "5",
+                         "--max-running-requests", "2", "--speculative-num-steps", "3"]) as s:
+        yield s
 
 
 @pytest.fixture

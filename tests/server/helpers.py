@@ -10,7 +10,9 @@ import os
 import re
 import shlex
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 
@@ -31,6 +33,21 @@ def start_server(args: list[str], env: dict[str, str] | None = None) -> EnginePr
     env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
     return EngineProcess.start([*args, *EXTRA_ARGS], env=env, timeout_s=START_TIMEOUT_S, cwd=ROOT,
                                die_with_parent=True)
+
+
+@contextmanager
+def checked_server(args: list[str]) -> Iterator[EngineProcess]:
+    """A started server for a fixture. On the way out SIGTERM must end it with status 0, and the
+    server must have ended its ranks itself: nothing of its group may be left for the sweep."""
+    s = start_server(args)
+    try:
+        pids = rank_pids(s.url) + [s.pid]
+    except BaseException:
+        s.kill()
+        raise
+    yield s
+    assert s.stop() == 0, s.log_text()[-3000:]
+    assert s.left_behind == [] and wait_gone(pids) == [], "a server or rank process outlived SIGTERM"
 
 
 def pid_alive(pid: int) -> bool:

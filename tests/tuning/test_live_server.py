@@ -10,7 +10,7 @@ import sys
 import httpx
 import pytest
 
-from tests.server.helpers import MODEL_ARGS, ROOT, ServerProc, rank_pids, wait_gone
+from tests.server.helpers import MODEL_ARGS, ROOT, checked_server
 
 pytestmark = pytest.mark.slow
 
@@ -18,13 +18,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def slow_link_server():
     # 3 ms per collective: a sharded draft step pays several of them, a replicated one none.
-    s = ServerProc([*MODEL_ARGS, "--tp-size", "2", "--port", "0", "--max-running-requests", "2",
-                    "--speculative-num-steps", "3", "--emulate-comm-latency", "3000"])
-    s.wait_ready()
-    pids = rank_pids(s.url) + [s.proc.pid]
-    yield s
-    assert s.stop() == 0, s.output()[-3000:]
-    assert wait_gone(pids) == []
+    with checked_server([*MODEL_ARGS, "--tp-size", "2", "--port", "0", "--max-running-requests", "2",
+                         "--speculative-num-steps", "3", "--emulate-comm-latency", "3000"]) as s:
+        yield s
 
 
 def _tune(url: str, tmp_path, *extra: str, budget: str = "100s") -> tuple[subprocess.CompletedProcess, dict]:
