@@ -10,11 +10,8 @@ can stretch). Also samples the ranks with py-spy, found from `specdecode:rank_in
 
 from __future__ import annotations
 
-import os
 import re
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -25,10 +22,10 @@ import pytest
 from probes.capture import TraceCapture
 from probes.pyspy import sample_processes
 from probes.trace_analysis import analyze_paths
+from tuner.engine_process import EngineProcess
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-READY = "The server is fired up and ready to roll!"
 PHASES = ("draft", "verify", "verify_sample", "draft_extend")
 
 
@@ -42,26 +39,14 @@ def _free_port() -> int:
 def engine():
     """A TP2 CPU server under a steady 2-request load; yields its URL."""
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "refengine", "serve", "--tp-size", "2",
-                             "--model-path", "tiny-agreeing", "--load-format", "dummy",
-                             "--host", "127.0.0.1", "--port", str(port)],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        for line in proc.stdout:
-            lines.append(line)
-            if READY in line:
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
+    engine = EngineProcess.start(["--tp-size", "2", "--model-path", "tiny-agreeing", "--load-format", "dummy",
+                                  "--host", "127.0.0.1", "--port", str(port)],
+                                 env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, timeout_s=240, cwd=ROOT,
+                                 die_with_parent=True)
     stop = threading.Event()
     try:
-        assert ready.wait(240) and proc.poll() is None, "".join(lines[-50:])
         url = f"http://127.0.0.1:{port}"
+        assert engine.url == url
 
         def load() -> None:
             with httpx.Client(base_url=url, timeout=120) as c:
@@ -78,12 +63,7 @@ def engine():
         yield url
     finally:
         stop.set()
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        engine.stop(timeout=60)
 
 
 def _records(url: str) -> list[dict]:
