@@ -12,7 +12,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
 MODE_TEXT = {
     "gpu": "gpu (kernels attributed through their launching calls to the enclosing phase span)",
@@ -62,12 +62,12 @@ def format_table(d: dict[str, Any]) -> str:
             + ("  (verify / verify_sample derived from SGLang's spans)" if r["derived_verify"] and n else ""),
             f"  per iteration: wall {m['wall_ms']:.3f} ms  busy {m['busy_ms']:.3f} ms  "
             f"comm {m['comm_ms']:.3f} ms  idle {m['idle_ms']:.3f} ms ({100 * m['idle_ms'] / wall:.1f}% of wall)",
-            f"  {'phase':<14}{'ms/iter':>10}{'comm ms':>10}{'span ms':>10}{'% wall':>9}",
         ]
-        for p in d["phases"]:
-            t = m["phases"][p]
-            lines.append(f"  {p:<14}{t['ms']:>10.3f}{t['comm_ms']:>10.3f}{t['span_ms']:>10.3f}"
-                         f"{100 * t['ms'] / wall:>9.1f}")
+        phases = m["phases"]
+        lines += _phase_table(d["phases"], [("ms/iter", 10, lambda p: phases[p]["ms"], ".3f"),
+                                            ("comm ms", 10, lambda p: phases[p]["comm_ms"], ".3f"),
+                                            ("span ms", 10, lambda p: phases[p]["span_ms"], ".3f"),
+                                            ("% wall", 9, lambda p: 100 * phases[p]["ms"] / wall, ".1f")])
         if r["unattributed_kernels"]:
             lines.append(f"  {r['unattributed_kernels']} kernels ({r['unattributed_ms']:.3f} ms) without a launching call")
     a = d.get("across")
@@ -78,12 +78,20 @@ def format_table(d: dict[str, Any]) -> str:
             f"across ranks {a['ranks']}: {a['aligned_iterations']} iterations aligned by the n-th draft span",
             f"  slowest rank {a['slowest_rank']} (most compute); skew {a['skew_ms'] / n:.3f} ms/iter "
             f"(max - min compute); wall {a['wall_ms']['min'] / n:.3f}..{a['wall_ms']['max'] / n:.3f} ms/iter",
-            f"  {'phase':<14}{'max ms/it':>11}{'min ms/it':>11}{'skew/it':>10}{'slowest':>9}",
         ]
-        for p in d["phases"]:
-            t = a["phases"][p]
-            lines.append(f"  {p:<14}{t['max_ms'] / n:>11.3f}{t['min_ms'] / n:>11.3f}{t['skew_ms'] / n:>10.3f}"
-                         f"{t['slowest_rank']:>9}")
+        across = a["phases"]
+        lines += _phase_table(d["phases"], [("max ms/it", 11, lambda p: across[p]["max_ms"] / n, ".3f"),
+                                            ("min ms/it", 11, lambda p: across[p]["min_ms"] / n, ".3f"),
+                                            ("skew/it", 10, lambda p: across[p]["skew_ms"] / n, ".3f"),
+                                            ("slowest", 9, lambda p: across[p]["slowest_rank"], "")])
     for w in d["warnings"]:
         lines.append(f"warning: {w}")
     return "\n".join(lines) + "\n"
+
+
+def _phase_table(phases: list[str], columns: list[tuple[str, int, Callable[[str], Any], str]]) -> list[str]:
+    """A header and one row per phase; a column is (title, width, its value for a phase, format)."""
+    rows = [f"  {'phase':<14}" + "".join(f"{title:>{width}}" for title, width, _, _ in columns)]
+    for p in phases:
+        rows.append(f"  {p:<14}" + "".join(f"{value(p):>{width}{fmt}}" for _, width, value, fmt in columns))
+    return rows
