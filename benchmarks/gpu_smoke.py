@@ -28,23 +28,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
-import re
 import statistics
-import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine_runs import PROXY_US, base_env, fmt  # noqa: E402
+from tuner.engine_process import EngineProcess, EngineStartError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-READY = "The server is fired up and ready to roll!"
 PLACEMENTS = ("sharded", "replicated", "rank0")
 CONFIGS = [("chain steps=1", {"speculative_num_steps": 1, "speculative_eagle_topk": 1}),
            ("chain steps=3", {"speculative_num_steps": 3, "speculative_eagle_topk": 1}),
@@ -75,44 +73,6 @@ def parts_for(device: str, model: str | None) -> list[Part]:
     return [Part("static-fp32", small, "float32", "static", True), Part("eager-fp32", small, "float32", "off", True)]
 
 
-class Server:
-    """`python -m refengine serve` as a child process on a free loopback port."""
-
-    def __init__(self, argv: list[str], env: dict[str, str]):
-        self.lines: list[str] = []
-        self.url: str | None = None
-        self._ready = threading.Event()
-        self.proc = subprocess.Popen([sys.executable, "-m", "refengine", "serve", *argv], cwd=ROOT,
-                                     env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-            if READY in line:
-                m = re.search(r"(http://\S+)", line)
-                self.url = m.group(1) if m else None
-                self._ready.set()
-        self._ready.set()
-
-    def wait_ready(self, timeout: float) -> str:
-        self._ready.wait(timeout)
-        if self.url is None:
-            self.stop()
-            raise RuntimeError("serve did not become ready:\n" + "\n".join(self.lines[-30:]))
-        return self.url
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                return self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.wait()
-
-
 def leading_equal(a: list[int], b: list[int]) -> int:
     n = 0
     for x, y in zip(a, b):
@@ -129,12 +89,14 @@ def run_part(part: Part, a, report: dict) -> bool:
             "--dtype", part.dtype, "--port", "0", "--context-length", "2048", "--max-running-requests", "4",
             "--speculative-num-steps", "3", "--decode-log-interval", "20", "--cuda-graph-mode", part.graph_mode]
     t0 = time.time()
-    srv = Server(argv, base_env())
+    srv: EngineProcess | None = None
     out: dict = {"part": part.name, "model": part.model, "dtype": part.dtype, "graph_mode": part.graph_mode,
                  "strict": part.strict}
     ok = True
     try:
-        url = srv.wait_ready(a.start_timeout_s)
+        srv = EngineProcess.start(argv, env={"PYTHONPATH": str(ROOT), **base_env()}, timeout_s=a.start_timeout_s,
+                                  cwd=ROOT)
+        url = srv.url
         print(f"\n## {part.name}: serve {' '.join(argv)}  (ready in {time.time() - t0:.0f} s)")
         http = httpx.Client(base_url=url, timeout=600)
         vocab = http.get("/model_info").json().get("vocab_size") or 128
@@ -182,11 +144,12 @@ def run_part(part: Part, a, report: dict) -> bool:
         out["costs"] = _costs(http, prompt, a, state)
         info = http.get("/server_info").json()
         out["server_internal_state"] = info["internal_states"][0]
-        log = [line for line in srv.lines if "Decode batch" in line]
+        lines = srv.log_text().splitlines()
+        log = [line for line in lines if "Decode batch" in line]
         if log:
             print(f"  last decode log line: {log[-1]}")
             out["decode_log"] = log[-1]
-        captures = [line for line in srv.lines if "refengine: graph" in line]
+        captures = [line for line in lines if "refengine: graph" in line]
         out["captures_logged"] = len(captures)
         print(f"  graph captures logged by rank 0: {len(captures)}"
               + (f" (e.g. {captures[0].split('refengine: ')[1]})" if captures else ""))
@@ -194,10 +157,11 @@ def run_part(part: Part, a, report: dict) -> bool:
     except Exception as e:  # one failed part is reported, the others still run
         ok = False
         out["error"] = f"{type(e).__name__}: {e}"
-        print(f"  ERROR: {out['error']}\n  server output (last lines):\n    " + "\n    ".join(srv.lines[-15:]))
+        tail = e.log_tail if isinstance(e, EngineStartError) else srv.log_tail(15) if srv else ""
+        print(f"  ERROR: {out['error']}\n  server output (last lines):\n    "
+              + "\n    ".join(tail.splitlines()[-15:]))
     finally:
-        rc = srv.stop()
-        out["server_exit"] = rc
+        out["server_exit"] = srv.stop(timeout=60) if srv else None
     out["ok"] = ok
     report["parts"].append(out)
     return ok

@@ -21,11 +21,9 @@ import math
 import os
 import re
 import resource
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -37,6 +35,7 @@ from tuner.core import series as S  # noqa: E402
 from tuner.core.clock import ManualClock  # noqa: E402
 from tuner.core.records import Event, Sample, Trace  # noqa: E402
 from tuner.core.session import Session  # noqa: E402
+from tuner.engine_process import EngineProcess, EngineStartError  # noqa: E402
 from tuner.recording import Recorder  # noqa: E402
 
 SERVER_SERIES = ([S.SERVER_TOK_PER_S, S.SERVER_ITER_PER_S, S.SERVER_BATCH, S.SERVER_RUNNING, S.SERVER_QUEUED,
@@ -131,20 +130,11 @@ def real_server(seconds: float, url: str | None, out: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     server = None
     if url is None:
-        server = subprocess.Popen([sys.executable, "-m", "refengine", "serve", "--tp-size", "2", "--port", "0"],
-                                  cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  start_new_session=True)
-        deadline = time.monotonic() + 300
-        for line in server.stdout:
-            if "ready to roll" in line:
-                url = re.search(r"(http://\S+)", line).group(1)
-                break
-            if time.monotonic() > deadline:
-                break
-        if url is None:
-            server.kill()
-            raise SystemExit("serve did not start")
-        threading.Thread(target=lambda: [None for _ in server.stdout], daemon=True).start()
+        try:
+            server = EngineProcess.start(["--tp-size", "2", "--port", "0"], env=env, timeout_s=300.0, cwd=ROOT)
+        except EngineStartError as e:
+            raise SystemExit(f"serve did not start: {e}") from None
+        url = server.url
     rec = subprocess.Popen([sys.executable, "-m", "tuner", "record", url, "--out", str(out), "--overwrite",
                             "--load", "2", "--max-new-tokens", "64", "--duration", f"{seconds}s"],
                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -155,11 +145,7 @@ def real_server(seconds: float, url: str | None, out: Path) -> dict:
         samples.append((round(time.monotonic() - t0, 1), round(rss_mb(rec.pid), 1), round(file_mb(out), 3)))
     err = rec.stderr.read()
     if server is not None:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+        server.stop(timeout=60.0)
     live = [s for s in samples if not math.isnan(s[1])]
     first, last = live[1] if len(live) > 2 else live[0], live[-1]
     # RSS trend after the first 20 s (imports, first polls): least squares over the samples.

@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -32,20 +29,11 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tuner.engine_process import EngineProcess, EngineStartError  # noqa: E402
+
 PROMPT = "import os\nimport sys\n\n\ndef main("
-
-
-def start_server(args: list[str]) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "refengine", "serve", "--port", "0", *args], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        m = re.search(r"ready to roll!.*?(http://\S+)", line)
-        if m:
-            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-            return proc, m.group(1)
-    raise SystemExit(f"server exited before it was ready (rc {proc.wait()})")
 
 
 def stream_one(base: str, tokens: int, out: list[int]) -> None:
@@ -77,7 +65,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--serve-arg", action="append", default=[], help="extra serve flag, e.g. --serve-arg=--device=cuda")
     a = ap.parse_args()
-    proc, base = start_server(["--tp-size", str(a.tp_size), *a.serve_arg])
+    try:
+        # No start-up time limit: a first start on a new host may compile for a long time.
+        engine = EngineProcess.start(["--port", "0", "--tp-size", str(a.tp_size), *a.serve_arg],
+                                     env={"PYTHONPATH": str(ROOT)}, timeout_s=float("inf"), cwd=ROOT)
+    except EngineStartError as e:
+        raise SystemExit(str(e)) from None
+    base = engine.url
     try:
         http = httpx.Client(base_url=base, timeout=60)
         lat: dict[str, list[float]] = {}
@@ -111,8 +105,7 @@ def main() -> int:
                   f"   (n={len(xs)})")
         http.close()
     finally:
-        proc.terminate()
-        proc.wait(60)
+        engine.stop(timeout=60)
     return 0
 
 

@@ -22,10 +22,7 @@ import json
 import math
 import os
 import random
-import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +36,7 @@ from tuner.commands.attach import builtin_prompts  # noqa: E402
 from tuner.core import ab as core_ab  # noqa: E402
 from tuner.core.records import thaw  # noqa: E402
 from tuner.core.session import Session  # noqa: E402
+from tuner.engine_process import EngineProcess, serve_command  # noqa: E402
 from tuner.tuning.live import InlineRunner, Tuner, TunerOptions, active_epoch  # noqa: E402
 from tuner.tuning.observations import parse_record  # noqa: E402
 from tuner.tuning.phase_feed import HttpPhaseFeed  # noqa: E402
@@ -51,40 +49,6 @@ def shipped_model_args() -> list[str]:
     if (tiny / "target" / "model.safetensors").exists() and (tiny / "eagle3" / "model.safetensors").exists():
         return ["--model-path", str(tiny / "target"), "--speculative-draft-model-path", str(tiny / "eagle3")]
     return ["--model-path", "tiny-agreeing", "--load-format", "dummy"]
-
-
-READY = re.compile(r"ready to roll! Serving at (http://\S+)")
-
-
-class Server:
-    """`python -m refengine serve` as a child process group (its ranks included), log to a file."""
-
-    def __init__(self, cmd: list[str], log: Path) -> None:
-        self.log = log
-        self._out = open(log, "wb")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._out,
-                                     stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
-
-    def wait_ready(self, timeout: float = 300.0) -> str:
-        end = time.time() + timeout
-        while time.time() < end:
-            m = READY.search(self.log.read_text(errors="replace"))
-            if m:
-                return m.group(1)
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.5)
-        raise RuntimeError("server did not start:\n" + self.log.read_text(errors="replace")[-3000:])
-
-    def stop(self) -> None:
-        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 5)):
-            if self.proc.poll() is None:
-                try:
-                    os.killpg(self.proc.pid, sig)
-                    self.proc.wait(wait)
-                except (ProcessLookupError, subprocess.TimeoutExpired):
-                    pass
-        self._out.close()
 
 
 class Driver:
@@ -177,18 +141,17 @@ def run_tuner(session, drv, space, budget_s, start: Setting) -> tuple[Tuner, flo
 
 
 def scenario(args, emulate: str | None) -> dict:
-    cmd = [sys.executable, "-m", "refengine", "serve", "--tp-size", str(args.tp_size), "--device",
-           args.device, "--host", "127.0.0.1", "--port", "0", "--max-running-requests",
-           str(args.load), "--speculative-num-steps", str(args.start_steps), *shipped_model_args(),
-           *args.server_args]
+    serve_args = ["--tp-size", str(args.tp_size), "--device", args.device, "--host", "127.0.0.1", "--port", "0",
+                  "--max-running-requests", str(args.load), "--speculative-num-steps", str(args.start_steps),
+                  *shipped_model_args(), *args.server_args]
     if emulate:
-        cmd += ["--emulate-comm-latency", emulate]
+        serve_args += ["--emulate-comm-latency", emulate]
     log = Path(tempfile.mkdtemp(prefix="tuner-bench-")) / "server.log"
-    print(f"== {'slow link ' + emulate + ' us' if emulate else 'no emulated latency'}: {' '.join(cmd[1:])}",
-          flush=True)
-    engine = Server(cmd, log)
+    shown = " ".join(serve_command(serve_args)[1:])
+    print(f"== {'slow link ' + emulate + ' us' if emulate else 'no emulated latency'}: {shown}", flush=True)
+    engine = EngineProcess.start(serve_args, log_path=log, timeout_s=300.0, cwd=ROOT)
     try:
-        url = engine.wait_ready()
+        url = engine.url
         backend = connect(url)
         session = Session(backend).start()
         drv = Driver(session)
@@ -236,7 +199,7 @@ def scenario(args, emulate: str | None) -> dict:
         session.close()
         return out
     finally:
-        engine.stop()
+        engine.stop(timeout=20.0)
 
 
 def report(r: dict) -> list[str]:
