@@ -61,6 +61,17 @@ def curve_tau(curve: tuple[float, ...], steps: int) -> float:
     return tau
 
 
+def describe_gpus(device: str, report: dict) -> None:
+    """Put the GPU names into `report["gpus"]` and print them with torch's and NCCL's versions."""
+    try:
+        import torch
+        if device == "cuda" and torch.cuda.is_available():
+            report["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            print(f"# GPUs: {report['gpus']}; torch {torch.__version__}; NCCL {torch.cuda.nccl.version()}")
+    except Exception as e:  # a report without GPU names is still a report
+        print(f"# (no GPU description: {e})")
+
+
 def base_env() -> dict[str, str]:
     """Keep NVLink multicast off in every rank unless the caller's environment says otherwise."""
     import os

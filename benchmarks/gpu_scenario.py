@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine_runs import (EMULATED_SLOW, INTERCONNECTS, PHASES, PROXY_US, Load, base_env, curve_tau,  # noqa: E402
-                         fmt, graph_keys, measure, published_curve)
+                         describe_gpus, fmt, graph_keys, measure, published_curve)
 
 PLACEMENTS = ("sharded", "replicated", "rank0")
 
@@ -275,13 +275,7 @@ def main(argv=None) -> int:
           f"(τ(2..7) = vLLM's published Llama-3.1-8B EAGLE-3 figures; α1 assumed)")
     report: dict = {"argv": sys.argv[1:], "device": a.device, "tp_size": a.tp_size, "model_path": a.model_path,
                     "curve": curve, "interconnects": []}
-    try:
-        import torch
-        if a.device == "cuda" and torch.cuda.is_available():
-            report["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-            print(f"# GPUs: {report['gpus']}; torch {torch.__version__}, NCCL {torch.cuda.nccl.version()}")
-    except Exception as e:  # a report without GPU names is still a report
-        print(f"# (no GPU description: {e})")
+    describe_gpus(a.device, report)
     ok = True
     if a.check_greedy:
         ok = check_greedy(a, report)

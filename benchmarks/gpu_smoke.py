@@ -39,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_runs import PROXY_US, base_env, fmt  # noqa: E402
+from engine_runs import PROXY_US, base_env, describe_gpus, fmt  # noqa: E402
 from tuner.engine_process import EngineProcess, EngineStartError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -289,13 +289,7 @@ def main(argv=None) -> int:
         parts = [p for p in parts if p.name in want]
     t0 = time.time()
     report: dict = {"argv": sys.argv[1:], "device": a.device, "tp_size": a.tp_size, "parts": []}
-    try:
-        import torch
-        if a.device == "cuda" and torch.cuda.is_available():
-            report["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-            print(f"# GPUs: {report['gpus']}; torch {torch.__version__}; NCCL {torch.cuda.nccl.version()}")
-    except Exception as e:  # a report without GPU names is still a report
-        print(f"# (no GPU description: {e})")
+    describe_gpus(a.device, report)
     print(f"# gpu_smoke on {a.device}, TP{a.tp_size}: parts {', '.join(p.name for p in parts)}")
     ok = True
     for p in parts:
