@@ -63,9 +63,15 @@ def test_steps_change_reuses_draft_graphs_and_captures_are_flagged(graphed):
     generate(graphed, PROMPTS, MAX_NEW)                     # every row bucket captured at steps 3
     warm = generate(graphed, PROMPTS, MAX_NEW)
     assert _captures(warm.records) == [] and not any(r["capture"] for r in warm.records)
+    # Which batch buckets a run meets depends on when the ranks see each request (a request can
+    # run alone for an iteration before the others arrive), so compare with the keys held now.
+    held = {(k["placement"], k["rows"], tuple(k["shape"]))
+            for k in graphed.stats()["per_rank"][0]["graphs"]["keys"] if k["phase"] == "draft_step"}
     run = generate(graphed, PROMPTS, MAX_NEW, config={"speculative_num_steps": 5})
-    assert _captures(run.records, "draft_step") == [], "a draft step's graph does not depend on steps"
-    new = _captures(run.records)
+    again = [c for c in _captures(run.records, "draft_step")
+             if (c["placement"], c["rows"], tuple(c["shape"])) in held]
+    assert again == [], "a draft step's graph does not depend on steps"
+    new = [c for c in _captures(run.records) if c["phase"] != "draft_step"]
     assert {c["phase"] for c in new} == {"verify", "draft_extend"}, new   # N = 6 tokens is a new shape
     assert all(c["ok"] and c["shape"][0] == 6 for c in new)
     flagged = [r for r in run.records if r["capture"]]
