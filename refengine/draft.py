@@ -22,7 +22,7 @@ from torch import nn
 
 from refengine.comm import Communicator
 from refengine.models.eagle3 import Eagle3Head
-from refengine.models.layers import KVPool
+from refengine.models.layers import KVPool, fuse_projections
 from refengine.tp import apply_tp_head
 
 
@@ -78,6 +78,7 @@ class DraftPlacement:
             else:
                 head = self.full
                 head.set_embed(self.full_embed)
+            fuse_projections(head.midlayer)   # after TP: sharding replaces the weights it joins
             self._heads[layout] = head
             self._kvs[layout] = head.make_kv(self.rows, self.row_len, self.dtype, self.device)
         self.head, self.kv = head, self._kvs[layout]

@@ -19,11 +19,11 @@ from torch.profiler import record_function
 
 from refengine import spec
 from refengine.comm import PHASES, Communicator
-from refengine.graphs import GROUP, LOCAL, GraphCache, graphed_forward, resolve_mode
+from refengine.graphs import GROUP, LOCAL, GraphCache, graphed_chain, graphed_forward, resolve_mode
 from refengine.config import EngineOptions, ModelLimits, SpecConfig, parse_simulate_accept
 from refengine.draft import DraftPlacement
 from refengine.messages import GenRequest, GenUpdate, SpecStats
-from refengine.models.layers import causal_meta
+from refengine.models.layers import causal_meta, fuse_projections
 from refengine.tp import apply_tp_target
 
 # SGLang's span names for our phases (ours prefixed specdecode.).
@@ -133,7 +133,7 @@ class Engine:
             # A full-vocabulary copy of the shared embedding for unsharded placements.
             full_embed = torch.nn.Embedding.from_pretrained(
                 target.model.embed_tokens.weight.detach().clone(), freeze=True).to(device, dtype)
-        self.target = apply_tp_target(target.to(device, dtype).eval(), comm)
+        self.target = fuse_projections(apply_tp_target(target.to(device, dtype).eval(), comm))
         self.kv = self.target.make_kv(self.rows + 1, self.row_len, dtype, device)
         self.eos = set(target.config.eos_token_ids)
         self.draft: DraftPlacement | None = None
@@ -358,7 +358,12 @@ class Engine:
                                                     temps, coins, self.target.config.vocab_size)
             else:
                 first = d.head.to_target_ids(first_logits.argmax(-1))
-                drafts = spec.draft_chain(self._head("draft_step"), d.kv, rows, seq, first, hidden, s, ctx)
+                if self.graphs.enabled:
+                    g = self._head("draft_step")
+                    drafts = graphed_chain(self.graphs, g.placement, g.scope, d.head, d.kv, rows, seq, first,
+                                           hidden, s, ctx, self.pad_row)
+                else:
+                    drafts = spec.draft_chain(d.head, d.kv, rows, seq, first, hidden, s, ctx)
         return torch.stack(spec.chain_tree(roots, drafts), 1), q
 
     def _accept(self, reqs, tokens, parents, logits, temps, q, sampled, rejection, s):

@@ -15,6 +15,11 @@ KV-pool row); ``shape`` is (tokens per row, context width bucket, input width). 
 any key: a draft step's graph is one draft forward, replayed steps - 1 times, so changing steps
 costs nothing; a new (topk, num_draft_tokens) shape is captured the first time it is needed.
 
+Greedy chains (`graphed_chain`) keep their whole state in the key's buffers: each replay reads the
+previous step's token, hidden state and position from them and writes the next ones back, so a
+step costs one replay and no host-side op (on a slow host those ops, not the GPU, set the pace of
+a small draft head). Such "in place" keys use the caller's state tensors as their static buffers.
+
 Collectives inside a captured graph cannot be timed one by one: the communicator counts them at
 capture (``Communicator.capturing``), each replay adds those counts as in-graph calls, and their
 time must come from traces (phase records then carry no comm_ms for that phase, only
@@ -167,6 +172,14 @@ class GraphCache:
         self.stats = GraphStats()
         self._lru: dict[str, OrderedDict[GraphKey, _Entry]] = {GROUP: OrderedDict(), LOCAL: OrderedDict()}
         self._events: list[CaptureEvent] = []
+        self._state: dict[GraphKey, dict[str, torch.Tensor]] = {}
+
+    def state(self, key: GraphKey, make: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """The persistent state buffers of an in-place key (made on first use, kept across
+        evictions so a recapture reads the same memory)."""
+        if key not in self._state:
+            self._state[key] = make()
+        return self._state[key]
 
     @property
     def enabled(self) -> bool:
@@ -203,16 +216,20 @@ class GraphCache:
 
     # -- running ---------------------------------------------------------------------------------
     def run(self, key: GraphKey, scope: str, inputs: dict[str, torch.Tensor],
-            body: Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+            body: Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, ...]],
+            in_place: bool = False) -> tuple[torch.Tensor, ...]:
         """body(inputs) -> outputs, through the key's graph. `inputs` must already be padded to
-        the key's shapes; the outputs are the key's static buffers, valid until its next replay."""
+        the key's shapes; the outputs are the key's static buffers, valid until its next replay.
+        in_place: `inputs` are the key's own persistent buffers (see `state`), which the body
+        reads and updates: nothing is copied in, and a capture's warm-up runs leave them as
+        they were."""
         if self.mode == "off":
             self.stats.eager_calls += 1
             return body(inputs)
         lru = self._lru[scope]
         entry = lru.get(key)
         if entry is None:
-            entry = self._capture(key, scope, inputs, body)
+            entry = self._capture(key, scope, inputs, body, in_place)
             lru[key] = entry
             self._evict(lru)
             return entry.outputs
@@ -220,8 +237,9 @@ class GraphCache:
         if entry.eager_reason is not None:
             self.stats.eager_calls += 1
             return body(inputs)
-        for name, t in inputs.items():
-            entry.inputs[name].copy_(t)
+        if not in_place:
+            for name, t in inputs.items():
+                entry.inputs[name].copy_(t)
         self._replay(entry)
         return entry.outputs
 
@@ -260,14 +278,17 @@ class GraphCache:
         entry.replays += 1
         self.stats.replays += 1
 
-    def _capture(self, key: GraphKey, scope: str, inputs: dict[str, torch.Tensor], body) -> _Entry:
+    def _capture(self, key: GraphKey, scope: str, inputs: dict[str, torch.Tensor], body, in_place: bool) -> _Entry:
         t0 = time.perf_counter()
-        static = {name: t.clone() for name, t in inputs.items()}
+        static = inputs if in_place else {name: t.clone() for name, t in inputs.items()}
+        # An in-place body changes its buffers: warm-ups and a failed capture must not leave
+        # them changed (the call's one real run is the replay, or the eager run on failure).
+        snap = {name: t.clone() for name, t in inputs.items()} if in_place and self.mode == "cuda" else None
         entry = _Entry(key, scope, static, body=body)
         err: str | None = None
         try:
             if self.mode == "cuda":
-                self._capture_cuda(entry, body)
+                self._capture_cuda(entry, body, snap)
             else:
                 with self.comm.capturing() as ops:
                     outs = body(static)
@@ -283,6 +304,8 @@ class GraphCache:
         ms = (time.perf_counter() - t0) * 1e3
         self.stats.capture_ms += ms
         self._events.append(CaptureEvent(key, ms, err is None, len(entry.comm_ops), err))
+        if snap is not None:
+            _restore(static, snap)
         if err is not None:
             entry.graph, entry.eager_reason, entry.comm_ops = None, err, []
             self.stats.failures[err] = self.stats.failures.get(err, 0) + 1
@@ -295,7 +318,7 @@ class GraphCache:
             self.comm.add_graph_calls(entry.comm_ops)
         return entry
 
-    def _capture_cuda(self, entry: _Entry, body) -> None:
+    def _capture_cuda(self, entry: _Entry, body, snap: dict[str, torch.Tensor] | None) -> None:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -303,6 +326,8 @@ class GraphCache:
             # the same values, so they are harmless; NCCL and cuBLAS initialise here.
             for _ in range(self.warmup):
                 body(entry.inputs)
+                if snap is not None:
+                    _restore(entry.inputs, snap)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with self.comm.capturing() as ops:
@@ -326,6 +351,59 @@ class GraphCache:
                              "replay_ms_mean": (ms / e.timed) if ms is not None else None,
                              "comm_calls": len(e.comm_ops), "eager": e.eager_reason})
         return {"mode": self.mode, "off_reason": self.off_reason, **self.stats.as_dict(), "keys": keys}
+
+
+def _restore(bufs: dict[str, torch.Tensor], snap: dict[str, torch.Tensor]) -> None:
+    for name, t in snap.items():
+        bufs[name].copy_(t)
+
+
+CHAIN_MAX_STEPS = 64
+
+
+def graphed_chain(cache: GraphCache, placement: str, scope: str, head, kv, rows: torch.Tensor,
+                  seq_lens: torch.Tensor, first: torch.Tensor, hidden: torch.Tensor, steps: int, ctx: int,
+                  pad_row: int) -> torch.Tensor:
+    """refengine.spec.draft_chain (greedy, [B, steps] target ids) with the chain's state in the
+    graph: one key per (placement, rows, ctx), replayed steps - 1 times with no host op between.
+
+    Args mirror draft_chain; `head` is the placed head itself (not a graphed stand-in)."""
+    b, dev = rows.shape[0], rows.device
+    r, width = cache.rows_for(b), hidden.shape[-1]
+    key = GraphKey("draft_step", placement, r, (1, ctx, width, "chain"))
+    st = cache.state(key, lambda: {
+        "ids": torch.zeros(r, 1, dtype=torch.long, device=dev),
+        "hidden": torch.zeros(r, 1, width, dtype=hidden.dtype, device=dev),
+        "rows": torch.full((r,), pad_row, dtype=rows.dtype, device=dev),
+        "positions": torch.zeros(r, 1, dtype=torch.long, device=dev),
+        "out": torch.zeros(r, CHAIN_MAX_STEPS, dtype=torch.long, device=dev),
+        "step": torch.zeros(1, dtype=torch.long, device=dev)})
+    st["ids"][:b, 0] = first
+    st["hidden"][:b, 0] = hidden
+    st["rows"][:b] = rows
+    st["positions"][:b, 0] = seq_lens
+    if b < r:   # pad rows: the spare KV row, from slot 0 (a smaller batch may have used them)
+        st["rows"][b:] = pad_row
+        st["positions"][b:] = 0
+    st["step"].zero_()
+
+    def body(x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        from refengine.models.layers import AttnMeta
+
+        pos = x["positions"]
+        mask = torch.arange(ctx, device=pos.device)[None, None, :] <= pos[:, :, None]
+        logits, h = head(x["ids"], x["hidden"], AttnMeta(x["rows"], pos, pos, mask), kv)
+        tok = head.to_target_ids(logits[:, -1].argmax(-1))
+        x["out"].scatter_(1, x["step"].view(1, 1).expand(tok.shape[0], 1), tok[:, None])
+        x["ids"].copy_(tok[:, None])
+        x["hidden"].copy_(h)
+        pos.add_(1)
+        x["step"].add_(1)
+        return (tok,)
+
+    for _ in range(steps - 1):
+        cache.run(key, scope, st, body, in_place=True)
+    return torch.cat([first[:, None], st["out"][:b, :steps - 1]], 1)
 
 
 def graphed_forward(cache: GraphCache, phase: str, placement: str, scope: str, ids: torch.Tensor,

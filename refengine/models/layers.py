@@ -5,12 +5,20 @@ Plain modules with no tensor parallelism inside: head counts are read from weigh
 time, so refengine.tp can shard the projections after construction without touching this file.
 Every forward takes fixed-shape inputs plus masks (no Python loop over tokens), so the GPU path can
 capture CUDA graphs over them.
+
+Kernel count is the cost that matters at decode shapes (batch 1, a few tokens: every matmul is a
+weight stream and every elementwise op a few-µs launch, ~30 per layer times 32 layers even inside
+a CUDA graph), so the forward keeps it low without custom kernels: `fuse_projections` joins q/k/v
+and gate/up into one matmul each (the separate weights become views of the joined one, so names,
+loading and TP are unchanged and no memory is added); RoPE's cos/sin and the additive mask are
+computed once per forward (cached on the AttnMeta) and RoPE rotates q and k together; GQA attention
+is two batched matmuls over grouped query heads (no repeat of K/V); RMSNorm is torch's fused op.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,10 +41,21 @@ class AttnMeta:
     positions: torch.Tensor
     slots: torch.Tensor
     mask: torch.Tensor
+    # Per-forward values every layer shares (computed by the first layer that needs them).
+    cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def ctx(self) -> int:
         return self.mask.shape[-1]
+
+    def bias(self, dtype: torch.dtype) -> torch.Tensor:
+        """The mask as an additive bias [B, 1, 1, T, C] (0 visible, a large negative hidden),
+        broadcast over KV heads and query groups."""
+        key = ("bias", dtype)
+        if key not in self.cache:
+            b = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device)
+            self.cache[key] = b.masked_fill_(~self.mask, torch.finfo(dtype).min)[:, None, None]
+        return self.cache[key]
 
 
 def causal_meta(rows: torch.Tensor, positions: torch.Tensor, ctx: int) -> AttnMeta:
@@ -82,11 +101,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Computed in float32 (float64 stays float64), as HF Llama does, then cast back.
-        dt = x.dtype
-        h = x.float() if dt in (torch.float16, torch.bfloat16) else x
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dt)
+        # One fused kernel; it accumulates in float32 for half types, as HF Llama computes the
+        # norm (HF rounds to the activation dtype before the weight multiply, this after it).
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -117,13 +134,28 @@ class Rotary(nn.Module):
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(head_dim, theta, scaling).float(), persistent=False)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
-        # HF layout: rotate halves, cos/sin computed in float32 then cast to the activations' dtype.
-        ft = torch.float64 if q.dtype == torch.float64 else torch.float32
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, T, 1, head_dim] in `dtype` (HF layout: computed in float32, then cast)."""
+        ft = torch.float64 if dtype == torch.float64 else torch.float32
         freqs = positions[..., None].to(ft) * self.inv_freq.to(ft)
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().to(q.dtype)[:, :, None], emb.sin().to(q.dtype)[:, :, None]
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        return emb.cos().to(dtype)[:, :, None], emb.sin().to(dtype)[:, :, None]
+
+    def cached(self, meta: "AttnMeta", dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos_sin for meta's positions, once per forward (every layer shares it)."""
+        key = ("rope", id(self), dtype)
+        if key not in meta.cache:
+            meta.cache[key] = self.cos_sin(meta.positions, dtype)
+        return meta.cache[key]
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
+        cos, sin = self.cos_sin(positions, q.dtype)
+        return rotate(q, cos, sin), rotate(k, cos, sin)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on [B, T, heads, head_dim] (rotate-halves layout)."""
+    return torch.addcmul(x * cos, _rotate_half(x), sin)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -143,20 +175,43 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias)
         self.rotary = rotary
+        self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None   # set by fuse()
+
+    def fuse(self) -> None:
+        """Join q/k/v into one weight; the three keep working as views of it (call after any
+        .to() or TP sharding: both replace the weights and undo the fusion)."""
+        self.qkv = _join(self.q_proj, self.k_proj, self.v_proj)
+
+    def _rotated_qkv(self, x: torch.Tensor, meta: AttnMeta) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k (RoPE applied) and v, [B, T, heads, head_dim] each."""
+        b, t, _ = x.shape
+        hd = self.head_dim
+        cos, sin = self.rotary.cached(meta, x.dtype)
+        # The fusion holds while the weights are still views of the joined one (.to() undoes it).
+        if self.qkv is not None and self.qkv[0].data_ptr() == self.q_proj.weight.data_ptr():
+            hq, hk = self.q_proj.weight.shape[0] // hd, self.k_proj.weight.shape[0] // hd
+            qkv = F.linear(x, *self.qkv).view(b, t, -1, hd)
+            qk = rotate(qkv[:, :, :hq + hk], cos, sin)          # q and k rotated in one pass
+            return qk[:, :, :hq], qk[:, :, hq:], qkv[:, :, hq + hk:]
+        q, k = self.q_proj(x).view(b, t, -1, hd), self.k_proj(x).view(b, t, -1, hd)
+        return rotate(q, cos, sin), rotate(k, cos, sin), self.v_proj(x).view(b, t, -1, hd)
 
     def forward(self, x: torch.Tensor, meta: AttnMeta, kv: KVPool, layer: int) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, -1, self.head_dim)
-        k = self.k_proj(x).view(b, t, -1, self.head_dim)
-        v = self.v_proj(x).view(b, t, -1, self.head_dim)
-        q, k = self.rotary(q, k, meta.positions)
+        q, k, v = self._rotated_qkv(x, meta)
+        hq, hk, hd = q.shape[2], k.shape[2], self.head_dim
         kv.write(layer, meta, k, v)
         keys, values = kv.read(layer, meta)                     # [B, C, kvh, hd]
-        groups = q.shape[2] // keys.shape[2]
-        keys = keys.repeat_interleave(groups, dim=2).transpose(1, 2)
-        values = values.repeat_interleave(groups, dim=2).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=meta.mask[:, None])
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        g, c = hq // hk, keys.shape[1]
+        # Query heads grouped by their KV head: [B, kvh, g*T, hd] against K/V [B, kvh, C, hd].
+        qg = q.reshape(b, t, hk, g, hd).permute(0, 2, 3, 1, 4).reshape(b, hk, g * t, hd)
+        scores = torch.matmul(qg, keys.permute(0, 2, 3, 1)).view(b, hk, g, t, c)
+        scores = torch.add(meta.bias(scores.dtype), scores, alpha=hd ** -0.5)
+        acc = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+        probs = torch.softmax(scores, dim=-1, dtype=acc).to(q.dtype).view(b, hk, g * t, c)
+        out = torch.matmul(probs, values.permute(0, 2, 1, 3))   # [B, kvh, g*T, hd]
+        out = out.view(b, hk, g, t, hd).permute(0, 3, 1, 2, 4).reshape(b, t, hq * hd)
+        return self.o_proj(out)
 
 
 class MLP(nn.Module):
@@ -167,6 +222,39 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_up: tuple[torch.Tensor, None] | None = None   # set by fuse()
+
+    def fuse(self) -> None:
+        """Join gate and up into one weight (both keep working as views of it)."""
+        self.gate_up = _join(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up is not None and self.gate_up[0].data_ptr() == self.gate_proj.weight.data_ptr():
+            gate, up = F.linear(x, *self.gate_up).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _join(*linears: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for several linears over the same input, the originals rebound as
+    views of it, so the joined matmul and the separate ones read the same memory."""
+    with torch.no_grad():
+        weight = torch.cat([m.weight for m in linears])
+        has_bias = linears[0].bias is not None
+        bias = torch.cat([m.bias for m in linears]) if has_bias else None
+        at = 0
+        for m in linears:
+            n = m.weight.shape[0]
+            m.weight = nn.Parameter(weight[at:at + n], requires_grad=False)
+            if has_bias:
+                m.bias = nn.Parameter(bias[at:at + n], requires_grad=False)
+            at += n
+    return weight, bias
+
+
+def fuse_projections(model: nn.Module) -> nn.Module:
+    """Fuse every Attention's q/k/v and every MLP's gate/up in `model` (in place; inference only)."""
+    for m in model.modules():
+        if isinstance(m, (Attention, MLP)):
+            m.fuse()
+    return model

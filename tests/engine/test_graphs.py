@@ -10,8 +10,8 @@ import torch
 
 from refengine import presets
 from refengine.comm import Communicator
-from refengine.graphs import (GROUP, LOCAL, GraphCache, GraphKey, ctx_bucket, graphed_forward, resolve_mode,
-                              row_buckets)
+from refengine.graphs import (GROUP, LOCAL, GraphCache, GraphKey, ctx_bucket, graphed_chain, graphed_forward,
+                              resolve_mode, row_buckets)
 from refengine.models.layers import causal_meta
 
 torch.set_num_threads(1)
@@ -228,6 +228,36 @@ def test_padding_keeps_real_rows_and_touches_only_the_pad_row(tiny):
                                  lambda i, h, m: head(i, h, m, hk2))
         torch.testing.assert_close(lg2, le, rtol=1e-12, atol=1e-12)
         assert c.drain_events() == [] and c.stats.replays == 1
+
+
+def test_graphed_chain_equals_the_eager_chain_and_keeps_its_state_in_the_key(tiny):
+    """Greedy chains through one in-place key: the same drafts and draft KV as spec.draft_chain,
+    for 3 requests padded to 4 rows and then 1 request in a fresh bucket and 3 again (stale pad
+    state from a larger batch must not leak), with one capture per (rows, ctx) and replays after."""
+    from refengine import spec
+
+    target, head = tiny
+    rows, row_len, pad_row, h = 5, 300, 5, head.config.hidden_size
+    kv_e = head.make_kv(rows + 1, row_len, torch.float64, "cpu")
+    kv_g = head.make_kv(rows + 1, row_len, torch.float64, "cpu")
+    c = GraphCache("static", Communicator(0, 1), max_rows=rows, row_len=row_len)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for rows_t, steps in [([4, 0, 2], 4), ([1], 3), ([3, 0, 2], 5), ([4, 0, 1, 2], 2)]:
+            rows_t = torch.tensor(rows_t)
+            b = rows_t.shape[0]
+            seq = torch.randint(5, 60, (b,), generator=g)
+            first = torch.randint(0, 256, (b,), generator=g)
+            hidden = torch.randn(b, h, generator=g, dtype=torch.float64)
+            want = spec.draft_chain(head, kv_e, rows_t, seq, first, hidden, steps, 256)
+            got = graphed_chain(c, "replicated", LOCAL, head, kv_g, rows_t, seq, first, hidden, steps, 256, pad_row)
+            assert torch.equal(got, want)
+            for a, e in zip(kv_g.k + kv_g.v, kv_e.k + kv_e.v):
+                torch.testing.assert_close(a[:rows], e[:rows], rtol=1e-12, atol=1e-12)
+    keys = [e.key for e in c.drain_events()]
+    assert keys == [GraphKey("draft_step", "replicated", 4, (1, 256, h, "chain")),
+                    GraphKey("draft_step", "replicated", 1, (1, 256, h, "chain"))], keys
+    assert c.stats.replays == (4 - 1) + (3 - 1) + (5 - 1) + (2 - 1) - 2
 
 
 def _engine(mode: str):
