@@ -243,11 +243,11 @@ class Engine:
         s, k = cfg.steps, cfg.topk
         n_tok = cfg.num_draft_tokens if s > 0 else 1
         b, dev = len(reqs), self.device
-        rows = torch.tensor([r.row for r in reqs], device=dev)
-        seq = torch.tensor([r.seq_len for r in reqs], device=dev)
-        roots = torch.tensor([r.tokens[-1] for r in reqs], device=dev)
-        temps = torch.tensor([r.params.temperature for r in reqs], device=dev)
-        sampled = bool((temps > 0).any())
+        # One host-to-device copy for the per-request ints, and no device read to learn whether
+        # anything samples (each is a launch or a sync on the per-iteration path).
+        rows, seq, roots = torch.tensor([[r.row, r.seq_len, r.tokens[-1]] for r in reqs]).to(dev).unbind(1)
+        sampled = any(r.params.temperature > 0 for r in reqs)
+        temps = torch.tensor([r.params.temperature for r in reqs], device=dev) if sampled else None
         rejection = sampled and s > 0 and k == 1 and self.opts.speculative_use_rejection_sampling
         ctx = self._bucket(max(r.seq_len for r in reqs) + max(n_tok, s * k) + 1)
         q = None
@@ -278,7 +278,9 @@ class Engine:
                 src = seq[:, None] + torch.where(path >= 0, path, t_idx)
                 self.kv.copy_slots(rows, src, seq[:, None] + t_idx)
             tok_path = tokens.gather(1, path.clamp(min=0))
-            acc_l, tok_l, bonus_l = accepted.tolist(), tok_path.tolist(), bonus.tolist()
+            # One device-to-host read for the iteration's decisions.
+            got = torch.cat([accepted[:, None], bonus[:, None], tok_path], 1).tolist()
+            acc_l, bonus_l, tok_l = [g[0] for g in got], [g[1] for g in got], [g[2:] for g in got]
             updates, committed = [], 0
             for i, r in enumerate(reqs):
                 j = acc_l[i]

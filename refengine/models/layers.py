@@ -11,8 +11,9 @@ weight stream and every elementwise op a few-µs launch, ~30 per layer times 32 
 a CUDA graph), so the forward keeps it low without custom kernels: `fuse_projections` joins q/k/v
 and gate/up into one matmul each (the separate weights become views of the joined one, so names,
 loading and TP are unchanged and no memory is added); RoPE's cos/sin and the additive mask are
-computed once per forward (cached on the AttnMeta) and RoPE rotates q and k together; GQA attention
-is two batched matmuls over grouped query heads (no repeat of K/V); RMSNorm is torch's fused op.
+computed once per forward (cached on the AttnMeta), RoPE as one batched matmul per layer rotating q
+and k together; GQA attention is two batched matmuls over grouped query heads (no repeat of K/V);
+RMSNorm is torch's fused op.
 """
 
 from __future__ import annotations
@@ -141,11 +142,20 @@ class Rotary(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype)[:, :, None], emb.sin().to(dtype)[:, :, None]
 
-    def cached(self, meta: "AttnMeta", dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos_sin for meta's positions, once per forward (every layer shares it)."""
+    def matrix(self, meta: "AttnMeta", dtype: torch.dtype) -> torch.Tensor:
+        """RoPE as a matrix per token, [B, T, head_dim, head_dim]: x @ R == x*cos + rotate_half(x)*sin
+        (R = diag(cos) + J·diag(sin), J the rotate-half permutation with its sign). Built once per
+        forward (every layer shares it), so each layer rotates q and k with one batched matmul
+        instead of four elementwise kernels."""
         key = ("rope", id(self), dtype)
         if key not in meta.cache:
-            meta.cache[key] = self.cos_sin(meta.positions, dtype)
+            cos, sin = self.cos_sin(meta.positions, dtype)
+            hd = cos.shape[-1]
+            h = hd // 2
+            j = torch.zeros(hd, hd, dtype=dtype, device=cos.device)
+            j[h:, :h] = -torch.eye(h, dtype=dtype, device=cos.device)
+            j[:h, h:] = torch.eye(h, dtype=dtype, device=cos.device)
+            meta.cache[key] = torch.diag_embed(cos[:, :, 0]) + j * sin[:, :, 0, None, :]
         return meta.cache[key]
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
@@ -186,15 +196,15 @@ class Attention(nn.Module):
         """q, k (RoPE applied) and v, [B, T, heads, head_dim] each."""
         b, t, _ = x.shape
         hd = self.head_dim
-        cos, sin = self.rotary.cached(meta, x.dtype)
+        rope = self.rotary.matrix(meta, x.dtype)                # [B, T, hd, hd]
         # The fusion holds while the weights are still views of the joined one (.to() undoes it).
         if self.qkv is not None and self.qkv[0].data_ptr() == self.q_proj.weight.data_ptr():
             hq, hk = self.q_proj.weight.shape[0] // hd, self.k_proj.weight.shape[0] // hd
             qkv = F.linear(x, *self.qkv).view(b, t, -1, hd)
-            qk = rotate(qkv[:, :, :hq + hk], cos, sin)          # q and k rotated in one pass
+            qk = torch.matmul(qkv[:, :, :hq + hk], rope)        # q and k rotated in one matmul
             return qk[:, :, :hq], qk[:, :, hq:], qkv[:, :, hq + hk:]
         q, k = self.q_proj(x).view(b, t, -1, hd), self.k_proj(x).view(b, t, -1, hd)
-        return rotate(q, cos, sin), rotate(k, cos, sin), self.v_proj(x).view(b, t, -1, hd)
+        return torch.matmul(q, rope), torch.matmul(k, rope), self.v_proj(x).view(b, t, -1, hd)
 
     def forward(self, x: torch.Tensor, meta: AttnMeta, kv: KVPool, layer: int) -> torch.Tensor:
         b, t, _ = x.shape
@@ -207,8 +217,8 @@ class Attention(nn.Module):
         qg = q.reshape(b, t, hk, g, hd).permute(0, 2, 3, 1, 4).reshape(b, hk, g * t, hd)
         scores = torch.matmul(qg, keys.permute(0, 2, 3, 1)).view(b, hk, g, t, c)
         scores = torch.add(meta.bias(scores.dtype), scores, alpha=hd ** -0.5)
-        acc = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-        probs = torch.softmax(scores, dim=-1, dtype=acc).to(q.dtype).view(b, hk, g * t, c)
+        # Half types: torch's softmax accumulates in float32 and rounds once on output.
+        probs = torch.softmax(scores, dim=-1).view(b, hk, g * t, c)
         out = torch.matmul(probs, values.permute(0, 2, 1, 3))   # [B, kvh, g*T, hd]
         out = out.view(b, hk, g, t, hd).permute(0, 3, 1, 2, 4).reshape(b, t, hq * hd)
         return self.o_proj(out)
