@@ -11,7 +11,7 @@ from tuner.core.records import Event, Sample
 from tuner.core.store import Store
 from tuner.widgets import views
 from tuner.widgets.fmt import hbar, rel_time, sparkline
-from tuner.widgets.phases import PhaseView, segment_ms, stacked_bar
+from tuner.widgets.phases import PhaseSplit, PhaseView, segment_ms, stacked_bar, untimed_comm
 
 
 def test_phase_parts_never_stack_a_phase_on_its_comm_part():
@@ -32,6 +32,32 @@ def test_phase_parts_with_nan_comm_and_no_wall():
     parts = segment_ms(view)
     assert parts["draft"] == 2.0 and parts["draft_comm"] == 0.0 and parts["verify"] == 0.0
     assert sum(parts.values()) == pytest.approx(2.0)
+
+
+def test_collectives_inside_cuda_graphs_read_as_untimed_not_zero():
+    """A TP server with graphs: the verify and draft phases ran collectives inside graphs (no comm
+    time), the replicated extend ran none (comm 0). Only the graph phases say "in graph"."""
+    from rich.console import Console
+
+    view = PhaseView(phase_ms={"draft": 1.1, "verify": 6.2, "verify_sample": 2.0, "draft_extend": 0.9, "other": 1.0},
+                     comm_ms={"draft": math.nan, "verify": math.nan, "draft_extend": 0.0}, wall_ms=12.0, iterations=40)
+    assert untimed_comm(view) == ("draft", "verify")
+    w = PhaseSplit()
+    w.show(view)
+    console = Console(width=60, record=True, color_system=None)
+    console.print(w.render())
+    text = console.export_text()
+    def line(label: str) -> str:
+        return next(ln for ln in text.splitlines() if label in ln)
+    assert "in graph" in line("draft collectives") and "in graph" in line("verify collectives")
+    assert "0.00" in line("extend collectives")
+    assert "inside CUDA graphs" in text and "collectives 0.0%" not in text
+    # Measured comm everywhere: the share is printed as before.
+    timed = PhaseView(phase_ms=view.phase_ms, comm_ms={"draft": 0.5, "verify": 1.0, "draft_extend": 0.0},
+                      wall_ms=12.0, iterations=40)
+    w.show(timed)
+    console.print(w.render())
+    assert "collectives 12.5%" in console.export_text()
 
 
 @pytest.mark.parametrize("width", [1, 7, 40, 113])

@@ -2,7 +2,9 @@
 
 Phase times from the engine are inclusive of their collectives, so each phase is drawn as two
 disjoint segments, compute (phase - comm) and collectives (comm); a phase and its comm part are
-never stacked on top of each other. Idle is wall minus the phases. This widget only draws the
+never stacked on top of each other. Idle is wall minus the phases. A phase whose collectives ran
+inside CUDA graphs has no comm time (NaN: events cannot time them one by one); its collectives row
+says so instead of showing 0, and only a captured trace times them. This widget only draws the
 numbers it is given; averaging over a window is the store's job.
 """
 
@@ -79,6 +81,14 @@ def segment_ms(view: PhaseView) -> dict[str, float]:
     return out
 
 
+def untimed_comm(view: PhaseView) -> tuple[str, ...]:
+    """Phases that ran but whose collectives have no time (inside CUDA graphs, or a server that
+    cannot see them): their comm parts are unknown, not 0."""
+    return tuple(p for p in ("draft", "verify", "draft_extend")
+                 if is_num(view.phase_ms.get(p, float("nan"))) and view.phase_ms[p] > 0
+                 and not is_num(view.comm_ms.get(p, float("nan"))))
+
+
 def stacked_bar(parts: dict[str, float], width: int) -> Text:
     """One line: each segment gets cells in proportion to its time (largest remainder rounding)."""
     total = sum(parts.values())
@@ -124,13 +134,22 @@ class PhaseSplit(Static):
         table.add_column(ratio=1)
         table.add_column(justify="right", width=8)
         table.add_column(justify="right", width=6)
+        untimed = {f"{p}_comm" for p in untimed_comm(view)}
         for s in SEGMENTS:
             ms = parts[s.key]
             label = Text(s.glyph + " ", style=s.color) + Text(s.label, style="" if ms > 0 else "dim")
+            if s.key in untimed:
+                table.add_row(label, Text("in graph", style="dim"), Text("—", style="dim"))
+                continue
             table.add_row(label, num(ms, 2), f"{ms / total * 100:.1f}%")
         comm = parts["draft_comm"] + parts["verify_comm"] + parts["draft_extend_comm"]
         table.add_row(Text("iteration", style="bold"), Text(num(total, 2), style="bold"),
                       Text("100%", style="bold"))
-        foot = Text.assemble(("collectives ", "dim"), (f"{comm / total * 100:.1f}%", "bold"),
-                             (f" · {view.iterations} iters, last {view.window_s:.0f} s", "dim"))
+        tail = (f" · {view.iterations} iters, last {view.window_s:.0f} s", "dim")
+        if untimed:
+            # Inside a graph the phase time includes them; their own share needs a trace.
+            foot = Text.assemble(("collectives ", "dim"), ("inside CUDA graphs", "bold"),
+                                 (" (in their phase's time) · c times them", "dim"), tail)
+        else:
+            foot = Text.assemble(("collectives ", "dim"), (f"{comm / total * 100:.1f}%", "bold"), tail)
         return Group(stacked_bar(parts, width), table, foot)
