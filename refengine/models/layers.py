@@ -173,6 +173,12 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-b, a), dim=-1)
 
 
+# "grouped": two batched matmuls over query heads grouped by KV head (the default); "sdpa": torch's
+# scaled_dot_product_attention with enable_gqa (whichever backend it picks for an additive mask).
+# benchmarks/attention_variants.py times both inside CUDA graphs.
+ATTENTION = "grouped"
+
+
 class Attention(nn.Module):
     """GQA self-attention over a KV pool. `in_dim` is 2H for the EAGLE-3 midlayer."""
 
@@ -212,6 +218,10 @@ class Attention(nn.Module):
         hq, hk, hd = q.shape[2], k.shape[2], self.head_dim
         kv.write(layer, meta, k, v)
         keys, values = kv.read(layer, meta)                     # [B, C, kvh, hd]
+        if ATTENTION == "sdpa":
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+                                                 attn_mask=meta.bias(q.dtype)[:, :, 0], enable_gqa=True)
+            return self.o_proj(out.transpose(1, 2).reshape(b, t, hq * hd))
         g, c = hq // hk, keys.shape[1]
         # Query heads grouped by their KV head: [B, kvh, g*T, hd] against K/V [B, kvh, C, hd].
         qg = q.reshape(b, t, hk, g, hd).permute(0, 2, 3, 1, 4).reshape(b, hk, g * t, hd)
