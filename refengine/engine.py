@@ -388,10 +388,11 @@ class Engine:
             return self._simulated(tokens, parents, logits, probs, coins, temps, s)
         if rejection:
             accepted, bonus = spec.verify_chain_rejection(tokens[:, 1:], q, probs, coins)
-            idx = torch.arange(s + 1, device=dev)[None]
-            path = torch.where(idx <= accepted[:, None], idx, torch.full_like(idx, -1))
-            return path, accepted, bonus
-        path, accepted, bonus = spec.verify_tree_greedy(tokens, parents, logits, s)
+            return spec.chain_path(accepted, s + 1), accepted, bonus
+        if self.config.topk == 1:
+            path, accepted, bonus = spec.verify_chain_greedy(tokens, logits)
+        else:
+            path, accepted, bonus = spec.verify_tree_greedy(tokens, parents, logits, s)
         if sampled:
             sp, sa, sb = spec.verify_tree_sample(tokens, parents, probs, coins, s)
             pick = temps > 0
@@ -408,6 +409,16 @@ class Engine:
         u = torch.rand(tokens.shape[0], s, generator=self.sim_gen).to(tokens.device)
         ok = u < torch.tensor(alphas, device=tokens.device)[None]
         want = ok.to(torch.int32).cumprod(1).sum(1)
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+        if self.config.topk == 1:
+            # A chain reaches the drawn depth exactly (no walk: its per-level ops would be host
+            # time a real engine does not spend).
+            accepted = want.long()
+            cur = accepted
+            bonus = logits[rows, cur].argmax(-1)
+            if probs is not None:
+                bonus = torch.where(temps > 0, spec.sample_from(probs[rows, cur], coins[:, s]), bonus)
+            return spec.chain_path(accepted, s + 1), accepted, bonus
         # Follow the child with the deepest subtree, so a tree reaches the drawn depth when it can
         # (a tree shallower than the draw caps it: then τ falls short of the request).
         height = spec.subtree_height(parents, s)
@@ -416,7 +427,6 @@ class Engine:
             h = torch.where(ch, height, torch.full_like(height, -1))
             return ch & (h == h.max(1, keepdim=True).values) & (d <= want)[:, None]
         path, accepted, cur = spec._walk(tokens, parents, s, None, deepest)
-        rows = torch.arange(tokens.shape[0], device=tokens.device)
         bonus = logits[rows, cur].argmax(-1)
         if probs is not None:
             bonus = torch.where(temps > 0, spec.sample_from(probs[rows, cur], coins[:, s]), bonus)
