@@ -256,3 +256,6 @@ def test_record_refuses_in_one_line_without_leaving_a_file(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["record", "http://127.0.0.1:1", "--out", str(out), "--duration", "soon"])
     assert "not a duration" in capsys.readouterr().err
+    assert main(["record", "http://127.0.0.1:1", "--out", str(tmp_path / "y.db"), "--nvml-hz", "1000"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--nvml-hz" in err and not (tmp_path / "y.db").exists()

@@ -39,6 +39,8 @@ def test_attach_to_nothing(tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["--load", "-1"], "--load must be 0 or more"),
     (["--prompts", "PROMPTS"], 'needs "text"'),
+    (["--tune-budget", "soon"], "--tune-budget: not a duration"),
+    (["--tune-max-steps", "0"], "--tune-max-steps must be between 1 and 64"),
 ])
 def test_attach_bad_options(tmp_path, args, needle):
     prompts = tmp_path / "p.jsonl"

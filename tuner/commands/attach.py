@@ -20,6 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=os.environ.get("SPECDECODE_API_KEY"),
                         help="sent as a bearer token (default: $SPECDECODE_API_KEY)")
     add_load_arguments(parser)
+    add_tui_tune_arguments(parser)
 
 
 def add_load_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +29,29 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=Path, default=None,
                         help="JSONL prompts for the load ({\"text\": ...} per line; default: built-in)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens per load request")
+
+
+def add_tui_tune_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the TUI's tune key (`u`) may spend and search (the `tune` command has its own flags)."""
+    parser.add_argument("--tune-budget", default="120s", metavar="D",
+                        help="time the tune key's tuner may take (e.g. 90s, 5m; default 120s)")
+    parser.add_argument("--tune-max-steps", type=int, default=5, metavar="N",
+                        help="deepest chain the tune key considers (default 5)")
+
+
+def tune_limits(args: argparse.Namespace, prog: str) -> tuple[float, int] | None:
+    """(budget s, max steps) from the flags, or None after a one-line error on stderr."""
+    from tuner.commands.tune import parse_duration
+
+    try:
+        budget = parse_duration(args.tune_budget)
+    except ValueError as e:
+        print(f"specdecode-tune {prog}: --tune-budget: {e}", file=sys.stderr)
+        return None
+    if not 1 <= args.tune_max_steps <= 64:
+        print(f"specdecode-tune {prog}: --tune-max-steps must be between 1 and 64", file=sys.stderr)
+        return None
+    return budget, args.tune_max_steps
 
 
 # Code-shaped prompts: the shipped tiny model learned from Python sources, and real servers
@@ -65,15 +89,19 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"specdecode-tune attach: prompts: {e}", file=sys.stderr)
         return 2
+    limits = tune_limits(args, "attach")
+    if limits is None:
+        return 2
     try:
         backend = connect(args.url, api_key=args.api_key)
     except ServerError as e:
         print(f"specdecode-tune attach: {e}", file=sys.stderr)
         return 1
-    return run_tui(backend, args.load, prompts, args.max_new_tokens)
+    return run_tui(backend, args.load, prompts, args.max_new_tokens, tune=limits)
 
 
-def run_tui(backend, load: int, prompts: list[dict], max_new_tokens: int = 128) -> int:
+def run_tui(backend, load: int, prompts: list[dict], max_new_tokens: int = 128,
+            tune: tuple[float, int] | None = None) -> int:
     """Run the TUI over a backend until the operator quits; the session is closed on the way out."""
     from tuner.app import make_app
     from tuner.core.session import Session
@@ -82,7 +110,9 @@ def run_tui(backend, load: int, prompts: list[dict], max_new_tokens: int = 128) 
     sampler = start_nvml(session)
     labels = gpu_labels(sampler)
     try:
-        make_app(session, load=load, prompts=prompts, max_new_tokens=max_new_tokens, gpu_labels=labels).run()
+        extra = {"tune_budget_s": tune[0], "tune_max_steps": tune[1]} if tune else {}
+        make_app(session, load=load, prompts=prompts, max_new_tokens=max_new_tokens, gpu_labels=labels,
+                 **extra).run()
     finally:
         if sampler is not None:
             sampler.stop()
@@ -90,8 +120,9 @@ def run_tui(backend, load: int, prompts: list[dict], max_new_tokens: int = 128) 
     return 0
 
 
-def start_nvml(session):
-    """NVML readings of this host's GPUs onto the session's bus, when the server's GPUs are here.
+def start_nvml(session, interval_s: float = 0.1):
+    """NVML readings of this host's GPUs onto the session's bus every `interval_s`, when the
+    server's GPUs are here.
 
     Returns the started sampler, or None: a host without NVML (or a server elsewhere) gets no
     readings, which the GPU panel explains; that is not an error.
@@ -103,7 +134,7 @@ def start_nvml(session):
     if backend is None or backend.READ_ONLY or not backend.LOCAL_GPUS:
         return None
     sampler = NvmlSampler(lambda t, series, value: session.put(Sample(t, series, value)), session.clock,
-                          rank_info=backend.rank_info)
+                          interval_s=interval_s, rank_info=backend.rank_info)
     if not sampler.available:
         return None
     sampler.start()

@@ -20,7 +20,7 @@ READY_TIMEOUT_S = 180.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from tuner.commands.attach import add_load_arguments
+    from tuner.commands.attach import add_load_arguments, add_tui_tune_arguments
 
     parser.add_argument("--tp-size", type=int, default=None,
                         help="TP ranks (default: every local GPU, else 2 CPU ranks)")
@@ -30,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="add an emulated latency to every collective (shown as emulation)")
     parser.add_argument("--port", type=int, default=0, help="server port (default: any free one)")
     add_load_arguments(parser)
+    add_tui_tune_arguments(parser)
     parser.set_defaults(load=4)
 
 
@@ -60,7 +61,7 @@ def server_args(device: str, tp: int, port: int, emulate: str | None) -> list[st
 
 def run(args: argparse.Namespace) -> int:
     from tuner.backends import ServerError, connect
-    from tuner.commands.attach import prompts_for, run_tui
+    from tuner.commands.attach import prompts_for, run_tui, tune_limits
 
     gpus = local_gpu_count()
     device = args.device or ("cuda" if gpus else "cpu")
@@ -69,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
         prompts = prompts_for(args)
     except (OSError, ValueError) as e:
         print(f"specdecode-tune demo: prompts: {e}", file=sys.stderr)
+        return 2
+    limits = tune_limits(args, "demo")
+    if limits is None:
         return 2
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit_on_signal)
@@ -92,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         except ServerError as e:
             print(f"specdecode-tune demo: {e}\n{engine.log_tail()}", file=sys.stderr)
             return 1
-        return run_tui(backend, args.load, prompts, args.max_new_tokens)
+        return run_tui(backend, args.load, prompts, args.max_new_tokens, tune=limits)
     except KeyboardInterrupt:
         return 130
     finally:

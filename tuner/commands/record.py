@@ -95,6 +95,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=os.environ.get("SPECDECODE_API_KEY"),
                    help="sent as a bearer token (default: $SPECDECODE_API_KEY)")
     p.add_argument("--overwrite", action="store_true", help="replace FILE if it exists")
+    p.add_argument("--nvml-hz", type=float, default=10.0, metavar="HZ",
+                   help="NVML readings per second per GPU (default 10; 0 = none; they are most of a long "
+                        "recording's size)")
     p.add_argument("--progress-every", type=parse_duration, default=10.0, metavar="D",
                    help="progress line interval when stderr is not a terminal (default 10s)")
 
@@ -368,6 +371,8 @@ def run(args: argparse.Namespace) -> int:
         return fail("--load must be 0 or more", 2)
     if args.capture_steps < 1:
         return fail("--capture-steps must be 1 or more", 2)
+    if not (args.nvml_hz == 0 or 0.1 <= args.nvml_hz <= 100):
+        return fail("--nvml-hz must be 0 (no NVML) or between 0.1 and 100", 2)
     if args.out.exists() and not args.overwrite:
         return fail(f"{args.out} exists (choose another --out, or add --overwrite)", 2)
     try:
@@ -401,7 +406,7 @@ def run(args: argparse.Namespace) -> int:
     with _Stopper(stop):
         try:
             session.start()
-            sampler = start_nvml(session)
+            sampler = start_nvml(session, 1.0 / args.nvml_hz) if args.nvml_hz > 0 else None
             if sampler is not None:
                 recorder.set_header("gpus", [{"index": d.index, "name": d.name, "bus_id": d.bus_id, "uuid": d.uuid,
                                               "rank": d.rank, "label": gpu_labels(sampler).get(d.index)}
