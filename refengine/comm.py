@@ -103,16 +103,18 @@ class Communicator:
 
     def broadcast_object(self, obj, src: int = 0):
         """Pickle `obj` on `src` and deliver it to every rank over the CPU group (control plane):
-        a fixed 8-byte length first, then the payload."""
-        payload = pickle.dumps(obj) if self.rank == src else b""
+        a fixed 8-byte length first, then the payload. None travels as length 0 alone (one
+        broadcast instead of two: the per-iteration command is usually empty)."""
+        payload = pickle.dumps(obj) if self.rank == src and obj is not None else b""
         size = torch.tensor([len(payload)], dtype=torch.long)
         with self._op("broadcast_object", size):
             dist.broadcast(size, src=src, group=self.cpu_group)
             n = int(size.item())
+            if n == 0:
+                return None if self.rank != src else obj
             buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if self.rank == src \
                 else torch.empty(n, dtype=torch.uint8)
-            if n:
-                dist.broadcast(buf, src=src, group=self.cpu_group)
+            dist.broadcast(buf, src=src, group=self.cpu_group)
         return obj if self.rank == src else pickle.loads(buf.numpy().tobytes())
 
     def agree(self, ok: bool) -> bool:

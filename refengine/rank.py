@@ -174,10 +174,10 @@ class Follower:
                 self.engine.begin_command()
                 if world > 1:
                     self.comm.phase = "other"
-                    self.comm.broadcast_object(cmd, 0)
+                    self.comm.broadcast_object(None if cmd.empty else cmd, 0)
             else:
                 self.engine.begin_command()
-                cmd = self.comm.broadcast_object(None, 0)
+                cmd = self.comm.broadcast_object(None, 0) or Command()
             if self._execute(cmd):
                 return
 
