@@ -149,7 +149,7 @@ class PhaseSplit(Static):
         if untimed:
             # Inside a graph the phase time includes them; their own share needs a trace.
             foot = Text.assemble(("collectives ", "dim"), ("inside CUDA graphs", "bold"),
-                                 (" (in their phase's time) · c times them", "dim"), tail)
+                                 (" · c times them\n", "dim"), (tail[0].removeprefix(" · "), "dim"))
         else:
             foot = Text.assemble(("collectives ", "dim"), (f"{comm / total * 100:.1f}%", "bold"), tail)
         return Group(stacked_bar(parts, width), table, foot)
