@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import shutil
 import sqlite3
 from pathlib import Path
@@ -70,6 +71,26 @@ def test_settings_figures_drop_settling_and_gaps_and_name_the_fastest_with_the_p
     # The phases that moved most come first, each with its collective part beside it.
     assert "draft 10.00 → 4.00 ms (-6.00, of which collectives -6.00 ms (6.00 → 0.00))" in text
     assert text.index("draft 10.00") < text.index("draft_extend 5.00")
+
+
+def test_gpu_readings_are_summarised_per_setting(synthetic, tmp_path, capsys):
+    """NVML means per setting (NaN readings skipped), in the JSON, the Markdown and the HTML."""
+    s = summarize(load(synthetic))
+    a, b = s.rows
+    assert a.gpus[0]["sm_active_pct"] == pytest.approx(50.0) and b.gpus[0]["sm_active_pct"] == pytest.approx(60.0)
+    assert math.isnan(a.gpus[0]["power_w"]), "a series never recorded is n/a, not 0"
+    md = tmp_path / "r.md"
+    assert report(synthetic, "--out", md, capsys=capsys)[0] == 0
+    text = md.read_text()
+    assert "### GPUs per setting" in text
+    assert "| steps=4 topk=1 draft_tokens=5 placement=rank0 | 0 | 60.0 | n/a | n/a | n/a | n/a / n/a | n/a / n/a |" in text
+    html = tmp_path / "r.html"
+    assert report(synthetic, "--out", html, capsys=capsys)[0] == 0
+    assert "Per setting (NVML" in html.read_text()
+    js = tmp_path / "r.json"
+    assert report(synthetic, "--out", js, capsys=capsys)[0] == 0
+    rows = json.loads(js.read_text())["settings"]
+    assert rows[1]["gpus"]["0"]["sm_active_pct"] == pytest.approx(60.0)
 
 
 def test_tuning_events_and_predictions_are_tabled(synthetic):

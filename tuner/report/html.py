@@ -16,7 +16,8 @@ from tuner import __version__
 from tuner.core import series as S
 from tuner.core.records import thaw
 from tuner.report import svg
-from tuner.report.summary import KNOBS, SHORT, Summary, redact, setting_key, setting_label
+from tuner.report.summary import (GPU_TABLE_HEAD, KNOBS, SHORT, Summary, gpu_table_rows, redact, setting_key,
+                                  setting_label)
 from tuner.report.svg import PALETTE, PHASE_COLORS, Band, Frame, Line, Marker, esc
 
 CSS = """
@@ -163,6 +164,10 @@ def gpu_charts(s: Summary) -> str:
                 'available where the recording was made.</p>')
     markers, bands = _markers(s)
     out = []
+    rows = gpu_table_rows(s.rows)
+    if rows:
+        out.append("<h3>Per setting (NVML, means over the setting's time)</h3>"
+                   + _table(GPU_TABLE_HEAD, [[esc(c) for c in r] for r in rows], left=2))
     for metric, title, unit in (("sm_active_pct", "SM activity (GPM)", "%"), ("util_pct", "GPU utilisation", "%"),
                                 ("power_w", "Power", "W"), ("nvlink_tx_mbps", "NVLink transmit", "MB/s")):
         lines = [Line(g, d.get(f"{g}/{metric}").t, d.get(f"{g}/{metric}").v, PALETTE[i % len(PALETTE)])

@@ -12,7 +12,8 @@ from typing import Any
 from tuner import __version__
 from tuner.core import series as S
 from tuner.report.html import _rel, _when
-from tuner.report.summary import KNOBS, Summary, redact, setting_key, setting_label
+from tuner.report.summary import (GPU_TABLE_HEAD, KNOBS, Summary, gpu_table_rows, redact, setting_key,
+                                  setting_label)
 from tuner.report.svg import fmt_clock
 
 
@@ -70,6 +71,10 @@ def render(s: Summary) -> str:
             out += ["### Per-position acceptance p_k", "",
                     _table(["setting"] + [f"p{k}" for k in ks],
                            [[r.label] + [_n(r.accept_pos.get(k), "{:.3f}") for k in ks] for r in s.rows]), ""]
+        gpu_rows = gpu_table_rows(s.rows)
+        if gpu_rows:
+            out += ["### GPUs per setting (NVML, means over the setting's time)", "",
+                    _table(GPU_TABLE_HEAD, gpu_rows), ""]
     else:
         out += ["No setting could be measured.", ""]
     if s.gaps:

@@ -71,6 +71,8 @@ class SettingRow:
     comm_ms: dict[str, float] = field(default_factory=dict)
     wall_ms: float = math.nan
     idle_ms: float = math.nan
+    gpus: dict[int, dict[str, float]] = field(default_factory=dict)
+    """Per GPU index, the mean NVML reading of each GPU_METRICS series over the setting's time."""
 
     def comm_share(self, phase: str) -> float:
         ms, comm = self.phase_ms.get(phase, math.nan), self.comm_ms.get(phase, math.nan)
@@ -87,7 +89,13 @@ class SettingRow:
             "phase_ms": self.phase_ms, "phase_comm_ms": self.comm_ms, "wall_ms": self.wall_ms,
             "idle_ms": self.idle_ms,
             "comm_share": {"draft": self.comm_share("draft"), "verify": self.comm_share("verify")},
+            "gpus": {str(i): m for i, m in sorted(self.gpus.items())},
         })
+
+
+# NVML series summarised per setting (what moves when the draft's placement or steps change).
+GPU_METRICS = ("sm_active_pct", "util_pct", "power_w", "mem_used_mib", "nvlink_rx_mbps", "nvlink_tx_mbps",
+               "pcie_rx_mbps", "pcie_tx_mbps")
 
 
 @dataclass
@@ -349,8 +357,41 @@ def build_rows(data: RecordingData, segments: list[Segment]) -> tuple[list[Setti
                 r.comm_ms[p] = _mean(gather(S.phase_comm_ms(p), key))
         r.wall_ms = _mean(gather(S.PHASE_WALL_MS, key))
         r.idle_ms = _mean(gather(S.PHASE_IDLE_MS, key))
+        for gpu in gpu_indices(data):
+            vals = {m: _mean(gather(S.gpu(gpu, m), key)) for m in GPU_METRICS}
+            if any(not math.isnan(v) for v in vals.values()):
+                r.gpus[gpu] = vals
         rows.append(r)
     return rows, ranking
+
+
+GPU_TABLE_HEAD = ["setting", "GPU", "SM active %", "util %", "power W", "memory GiB", "NVLink rx / tx MB/s",
+                  "PCIe rx / tx MB/s"]
+
+
+def gpu_table_rows(rows: list[SettingRow]) -> list[list[str]]:
+    """One row per (setting, GPU) with NVML readings: the cells of GPU_TABLE_HEAD."""
+    def n(x: float, fmt: str) -> str:
+        return "n/a" if x is None or math.isnan(x) else fmt.format(x)
+
+    out = []
+    for r in rows:
+        for gpu, m in sorted(r.gpus.items()):
+            out.append([r.label, str(gpu), n(m["sm_active_pct"], "{:.1f}"), n(m["util_pct"], "{:.0f}"),
+                        n(m["power_w"], "{:.0f}"), n(m["mem_used_mib"] / 1024, "{:.1f}"),
+                        f"{n(m['nvlink_rx_mbps'], '{:.0f}')} / {n(m['nvlink_tx_mbps'], '{:.0f}')}",
+                        f"{n(m['pcie_rx_mbps'], '{:.0f}')} / {n(m['pcie_tx_mbps'], '{:.0f}')}"])
+    return out
+
+
+def gpu_indices(data: RecordingData) -> list[int]:
+    """The GPU indices the recording has NVML series for (`gpu<i>/...`)."""
+    out = set()
+    for name in data.names("gpu"):
+        head = name.split("/", 1)[0]
+        if head[3:].isdigit():
+            out.add(int(head[3:]))
+    return sorted(out)
 
 
 # -- the verdict ----------------------------------------------------------------------------------------
