@@ -451,12 +451,19 @@ class ServerApp:
 
 
 def _version() -> str:
+    """The installed package's version; from a source checkout (not installed, e.g. a GPU box
+    running `python -m refengine`), the pyproject's version marked `+src`."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("specdecode-tune")
     except PackageNotFoundError:
-        return "0+unknown"
+        try:
+            import tomllib
+            pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+            return tomllib.loads(pyproject.read_text())["project"]["version"] + "+src"
+        except (OSError, KeyError, ValueError):
+            return "0+unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
