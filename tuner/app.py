@@ -77,7 +77,8 @@ class TunerApp(App[None]):
                  prompts: list[dict] | None = None, chart_window_s: float = CHART_WINDOW_S,
                  start_load: bool = False, max_new_tokens: int = 128,
                  gpu_labels: dict[int, str] | None = None, tune_budget_s: float = TUNE_BUDGET_S,
-                 tune_max_steps: int = TUNE_MAX_STEPS) -> None:
+                 tune_max_steps: int = TUNE_MAX_STEPS, tune_topks: tuple[int, ...] = (1,),
+                 tune_draft_tokens: tuple[int, ...] = ()) -> None:
         super().__init__()
         self.session = session
         self.tick_s = tick_s
@@ -98,6 +99,7 @@ class TunerApp(App[None]):
         self.tuner_released = False
         self.tune_budget_s = tune_budget_s
         self.tune_max_steps = tune_max_steps
+        self.tune_topks, self.tune_draft_tokens = tuple(tune_topks), tuple(tune_draft_tokens)
         self.tune_placements: tuple[str, ...] | None = None     # None: every one settable live
         self._recorded_tuning = False
 
@@ -344,11 +346,15 @@ class TunerApp(App[None]):
         self.push_screen(TuneScreen(tuner))
 
     def tune_space(self) -> list:
-        """Chains 1..tune_max_steps, speculation off, every placement the server can set live."""
+        """Chains 1..tune_max_steps, speculation off, every placement the server can set live, and
+        trees for each tune topk > 1 × draft-token count when the server changes topk live."""
         from tuner.tuning.settings import PLACEMENTS as ALL, settings_space
 
         placements = [p for p in (self.tune_placements or ALL) if p == "sharded" or not self.capability(PLACEMENT)]
-        return settings_space(self.tune_max_steps, [1], [], placements, include_off=True)
+        trees = not self.capability(TOPK) and self.tune_draft_tokens
+        topks = sorted(set(self.tune_topks) | {1}) if trees else [1]
+        return settings_space(self.tune_max_steps, topks, list(self.tune_draft_tokens) if trees else [],
+                              placements, include_off=True)
 
     def _new_tuner(self) -> tuple[Any, str]:
         """A Tuner over the session, or None and why not (one line)."""
@@ -474,11 +480,13 @@ class TunerApp(App[None]):
 def make_app(session: Session, *, load: int = 0, prompts: list[dict] | None = None,
              max_new_tokens: int = 128, tick_s: float | None = 0.25, start_load: bool = True,
              gpu_labels: dict[int, str] | None = None, tune_budget_s: float = TUNE_BUDGET_S,
-             tune_max_steps: int = TUNE_MAX_STEPS) -> TunerApp:
+             tune_max_steps: int = TUNE_MAX_STEPS, tune_topks: tuple[int, ...] = (1,),
+             tune_draft_tokens: tuple[int, ...] = ()) -> TunerApp:
     """The app as every command and test builds it (Posting's make_posting)."""
     if prompts is None:
         from tuner.commands.attach import builtin_prompts
         prompts = builtin_prompts()
     return TunerApp(session, tick_s=tick_s, load_concurrency=load, prompts=prompts,
                     max_new_tokens=max_new_tokens, start_load=start_load and load > 0, gpu_labels=gpu_labels,
-                    tune_budget_s=tune_budget_s, tune_max_steps=tune_max_steps)
+                    tune_budget_s=tune_budget_s, tune_max_steps=tune_max_steps, tune_topks=tune_topks,
+                    tune_draft_tokens=tune_draft_tokens)

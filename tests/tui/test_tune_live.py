@@ -115,3 +115,20 @@ def test_closing_the_screen_while_tuning_puts_the_starting_setting_back(engine):
         asyncio.run(scenario())
     finally:
         put_back(engine.url)
+
+
+def test_the_tune_keys_space_takes_trees_when_topk_changes_live(engine):
+    """--tune-topk / --tune-draft-tokens reach the tune key's space: trees for each (topk, N) the
+    candidate pool allows, next to the chains and speculation off; without draft-token counts, chains."""
+    session = Session(connect(engine.url))
+    try:
+        app = make_app(session, tune_max_steps=3, tune_topks=(1, 4), tune_draft_tokens=(8,))
+        app.tune_placements = ("sharded",)
+        space = {(s.steps, s.topk, s.num_draft_tokens) for s in app.tune_space()}
+        chains = {(0, 1, 1), (1, 1, 2), (2, 1, 3), (3, 1, 4)}
+        # steps 1, topk 4: a pool of 4 drafts cannot fill N - 1 = 7; steps 2 and 3 can.
+        assert space == chains | {(2, 4, 8), (3, 4, 8)}
+        assert {(s.steps, s.topk, s.num_draft_tokens) for s in make_app(session, tune_max_steps=3,
+                tune_topks=(1, 4)).tune_space() if s.placement == "sharded"} == chains
+    finally:
+        session.close()

@@ -37,10 +37,14 @@ def add_tui_tune_arguments(parser: argparse.ArgumentParser) -> None:
                         help="time the tune key's tuner may take (e.g. 90s, 5m; default 120s)")
     parser.add_argument("--tune-max-steps", type=int, default=5, metavar="N",
                         help="deepest chain the tune key considers (default 5)")
+    parser.add_argument("--tune-topk", default="1", metavar="K,...",
+                        help="topk values the tune key considers, e.g. 1,4 (trees also need --tune-draft-tokens)")
+    parser.add_argument("--tune-draft-tokens", default="", metavar="N,...",
+                        help="num_draft_tokens values for the tune key's trees, e.g. 8,16")
 
 
-def tune_limits(args: argparse.Namespace, prog: str) -> tuple[float, int] | None:
-    """(budget s, max steps) from the flags, or None after a one-line error on stderr."""
+def tune_limits(args: argparse.Namespace, prog: str) -> dict | None:
+    """make_app's tune_* keywords from the flags, or None after a one-line error on stderr."""
     from tuner.commands.tune import parse_duration
 
     try:
@@ -51,7 +55,19 @@ def tune_limits(args: argparse.Namespace, prog: str) -> tuple[float, int] | None
     if not 1 <= args.tune_max_steps <= 64:
         print(f"specdecode-tune {prog}: --tune-max-steps must be between 1 and 64", file=sys.stderr)
         return None
-    return budget, args.tune_max_steps
+    lists = {}
+    for flag, text in (("--tune-topk", args.tune_topk), ("--tune-draft-tokens", args.tune_draft_tokens)):
+        try:
+            values = tuple(int(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            values = (0,)
+        if any(v < 1 or v > 64 for v in values):
+            print(f"specdecode-tune {prog}: {flag} wants comma-separated integers from 1 to 64, got {text!r}",
+                  file=sys.stderr)
+            return None
+        lists[flag] = values
+    return {"tune_budget_s": budget, "tune_max_steps": args.tune_max_steps,
+            "tune_topks": lists["--tune-topk"] or (1,), "tune_draft_tokens": lists["--tune-draft-tokens"]}
 
 
 # Code-shaped prompts: the shipped tiny model learned from Python sources, and real servers
@@ -101,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_tui(backend, load: int, prompts: list[dict], max_new_tokens: int = 128,
-            tune: tuple[float, int] | None = None) -> int:
+            tune: dict | None = None) -> int:
     """Run the TUI over a backend until the operator quits; the session is closed on the way out."""
     from tuner.app import make_app
     from tuner.core.session import Session
@@ -110,9 +126,8 @@ def run_tui(backend, load: int, prompts: list[dict], max_new_tokens: int = 128,
     sampler = start_nvml(session)
     labels = gpu_labels(sampler)
     try:
-        extra = {"tune_budget_s": tune[0], "tune_max_steps": tune[1]} if tune else {}
         make_app(session, load=load, prompts=prompts, max_new_tokens=max_new_tokens, gpu_labels=labels,
-                 **extra).run()
+                 **(tune or {})).run()
     finally:
         if sampler is not None:
             sampler.stop()
