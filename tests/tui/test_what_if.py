@@ -70,6 +70,25 @@ def test_what_if_says_why_not(active, tp, has_phases, why):
     assert what_if_text(w).plain.startswith("draft off the TP group  n/a\n")
 
 
+def test_what_if_does_not_guess_collectives_it_cannot_see():
+    """A GPU server with CUDA graphs: the draft's collectives have no time (NaN), not 0 ms."""
+    st = Store()
+    feed(st, 0.0, 10.0)
+    st.add_many([Sample(t / 4, S.phase_comm_ms("draft"), math.nan) for t in range(40)])
+    st2 = Store()
+    out = []
+    for i in range(40):
+        t = i / 4
+        out += [Sample(t, S.phase_ms(p), ms) for p, (ms, _) in PHASES.items()]
+        out += [Sample(t, S.phase_comm_ms("draft"), math.nan), Sample(t, S.PHASE_WALL_MS, 37.0),
+                Sample(t, S.SERVER_BATCH, 1.0), Sample(t, S.SPEC_VERIFIES, 10.0)]
+        out += [Sample(t, S.accept_pos(k), p) for k, p in ((1, 0.8), (2, 0.6), (3, 0.4))]
+    st2.add_many(out)
+    w = what_if_now(st2, 10.0, ACTIVE, 2)
+    assert not w.available and "inside CUDA graphs" in w.reason
+    assert what_if_now(st, 10.0, ACTIVE, 2).available, "timed readings in the window still count"
+
+
 def test_what_if_waits_for_settled_readings_of_the_active_setting():
     st = Store()
     feed(st, 0.0, 10.0)

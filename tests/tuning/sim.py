@@ -23,8 +23,11 @@ from tuner.tuning.settings import Setting
 class SimEngine:
     def __init__(self, truth: Truth, clock: ManualClock, bs: int = 2, noise: float = 0.03,
                  seed: int = 0, penalty: Mapping[Setting, float] | None = None,
-                 refuse: set[Setting] | None = None, start: Setting = Setting(3)) -> None:
+                 refuse: set[Setting] | None = None, start: Setting = Setting(3), graphs: bool = False) -> None:
         self.truth, self.clock, self.bs, self.noise = truth, clock, bs, noise
+        # graphs: collectives run inside CUDA graphs, so records carry no comm_ms for them (our
+        # engine on GPUs, SGLang's plugin): counted in comm_calls_in_graph, never timed.
+        self.graphs = graphs
         self.rng = random.Random(seed)
         self.penalty = dict(penalty or {})
         self.refuse = set(refuse or ())
@@ -71,6 +74,10 @@ class SimEngine:
                             "verify": ph["verify"] * 0.1},
                 "comm_calls": {"draft": 4 * s.steps, "draft_extend": 4, "verify": 8},
                 "accepted": accepted})
+            if self.graphs:
+                rec = self.records[-1]
+                rec["comm_ms"] = {}
+                rec["comm_calls_in_graph"] = dict(rec["comm_calls"])
 
 
 class SimFeed:

@@ -62,6 +62,22 @@ def test_slow_link_moves_the_draft_off_the_tp_group():
     assert any(p["placement"] == "replicated" for p in probes)
 
 
+def test_with_collectives_inside_cuda_graphs_the_other_placements_are_measured():
+    """On a GPU server with graphs the draft's collectives have no time, so no what-if can say
+    whether leaving the TP group pays: the tuner must measure the other placements, not skip them
+    as if the collectives were free."""
+    truth = Truth(step=2.0, draft0=1.0, comm_share=0.7)
+    space = settings_space(7, placements=("sharded", "replicated"))
+    clock, engine, session, tuner = make(truth, space, start=Setting(5), graphs=True)
+    drive(clock, engine, session, tuner)
+    probes = [thaw(e.data)["setting"] for e in session.store.events(EventKinds.PROBE)]
+    assert any(p["placement"] == "replicated" for p in probes)
+    res = tuner.result
+    assert res.best.placement == "replicated"
+    true_best = max(space, key=lambda s: truth.tok_s(s, 2))
+    assert truth.tok_s(res.best, 2) >= 0.97 * truth.tok_s(true_best, 2)
+
+
 def test_a_worse_candidate_is_rolled_back():
     truth = Truth(step=0.6)
     true_best = max(SPACE, key=lambda s: truth.tok_s(s, 2))

@@ -242,6 +242,12 @@ class CostModel:
         return [self.predict(s, bs) for s in space]
 
     # ---- the "what if the draft left the TP group" readout --------------------------------
+    def comm_untimed(self, bs: int) -> bool:
+        """The sharded draft was measured at this batch size but its collectives have no time
+        (inside CUDA graphs): a what-if cannot be computed, the placement must be measured."""
+        g = self.groups.get(("sharded", bs))
+        return g is not None and bool(g.terms) and not all(t in g.comm for t in ("draft", "draft_extend"))
+
     def what_if(self, s: Setting, bs: int, placement: str = "replicated") -> WhatIf | None:
         """From the sharded measurement of s's steps/topk/N: remove the draft's collectives
         (keeping one, the broadcast of draft tokens to the other ranks), keep its compute."""

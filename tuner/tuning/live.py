@@ -538,7 +538,8 @@ class Tuner:
 
     def _placement_probes(self) -> list[Setting]:
         """Placements not yet measured whose what-if (draft collectives removed) could beat the
-        best measured placement by more than the noise floor: probe them at two depths."""
+        best measured placement by more than the noise floor: probe them at two depths. Where the
+        draft's collectives ran untimed (inside CUDA graphs) there is no what-if: probe them all."""
         assert self.model is not None
         bs = self._main_bs()
         top = best(p for p in self.predictions if p.basis != "what-if")
@@ -550,7 +551,9 @@ class Tuner:
         out: list[Setting] = []
         for placement in sorted({s.placement for s in self.space if s.steps > 0} - measured):
             w = self.model.what_if(top.setting, bs, placement)
-            if w is None or top.tok_s is None or w.tok_s <= top.tok_s * (1 + self.opts.noise_floor):
+            unknown = w is None and self.model.comm_untimed(bs)
+            if not unknown and (w is None or top.tok_s is None
+                                or w.tok_s <= top.tok_s * (1 + self.opts.noise_floor)):
                 continue
             steps = sorted({s.steps for s in self.space if s.placement == placement and s.topk == 1})
             if steps:

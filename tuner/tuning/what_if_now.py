@@ -103,6 +103,11 @@ def what_if_now(store: Store, t_end: float, active: Mapping[str, Any], tp_size: 
     draft = _values(store, S.phase_ms("draft"), t0, t_end)
     if len(draft) < MIN_READINGS:
         return WhatIfReadout("waiting for settled decode iterations of this setting")
+    if not _values(store, S.phase_comm_ms("draft"), t0, t_end):
+        # Absent means "not measurable" (collectives inside CUDA graphs), never 0: a prediction
+        # with them at 0 would say that leaving the group only costs.
+        return WhatIfReadout("the draft's collectives run inside CUDA graphs, untimed here: "
+                             "c times them in a trace, p tries it")
 
     def ms(series: str) -> tuple[float, float]:
         m, se = mean_se(_values(store, series, t0, t_end))
