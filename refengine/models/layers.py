@@ -158,20 +158,6 @@ class Rotary(nn.Module):
             meta.cache[key] = torch.diag_embed(cos[:, :, 0]) + j * sin[:, :, 0, None, :]
         return meta.cache[key]
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
-        cos, sin = self.cos_sin(positions, q.dtype)
-        return rotate(q, cos, sin), rotate(k, cos, sin)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on [B, T, heads, head_dim] (rotate-halves layout)."""
-    return torch.addcmul(x * cos, _rotate_half(x), sin)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
-
 
 # "grouped": two batched matmuls over query heads grouped by KV head (the default); "sdpa": torch's
 # scaled_dot_product_attention with enable_gqa (whichever backend it picks for an additive mask).

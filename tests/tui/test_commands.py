@@ -41,7 +41,7 @@ def test_attach_to_nothing(tmp_path):
     (["--prompts", "PROMPTS"], 'needs "text"'),
     (["--tune-budget", "soon"], "--tune-budget: not a duration"),
     (["--tune-max-steps", "0"], "--tune-max-steps must be between 1 and 64"),
-    (["--tune-topk", "1,four"], "--tune-topk wants comma-separated integers"),
+    (["--tune-topk", "1,four"], "--tune-topk: not a comma-separated list of integers"),
 ])
 def test_attach_bad_options(tmp_path, args, needle):
     prompts = tmp_path / "p.jsonl"

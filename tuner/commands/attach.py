@@ -43,31 +43,32 @@ def add_tui_tune_arguments(parser: argparse.ArgumentParser) -> None:
                         help="num_draft_tokens values for the tune key's trees, e.g. 8,16")
 
 
-def tune_limits(args: argparse.Namespace, prog: str) -> dict | None:
-    """make_app's tune_* keywords from the flags, or None after a one-line error on stderr."""
-    from tuner.commands.tune import parse_duration
+def tui_inputs(args: argparse.Namespace, prog: str) -> tuple[list[dict], dict] | None:
+    """(prompts, make_app's tune_* keywords) from attach's and demo's flags, or None after a
+    one-line error on stderr."""
+    from tuner.commands.tune import int_list, parse_duration
 
+    def fail(msg: str) -> None:
+        print(f"specdecode-tune {prog}: {msg}", file=sys.stderr)
+
+    try:
+        prompts = prompts_for(args)
+    except (OSError, ValueError) as e:
+        return fail(f"prompts: {e}")
     try:
         budget = parse_duration(args.tune_budget)
     except ValueError as e:
-        print(f"specdecode-tune {prog}: --tune-budget: {e}", file=sys.stderr)
-        return None
+        return fail(f"--tune-budget: {e}")
     if not 1 <= args.tune_max_steps <= 64:
-        print(f"specdecode-tune {prog}: --tune-max-steps must be between 1 and 64", file=sys.stderr)
-        return None
+        return fail("--tune-max-steps must be between 1 and 64")
     lists = {}
     for flag, text in (("--tune-topk", args.tune_topk), ("--tune-draft-tokens", args.tune_draft_tokens)):
         try:
-            values = tuple(int(x) for x in text.split(",") if x.strip())
-        except ValueError:
-            values = (0,)
-        if any(v < 1 or v > 64 for v in values):
-            print(f"specdecode-tune {prog}: {flag} wants comma-separated integers from 1 to 64, got {text!r}",
-                  file=sys.stderr)
-            return None
-        lists[flag] = values
-    return {"tune_budget_s": budget, "tune_max_steps": args.tune_max_steps,
-            "tune_topks": lists["--tune-topk"] or (1,), "tune_draft_tokens": lists["--tune-draft-tokens"]}
+            lists[flag] = tuple(int_list(text))
+        except argparse.ArgumentTypeError as e:
+            return fail(f"{flag}: {e}")
+    return prompts, {"tune_budget_s": budget, "tune_max_steps": args.tune_max_steps,
+                     "tune_topks": lists["--tune-topk"] or (1,), "tune_draft_tokens": lists["--tune-draft-tokens"]}
 
 
 # Code-shaped prompts: the shipped tiny model learned from Python sources, and real servers
@@ -100,14 +101,10 @@ def run(args: argparse.Namespace) -> int:
     if args.load < 0:
         print("specdecode-tune attach: --load must be 0 or more", file=sys.stderr)
         return 2
-    try:
-        prompts = prompts_for(args)
-    except (OSError, ValueError) as e:
-        print(f"specdecode-tune attach: prompts: {e}", file=sys.stderr)
+    inputs = tui_inputs(args, "attach")
+    if inputs is None:
         return 2
-    limits = tune_limits(args, "attach")
-    if limits is None:
-        return 2
+    prompts, limits = inputs
     try:
         backend = connect(args.url, api_key=args.api_key)
     except ServerError as e:

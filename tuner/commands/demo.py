@@ -61,19 +61,15 @@ def server_args(device: str, tp: int, port: int, emulate: str | None) -> list[st
 
 def run(args: argparse.Namespace) -> int:
     from tuner.backends import ServerError, connect
-    from tuner.commands.attach import prompts_for, run_tui, tune_limits
+    from tuner.commands.attach import run_tui, tui_inputs
 
     gpus = local_gpu_count()
     device = args.device or ("cuda" if gpus else "cpu")
     tp = args.tp_size or (gpus if device == "cuda" and gpus else 2)
-    try:
-        prompts = prompts_for(args)
-    except (OSError, ValueError) as e:
-        print(f"specdecode-tune demo: prompts: {e}", file=sys.stderr)
+    inputs = tui_inputs(args, "demo")
+    if inputs is None:
         return 2
-    limits = tune_limits(args, "demo")
-    if limits is None:
-        return 2
+    prompts, limits = inputs
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit_on_signal)
     log_dir = Path(tempfile.mkdtemp(prefix="specdecode-demo-"))

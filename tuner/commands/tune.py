@@ -30,7 +30,7 @@ def parse_duration(text: str) -> float:
     return value
 
 
-def _int_list(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
     try:
         out = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -62,9 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, default=None, dest="json_out",
                         help="write the result (predictions, fitted model, flags) as JSON")
     parser.add_argument("--max-steps", type=int, default=7, help="deepest chain to consider (default 7)")
-    parser.add_argument("--topk", type=_int_list, default=[1],
+    parser.add_argument("--topk", type=int_list, default=[1],
                         help="topk values to consider, e.g. 1,4 (trees need --draft-tokens)")
-    parser.add_argument("--draft-tokens", type=_int_list, default=[],
+    parser.add_argument("--draft-tokens", type=int_list, default=[],
                         help="num_draft_tokens values for trees, e.g. 8,16")
     parser.add_argument("--placements", type=_placements, default=None,
                         help="draft placements to consider (default: every one the server can set live)")

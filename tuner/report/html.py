@@ -16,8 +16,8 @@ from tuner import __version__
 from tuner.core import series as S
 from tuner.core.records import thaw
 from tuner.report import svg
-from tuner.report.summary import (GPU_TABLE_HEAD, KNOBS, SHORT, Summary, gpu_table_rows, redact, setting_key,
-                                  setting_label)
+from tuner.report.summary import (GPU_TABLE_HEAD, KNOBS, SHORT, Summary, gpu_indices, gpu_table_rows, redact,
+                                  setting_key, setting_label)
 from tuner.report.svg import PALETTE, PHASE_COLORS, Band, Frame, Line, Marker, esc
 
 CSS = """
@@ -158,7 +158,7 @@ def acceptance_chart(s: Summary) -> str:
 
 def gpu_charts(s: Summary) -> str:
     d = s.data
-    gpus = sorted({n.split("/")[0] for n in d.names("gpu")}, key=lambda g: int(g[3:]) if g[3:].isdigit() else 0)
+    gpus = [f"gpu{i}" for i in gpu_indices(d)]
     if not gpus:
         return ('<p class="note">No GPU readings: the server ran on CPU, on another host, or NVML was not '
                 'available where the recording was made.</p>')

@@ -96,6 +96,8 @@ class SettingRow:
 # NVML series summarised per setting (what moves when the draft's placement or steps change).
 GPU_METRICS = ("sm_active_pct", "util_pct", "power_w", "mem_used_mib", "nvlink_rx_mbps", "nvlink_tx_mbps",
                "pcie_rx_mbps", "pcie_tx_mbps")
+GPU_TABLE_HEAD = ["setting", "GPU", "SM active %", "util %", "power W", "memory GiB", "NVLink rx / tx MB/s",
+                  "PCIe rx / tx MB/s"]
 
 
 @dataclass
@@ -363,10 +365,6 @@ def build_rows(data: RecordingData, segments: list[Segment]) -> tuple[list[Setti
                 r.gpus[gpu] = vals
         rows.append(r)
     return rows, ranking
-
-
-GPU_TABLE_HEAD = ["setting", "GPU", "SM active %", "util %", "power W", "memory GiB", "NVLink rx / tx MB/s",
-                  "PCIe rx / tx MB/s"]
 
 
 def gpu_table_rows(rows: list[SettingRow]) -> list[list[str]]:

@@ -255,7 +255,7 @@ class CostModel:
             return None
         g = self.groups.get(("sharded", bs))
         base = s.__class__(s.steps, s.topk, s.num_draft_tokens, "sharded")
-        if g is None or not g.terms or not all(t in g.comm for t in ("draft", "draft_extend")):
+        if g is None or not g.terms or self.comm_untimed(bs):
             return None  # unmeasured, or the draft's collectives were not timed
         res = self._terms(g, base)
         tau = self.acceptance.tau(base)
