@@ -167,6 +167,12 @@ class EngineOptions:
     """CUDA events around every replay, reported per graph key in stats (benchmarks)."""
     cuda_graph_log: bool = True
     """Rank 0 prints one line per capture (they are in the phase records either way)."""
+    enable_torch_compile: bool = False
+    """torch.compile the target's layers and the draft head (refengine.compiled; SGLang's switch)."""
+    torch_compile_max_bs: int = 32
+    """Batches above this run the layers uncompiled (SGLang's --torch-compile-max-bs)."""
+    torch_compile_mode: str = "default"
+    """Inductor mode: default or max-autotune-no-cudagraphs (CUDA graphs are refengine.graphs')."""
 
     def initial_config(self) -> dict[str, Any]:
         changes: dict[str, Any] = {

@@ -16,6 +16,7 @@ Must not run any speculative step itself (refengine.spec does).
 from __future__ import annotations
 
 import copy
+from typing import Callable
 
 import torch
 from torch import nn
@@ -36,7 +37,10 @@ class DraftPlacement:
     """
 
     def __init__(self, full: Eagle3Head, full_embed: nn.Embedding, target_embed: nn.Module,
-                 comm: Communicator, rows: int, row_len: int, dtype: torch.dtype, device):
+                 comm: Communicator, rows: int, row_len: int, dtype: torch.dtype, device,
+                 prepare: Callable[[Eagle3Head], object] | None = None):
+        """prepare: applied to each layout's head once it is built (torch.compile when on)."""
+        self.prepare = prepare
         self.full, self.full_embed, self.target_embed = full, full_embed, target_embed
         self.comm, self.rows, self.row_len = comm, rows, row_len
         self.dtype, self.device = dtype, device
@@ -79,6 +83,8 @@ class DraftPlacement:
                 head = self.full
                 head.set_embed(self.full_embed)
             fuse_projections(head.midlayer)   # after TP: sharding replaces the weights it joins
+            if self.prepare is not None:
+                self.prepare(head)
             self._heads[layout] = head
             self._kvs[layout] = head.make_kv(self.rows, self.row_len, self.dtype, self.device)
         self.head, self.kv = head, self._kvs[layout]

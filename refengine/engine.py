@@ -134,13 +134,17 @@ class Engine:
             full_embed = torch.nn.Embedding.from_pretrained(
                 target.model.embed_tokens.weight.detach().clone(), freeze=True).to(device, dtype)
         self.target = fuse_projections(apply_tp_target(target.to(device, dtype).eval(), comm))
+        prepare_head = None
+        if opts.enable_torch_compile:
+            from refengine.compiled import compile_models
+            prepare_head = compile_models(self.target, comm, opts.torch_compile_mode, opts.torch_compile_max_bs)
         self.kv = self.target.make_kv(self.rows + 1, self.row_len, dtype, device)
         self.eos = set(target.config.eos_token_ids)
         self.draft: DraftPlacement | None = None
         if head is not None:
             head = head.to(device, dtype).eval()
             self.draft = DraftPlacement(head, full_embed, self.target.model.embed_tokens, comm,
-                                        self.rows + 1, self.row_len, dtype, device)
+                                        self.rows + 1, self.row_len, dtype, device, prepare=prepare_head)
         self.simulate = parse_simulate_accept(opts.speculative_simulate_accept)
         self.sim_gen = torch.Generator().manual_seed(opts.random_seed + 17)
         self.config = SpecConfig(steps=0, topk=1, num_draft_tokens=1, placement="sharded", epoch=-1)
@@ -153,6 +157,14 @@ class Engine:
                                  time_replays=opts.cuda_graph_timing, off_reason=why)
         self._since: float | None = None
         """Start of work done between iterations (prefill, config), counted in the next record."""
+
+    def compiled_graphs(self) -> int | None:
+        """Graphs torch.compile has built on this rank (None when compile is off): a count that
+        grows after warm-up means a recompile on the hot path."""
+        if not self.opts.enable_torch_compile:
+            return None
+        from refengine.compiled import recompiles
+        return recompiles()
 
     # -- limits and configuration ----------------------------------------------------------------
     def limits(self) -> ModelLimits:

@@ -231,7 +231,8 @@ class Follower:
                                                       "comm_bytes": dict(self.comm.totals.bytes),
                                                       "comm_calls": dict(self.comm.totals.calls),
                                                       "comm_graph_calls": dict(self.comm.totals.graph_calls),
-                                                      "graphs": self.engine.graphs.stats_dict()}))
+                                                      "graphs": {**self.engine.graphs.stats_dict(),
+                                                                 "compiled_graphs": self.engine.compiled_graphs()}}))
 
     # profiler ----------------------------------------------------------------------------------
     def _start_profile(self, args: dict) -> None:

@@ -30,7 +30,7 @@ class Eagle3MidLayer(nn.Module):
         residual = hidden
         # Order matters and is the checkpoint's: embedding first, then the hidden state.
         x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], dim=-1)
-        h = residual + self.self_attn(x, meta, kv, 0)
+        h = residual + self.self_attn(x, meta, kv.k[0], kv.v[0])
         return h + self.mlp(self.post_attention_layernorm(h))
 
 

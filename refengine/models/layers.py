@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from refengine.models.attend import attend, attend_reference
+
 
 @dataclass
 class AttnMeta:
@@ -49,15 +51,6 @@ class AttnMeta:
     def ctx(self) -> int:
         return self.mask.shape[-1]
 
-    def bias(self, dtype: torch.dtype) -> torch.Tensor:
-        """The mask as an additive bias [B, 1, 1, T, C] (0 visible, a large negative hidden),
-        broadcast over KV heads and query groups."""
-        key = ("bias", dtype)
-        if key not in self.cache:
-            b = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device)
-            self.cache[key] = b.masked_fill_(~self.mask, torch.finfo(dtype).min)[:, None, None]
-        return self.cache[key]
-
 
 def causal_meta(rows: torch.Tensor, positions: torch.Tensor, ctx: int) -> AttnMeta:
     """Tokens written at their own positions, each seeing every slot up to its position."""
@@ -78,14 +71,6 @@ class KVPool:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.row_len = row_len
-
-    def write(self, layer: int, meta: AttnMeta, k: torch.Tensor, v: torch.Tensor) -> None:
-        r = meta.rows[:, None].expand_as(meta.slots)
-        self.k[layer][r, meta.slots] = k
-        self.v[layer][r, meta.slots] = v
-
-    def read(self, layer: int, meta: AttnMeta) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k[layer][meta.rows, : meta.ctx], self.v[layer][meta.rows, : meta.ctx]
 
     def copy_slots(self, rows: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
         """kv[row, dst] = kv[row, src] for every layer: the compaction of accepted tree nodes."""
@@ -159,12 +144,6 @@ class Rotary(nn.Module):
         return meta.cache[key]
 
 
-# "grouped": two batched matmuls over query heads grouped by KV head (the default); "sdpa": torch's
-# scaled_dot_product_attention with enable_gqa (whichever backend it picks for an additive mask).
-# benchmarks/attention_variants.py times both inside CUDA graphs.
-ATTENTION = "grouped"
-
-
 class Attention(nn.Module):
     """GQA self-attention over a KV pool. `in_dim` is 2H for the EAGLE-3 midlayer."""
 
@@ -188,36 +167,48 @@ class Attention(nn.Module):
         """q, k (RoPE applied) and v, [B, T, heads, head_dim] each."""
         b, t, _ = x.shape
         hd = self.head_dim
-        rope = self.rotary.matrix(meta, x.dtype)                # [B, T, hd, hd]
-        # The fusion holds while the weights are still views of the joined one (.to() undoes it).
-        if self.qkv is not None and self.qkv[0].data_ptr() == self.q_proj.weight.data_ptr():
+        qkv = None
+        if _fused(self.qkv, self.q_proj):
             hq, hk = self.q_proj.weight.shape[0] // hd, self.k_proj.weight.shape[0] // hd
             qkv = F.linear(x, *self.qkv).view(b, t, -1, hd)
-            qk = torch.matmul(qkv[:, :, :hq + hk], rope)        # q and k rotated in one matmul
-            return qk[:, :, :hq], qk[:, :, hq:], qkv[:, :, hq + hk:]
-        q, k = self.q_proj(x).view(b, t, -1, hd), self.k_proj(x).view(b, t, -1, hd)
-        return torch.matmul(q, rope), torch.matmul(k, rope), self.v_proj(x).view(b, t, -1, hd)
+            q, k, v = qkv[:, :, :hq], qkv[:, :, hq:hq + hk], qkv[:, :, hq + hk:]
+        else:
+            q, k = self.q_proj(x).view(b, t, -1, hd), self.k_proj(x).view(b, t, -1, hd)
+            v = self.v_proj(x).view(b, t, -1, hd)
+        if torch.compiler.is_compiling():
+            # Inductor fuses cos/sin, the rotation of q and k and the KV write into one kernel.
+            cos, sin = self.rotary.cos_sin(meta.positions, x.dtype)
+            return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+        # Eager: one batched matmul rotates q and k together (rotation matrix built once per forward).
+        rope = self.rotary.matrix(meta, x.dtype)                # [B, T, hd, hd]
+        if qkv is not None:
+            qk = torch.matmul(qkv[:, :, :q.shape[2] + k.shape[2]], rope)
+            return qk[:, :, :q.shape[2]], qk[:, :, q.shape[2]:], v
+        return torch.matmul(q, rope), torch.matmul(k, rope), v
 
-    def forward(self, x: torch.Tensor, meta: AttnMeta, kv: KVPool, layer: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, meta: AttnMeta, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """x [B, T, in_dim]; writes this forward's K/V into the pool tensors of this layer
+        (k_cache, v_cache: [rows, row_len, kv_heads, head_dim]) and attends over them."""
         b, t, _ = x.shape
         q, k, v = self._rotated_qkv(x, meta)
-        hq, hk, hd = q.shape[2], k.shape[2], self.head_dim
-        kv.write(layer, meta, k, v)
-        keys, values = kv.read(layer, meta)                     # [B, C, kvh, hd]
-        if ATTENTION == "sdpa":
-            out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-                                                 attn_mask=meta.bias(q.dtype)[:, :, 0], enable_gqa=True)
-            return self.o_proj(out.transpose(1, 2).reshape(b, t, hq * hd))
-        g, c = hq // hk, keys.shape[1]
-        # Query heads grouped by their KV head: [B, kvh, g*T, hd] against K/V [B, kvh, C, hd].
-        qg = q.reshape(b, t, hk, g, hd).permute(0, 2, 3, 1, 4).reshape(b, hk, g * t, hd)
-        scores = torch.matmul(qg, keys.permute(0, 2, 3, 1)).view(b, hk, g, t, c)
-        scores = torch.add(meta.bias(scores.dtype), scores, alpha=hd ** -0.5)
-        # Half types: torch's softmax accumulates in float32 and rounds once on output.
-        probs = torch.softmax(scores, dim=-1).view(b, hk, g * t, c)
-        out = torch.matmul(probs, values.permute(0, 2, 1, 3))   # [B, kvh, g*T, hd]
-        out = out.view(b, hk, g, t, hd).permute(0, 3, 1, 2, 4).reshape(b, t, hq * hd)
-        return self.o_proj(out)
+        r = meta.rows[:, None].expand_as(meta.slots)
+        k_cache[r, meta.slots] = k
+        v_cache[r, meta.slots] = v
+        # The op is inference-only (no autograd formula); training differentiates the torch form.
+        op = attend_reference if torch.is_grad_enabled() else attend
+        out = op(q, k_cache, v_cache, meta.rows, meta.mask, self.head_dim ** -0.5)
+        return self.o_proj(out.reshape(b, t, -1))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def _fused(joined: tuple | None, first: nn.Linear) -> bool:
+    """The joined weight is still what the Linears read (.to() or TP re-creates them). Compiled
+    code skips the check (data_ptr is not traceable; engines fuse after moving weights)."""
+    return joined is not None and (torch.compiler.is_compiling() or joined[0].data_ptr() == first.weight.data_ptr())
 
 
 class MLP(nn.Module):
@@ -235,7 +226,7 @@ class MLP(nn.Module):
         self.gate_up = _join(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up is not None and self.gate_up[0].data_ptr() == self.gate_proj.weight.data_ptr():
+        if _fused(self.gate_up, self.gate_proj):
             gate, up = F.linear(x, *self.gate_up).chunk(2, dim=-1)
             return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -23,9 +23,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, h: torch.Tensor, meta: AttnMeta, kv: KVPool, idx: int) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), meta, kv, idx)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, delta: torch.Tensor | None, residual: torch.Tensor, meta: AttnMeta,
+                k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream enters as (delta, residual) — the previous layer's MLP output not
+        yet added — and leaves the same way: the add then shares a kernel with this layer's first
+        norm when compiled. Returns (MLP output, residual before it); their sum is the layer's output."""
+        if delta is not None:
+            residual = residual + delta
+        residual = residual + self.self_attn(self.input_layernorm(residual), meta, k_cache, v_cache)
+        return self.mlp(self.post_attention_layernorm(residual)), residual
 
 
 class LlamaModel(nn.Module):
@@ -73,14 +79,14 @@ class LlamaForCausalLM(nn.Module):
         after TP it is replicated on every rank (it follows an all-reduce), so feeding the draft
         needs no communication.
         """
-        h = self.model.embed_tokens(input_ids)
+        delta, residual = None, self.model.embed_tokens(input_ids)
         captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.model.layers):
-            h = layer(h, meta, kv, i)
+            delta, residual = layer(delta, residual, meta, kv.k[i], kv.v[i])
             if i in self.aux_layer_ids:
-                captured[i] = h
+                captured[i] = residual + delta
         aux = torch.cat([captured[i] for i in self.aux_layer_ids], dim=-1)
-        return self.model.norm(h), aux
+        return self.model.norm(residual + delta), aux
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
