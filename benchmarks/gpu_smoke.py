@@ -7,11 +7,17 @@ GPU, the H200 pair (planned for under 10 minutes; split with --parts if that is 
 CPU check of the script (gloo ranks; the graph part uses the static stand-in of CUDA graphs):
     python benchmarks/gpu_smoke.py --device cpu --tp-size 2
 
-Parts (each starts its own `serve`):
-  cuda: graphs-bf16    llama-3.1-8b shapes, random weights, bf16, CUDA graphs  (outputs reported)
+Parts (each but `proxy` starts its own `serve`):
+  cuda: proxy          no server: the weight-streaming matmuls of each phase's exact shapes (8B
+                       target, its EAGLE-3 head, TP1) replayed in a CUDA graph: the floor each
+                       measured phase is divided by (TP > 1 needs the collectives: the TP2 issue)
+        compile-bf16   llama-3.1-8b shapes, random weights, bf16, graphs + --enable-torch-compile
+                       (outputs reported; per-phase costs; no recompile after warm-up)
+        compile-fp32   the same in float32                                      (outputs must match)
+        graphs-bf16    llama-3.1-8b shapes, random weights, bf16, CUDA graphs  (outputs reported)
         eager-bf16     the same with --disable-cuda-graph                       (outputs reported)
         graphs-fp32    the same shapes in float32 with CUDA graphs              (outputs must match)
-        agreeing-bf16  tiny-agreeing in bf16 with CUDA graphs, real acceptance  (outputs must match)
+        agreeing-bf16  tiny-agreeing in bf16 with CUDA graphs + compile, real acceptance (must match)
   cpu:  static-fp32    tiny-agreeing, float32, --cuda-graph-mode static         (outputs must match)
         eager-fp32     tiny-agreeing, float32, eager                            (outputs must match)
 
@@ -61,14 +67,18 @@ class Part:
     dtype: str
     graph_mode: str          # --cuda-graph-mode
     strict: bool             # outputs must equal plain decoding
+    compile: bool = False    # --enable-torch-compile
 
 
 def parts_for(device: str, model: str | None) -> list[Part]:
     if device == "cuda":
         big = model or "llama-3.1-8b"
-        return [Part("graphs-bf16", big, "bfloat16", "auto", False), Part("eager-bf16", big, "bfloat16", "off", False),
+        return [Part("proxy", big, "bfloat16", "-", False),
+                Part("compile-bf16", big, "bfloat16", "auto", False, True),
+                Part("compile-fp32", big, "float32", "auto", True, True),
+                Part("graphs-bf16", big, "bfloat16", "auto", False), Part("eager-bf16", big, "bfloat16", "off", False),
                 Part("graphs-fp32", big, "float32", "auto", True),
-                Part("agreeing-bf16", "tiny-agreeing", "bfloat16", "auto", True)]
+                Part("agreeing-bf16", "tiny-agreeing", "bfloat16", "auto", True, True)]
     small = model or "tiny-agreeing"
     return [Part("static-fp32", small, "float32", "static", True), Part("eager-fp32", small, "float32", "off", True)]
 
@@ -85,13 +95,17 @@ def leading_equal(a: list[int], b: list[int]) -> int:
 def run_part(part: Part, a, report: dict) -> bool:
     import httpx
 
+    if part.name == "proxy":
+        return run_proxy(part, a, report)
     argv = ["--device", a.device, "--tp-size", str(a.tp_size), "--model-path", part.model, "--load-format", "dummy",
             "--dtype", part.dtype, "--port", "0", "--context-length", "2048", "--max-running-requests", "4",
             "--speculative-num-steps", "3", "--decode-log-interval", "20", "--cuda-graph-mode", part.graph_mode]
+    if part.compile:
+        argv.append("--enable-torch-compile")
     t0 = time.time()
     srv: EngineProcess | None = None
     out: dict = {"part": part.name, "model": part.model, "dtype": part.dtype, "graph_mode": part.graph_mode,
-                 "strict": part.strict}
+                 "strict": part.strict, "compile": part.compile}
     ok = True
     try:
         srv = EngineProcess.start(argv, env={"PYTHONPATH": str(ROOT), **base_env()}, timeout_s=a.start_timeout_s,
@@ -141,8 +155,17 @@ def run_part(part: Part, a, report: dict) -> bool:
                                  "epochs_seen": live["epochs"]}
         print(f"  live switching ({live['applied']} switches, epochs {live['epochs']}): equal to plain "
               f"{same}/{n * 3} tokens" + ("" if same == n * 3 else ("  MISMATCH" if part.strict else "  (reported)")))
+        # Everything the costs run needs was compiled above: nothing may compile from here on.
+        compiled = http.get("/server_info").json()["internal_states"][0].get("torch_compile_graphs")
         out["costs"] = _costs(http, prompt, a, state)
         info = http.get("/server_info").json()
+        if part.compile:
+            after = info["internal_states"][0].get("torch_compile_graphs")
+            out["compiled_graphs"] = {"after_warmup": compiled, "after_costs": after}
+            recompiled = after is None or compiled is None or after != compiled
+            ok &= not recompiled
+            print(f"  torch.compile graphs after warm-up {compiled}, after the cost runs {after}"
+                  + ("  RECOMPILED after warm-up" if recompiled else " (no recompile)"))
         out["server_internal_state"] = info["internal_states"][0]
         lines = srv.log_text().splitlines()
         log = [line for line in lines if "Decode batch" in line]
@@ -236,6 +259,102 @@ def _costs(http, prompt: list[int], a, state) -> dict:
     return res
 
 
+def phase_proxy_us(model: str, tokens: int, reps: int = 100) -> dict[str, float]:
+    """The weight-streaming floor of each phase at TP1: the matmuls of the 8B target and its
+    EAGLE-3 head at each phase's exact shapes, on random bf16 weights, replayed in one CUDA graph
+    (median µs). No attention math, norms or elementwise ops: what a phase costs at least."""
+    import torch
+
+    from refengine.presets import HEADS, TARGETS
+
+    t, h = TARGETS[model], HEADS[f"{model}-eagle3"]
+    dev, dt = "cuda", torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(0)
+    w = lambda o, i: torch.randn(o, i, device=dev, dtype=dt, generator=g) * 0.02
+
+    def layer_mats(hidden, inter, heads, kv, hd, in_dim):
+        return [w((heads + 2 * kv) * hd, in_dim), w(hidden, heads * hd), w(2 * inter, hidden), w(hidden, inter)]
+    target = [layer_mats(t.hidden_size, t.intermediate_size, t.num_attention_heads, t.num_key_value_heads,
+                         t.head_dim, t.hidden_size) for _ in range(t.num_hidden_layers)]
+    lm_head = w(t.vocab_size, t.hidden_size)
+    mid = layer_mats(h.hidden_size, h.intermediate_size, h.num_attention_heads, h.num_key_value_heads, h.head_dim,
+                     2 * h.hidden_size)
+    fc, d_head = w(h.hidden_size, 3 * h.target_hidden_size), w(h.draft_vocab_size, h.hidden_size)
+
+    def stream(mats, x_rows):
+        for m in mats:
+            torch.matmul(x_rows[m.shape[1]], m.t())
+
+    def run_target(n):
+        xs = {k: torch.zeros(n, k, device=dev, dtype=dt) for k in {m.shape[1] for lm in target for m in lm}}
+        return lambda: ([stream(lm, xs) for lm in target], torch.matmul(xs[t.hidden_size], lm_head.t()))
+
+    def run_head(n, with_fc):
+        widths = {m.shape[1] for m in mid} | {h.hidden_size, 3 * h.target_hidden_size}
+        xs = {k: torch.zeros(n, k, device=dev, dtype=dt) for k in widths}
+        return lambda: ((torch.matmul(xs[fc.shape[1]], fc.t()) if with_fc else None), stream(mid, xs),
+                        torch.matmul(xs[h.hidden_size], d_head.t()))
+
+    def graph_us(fn) -> float:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        gr = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(gr):
+            fn()
+        times = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            gr.replay()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) * 1e3)
+        return statistics.median(times[5:])
+    out = {"decode": graph_us(run_target(1)), "verify4": graph_us(run_target(tokens)),
+           "draft_step": graph_us(run_head(1, False)), "draft_extend4": graph_us(run_head(tokens, True))}
+    del target, lm_head, mid, fc, d_head
+    torch.cuda.empty_cache()
+    return out
+
+
+def run_proxy(part: Part, a, report: dict) -> bool:
+    if a.device != "cuda" or a.tp_size != 1:
+        print(f"\n## proxy: SKIPPED (TP1 on CUDA only; TP {a.tp_size} on {a.device} needs the phase's collectives)")
+        report["parts"].append({"part": "proxy", "skipped": True})
+        return True
+    print("\n## proxy: weight-streaming matmuls per phase, TP1, bf16, one CUDA graph each (median µs)")
+    proxy = phase_proxy_us(part.model, 4)
+    for k, v in proxy.items():
+        print(f"    {k:<14} {v:9.1f}")
+    report["parts"].append({"part": "proxy", "ok": True, "proxy_us": proxy})
+    return True
+
+
+def print_tp1_ratio_table(report: dict) -> None:
+    """Measured phase ÷ the proxy measured in this run (TP1)."""
+    proxy = next((p.get("proxy_us") for p in report["parts"] if p.get("part") == "proxy" and p.get("proxy_us")), None)
+    if not proxy:
+        return
+    print("\n## per-phase cost ÷ weight-streaming proxy of this run (TP1, batch 1, steps 3; "
+          "goals: verify(4) <= 1.15x, draft step <= 1.3x)")
+    print("   part            phase            measured µs   proxy µs   measured/proxy")
+    table = []
+    for p in report["parts"]:
+        c = p.get("costs", {}).get("sharded")
+        if not c or p.get("dtype") != "bfloat16" or p.get("model") == "tiny-agreeing":
+            continue
+        for label, key, pk in (("verify of 4", "verify4_us", "verify4"), ("draft step", "draft_step_us", "draft_step"),
+                               ("draft extend 4", "draft_extend_us", "draft_extend4")):
+            ratio = c[key] / proxy[pk]
+            table.append({"part": p["part"], "phase": label, "measured_us": c[key], "proxy_us": proxy[pk],
+                          "ratio": ratio})
+            print(f"   {p['part']:<15} {label:<16} {c[key]:11.1f} {proxy[pk]:10.1f}   {ratio:8.2f}")
+    report["tp1_proxy_table"] = table
+
+
 def print_proxy_table(report: dict, device: str) -> None:
     """Measured per-phase costs next to the proxy (2×H200, Llama-3.1-8B shapes, bf16, batch 1)."""
     by = {p["part"]: p.get("costs", {}) for p in report["parts"]}
@@ -301,7 +420,10 @@ def main(argv=None) -> int:
         ok &= run_part(p, a, report)
         if a.out:   # after every part: a run cut short by a time limit keeps what it measured
             Path(a.out).write_text(json.dumps(report, indent=1, default=str))
-    print_proxy_table(report, a.device)
+    if a.tp_size == 1:
+        print_tp1_ratio_table(report)
+    else:
+        print_proxy_table(report, a.device)
     report["ok"], report["elapsed_s"] = ok, time.time() - t0
     print(f"\n# {'PASS' if ok else 'FAIL'}: every part generated with every placement, live switching applied, "
           f"strict parts identical to plain decoding ({report['elapsed_s']:.0f} s)" if ok else

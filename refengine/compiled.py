@@ -12,6 +12,9 @@ TP > 1 a compiled region ends at each collective and the op runs as before — c
 labelled with its phase and captured in the CUDA graph like every other kernel. At TP 1 there is
 no collective and the layer compiles as one graph (fullgraph; tests check no break on CPU).
 
+Where: only inside the graph cache's bodies (the decode phases: draft steps, verify, draft
+extend), as SGLang compiles only what its CUDA graphs capture; prefill (any prompt length) stays
+eager, or every new prompt length would compile. With graphs off nothing compiled runs.
 Shapes: Dynamo keys compiled code by static shapes (batch bucket, tokens per row), except the
 mask's context width, marked dynamic (only the attention op reads it), so a context bucket
 never recompiles. `recompiles()` counts compiled graphs: benchmarks fail on any after warm-up.
@@ -25,9 +28,11 @@ from typing import Callable
 
 import torch
 
+from refengine.graphs import in_graph_body
 from refengine.models.layers import AttnMeta
 
 MODES = ("default", "max-autotune-no-cudagraphs")
+BACKENDS = ("inductor", "aot_eager")
 
 
 def configure_dynamo() -> None:
@@ -47,7 +52,9 @@ def compile_forward(module: torch.nn.Module, *, backend: str = "inductor", mode:
     """Replace module.forward by its compiled form (in place); returns the module.
 
     The class's forward is bound afresh (a deep copy of a compiled module must not call its
-    original's). Calls with more than `max_bs` rows (SGLang's --torch-compile-max-bs) run eagerly.
+    original's). Compiled code runs only inside graph-cache bodies (refengine.graphs.in_graph_body:
+    decode phases, a bounded set of shapes); prefill, catch-up extends, eager fallbacks and calls
+    with more than `max_bs` rows (SGLang's --torch-compile-max-bs) run the eager forward.
     Each AttnMeta argument's mask has its context width marked dynamic before the call."""
     eager = type(module).forward.__get__(module)
     options = {} if backend != "inductor" else {"mode": mode}
@@ -55,6 +62,8 @@ def compile_forward(module: torch.nn.Module, *, backend: str = "inductor", mode:
 
     @functools.wraps(eager)
     def forward(*args, **kwargs):
+        if not in_graph_body():
+            return eager(*args, **kwargs)
         meta = next((a for a in (*args, *kwargs.values()) if isinstance(a, AttnMeta)), None)
         if meta is not None:
             if max_bs is not None and meta.rows.shape[0] > max_bs:
@@ -71,16 +80,19 @@ def exclude_collectives(comm) -> None:
         setattr(comm, name, torch.compiler.disable(getattr(comm, name), recursive=True))
 
 
-def compile_models(target, comm, mode: str = "default", max_bs: int | None = None) -> Callable:
+def compile_models(target, comm, mode: str = "default", max_bs: int | None = None,
+                   backend: str = "inductor") -> Callable:
     """Compile the target's layers in place; returns the function that compiles a draft head
     (DraftPlacement calls it for each layout's head when it is first placed)."""
     if mode not in MODES:
         raise ValueError(f"torch compile mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"torch compile backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     configure_dynamo()
     exclude_collectives(comm)
     for layer in target.model.layers:
-        compile_forward(layer, mode=mode, fullgraph=comm.world == 1, max_bs=max_bs)
-    return functools.partial(compile_forward, mode=mode, max_bs=max_bs)
+        compile_forward(layer, backend=backend, mode=mode, fullgraph=comm.world == 1, max_bs=max_bs)
+    return functools.partial(compile_forward, backend=backend, mode=mode, max_bs=max_bs)
 
 
 def recompiles() -> int:

@@ -173,6 +173,8 @@ class EngineOptions:
     """Batches above this run the layers uncompiled (SGLang's --torch-compile-max-bs)."""
     torch_compile_mode: str = "default"
     """Inductor mode: default or max-autotune-no-cudagraphs (CUDA graphs are refengine.graphs')."""
+    torch_compile_backend: str = "inductor"
+    """inductor, or aot_eager: traced and checked like inductor but no code generated (CPU tests)."""
 
     def initial_config(self) -> dict[str, Any]:
         changes: dict[str, Any] = {

@@ -137,7 +137,8 @@ class Engine:
         prepare_head = None
         if opts.enable_torch_compile:
             from refengine.compiled import compile_models
-            prepare_head = compile_models(self.target, comm, opts.torch_compile_mode, opts.torch_compile_max_bs)
+            prepare_head = compile_models(self.target, comm, opts.torch_compile_mode, opts.torch_compile_max_bs,
+                                          opts.torch_compile_backend)
         self.kv = self.target.make_kv(self.rows + 1, self.row_len, dtype, device)
         self.eos = set(target.config.eos_token_ids)
         self.draft: DraftPlacement | None = None

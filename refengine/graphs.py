@@ -35,14 +35,34 @@ Must not decide what runs in a phase (refengine.engine does) nor touch requests.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
 import torch
 
 MODES = ("auto", "off", "static", "cuda")
+_BODY = threading.local()
+
+
+def in_graph_body() -> bool:
+    """True while a key's body runs for a capture, its warm-up or a static re-run: the forwards
+    with a bounded set of shapes, the only ones torch.compile'd code runs in (refengine.compiled);
+    eager calls (graphs off, failed captures, prefill) are outside."""
+    return getattr(_BODY, "on", False)
+
+
+@contextmanager
+def _in_body():
+    prev = in_graph_body()
+    _BODY.on = True
+    try:
+        yield
+    finally:
+        _BODY.on = prev
 GROUP, LOCAL = "group", "local"
 
 
@@ -257,7 +277,7 @@ class GraphCache:
         if self.mode == "cuda":
             entry.graph.replay()
         else:
-            with self.comm.capturing() as ops:
+            with self.comm.capturing() as ops, _in_body():
                 outs = entry.body(entry.inputs)
             if ops != entry.comm_ops:
                 # The static stand-in checks what a CUDA replay cannot: same collectives as captured.
@@ -290,7 +310,7 @@ class GraphCache:
             if self.mode == "cuda":
                 self._capture_cuda(entry, body, snap)
             else:
-                with self.comm.capturing() as ops:
+                with self.comm.capturing() as ops, _in_body():
                     outs = body(static)
                 entry.outputs = tuple(o.clone() for o in outs)
                 entry.comm_ops = list(ops)
@@ -321,7 +341,7 @@ class GraphCache:
     def _capture_cuda(self, entry: _Entry, body, snap: dict[str, torch.Tensor] | None) -> None:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(side), _in_body():
             # Warm-up: real (eager) runs. Writes go to the same KV slots the replay writes, with
             # the same values, so they are harmless; NCCL and cuBLAS initialise here.
             for _ in range(self.warmup):
@@ -333,7 +353,7 @@ class GraphCache:
         with self.comm.capturing() as ops:
             # A private memory pool per graph: replays happen in any order (draft steps, verify,
             # extend, other keys), so no graph may reuse memory another graph's outputs live in.
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph), _in_body():
                 outs = body(entry.inputs)
         entry.graph, entry.outputs, entry.comm_ops = graph, tuple(outs), list(ops)
 

@@ -63,6 +63,9 @@ def _run(rank, world, opts, store_host, store_port, in_q, out_q, threads) -> Non
     from refengine.presets import load_models
 
     torch.set_num_threads(threads)
+    # A rank only ever runs inference: no autograd state anywhere (with it on, a prefill's KV
+    # writes made the pools require grad, and compiled code keyed on that recompiled).
+    torch.set_grad_enabled(False)
     cuda = opts.device.startswith("cuda")
     device = torch.device(f"cuda:{rank}") if cuda else torch.device("cpu")
     if cuda:

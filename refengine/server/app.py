@@ -112,6 +112,7 @@ def engine_options(opts: ServerOptions) -> Any:
         "emulate_comm_latency": opts.emulate_comm_latency, "random_seed": opts.random_seed,
         "speculative_draft_model_path": opts.speculative_draft_model_path,
         "cuda_graph": "off" if opts.disable_cuda_graph else opts.cuda_graph_mode,
+        "enable_torch_compile": opts.enable_torch_compile, "torch_compile_max_bs": opts.torch_compile_max_bs,
     }
     if opts.model_path is not None:
         kw["model_path"] = opts.model_path
@@ -403,6 +404,13 @@ class ServerApp:
         d["load_format"] = self.engine_opts.load_format
         return d
 
+    def _compiled_graphs(self) -> int | None:
+        """Graphs torch.compile built, the most on any rank (None with compile off): benchmarks
+        check it stops growing after warm-up."""
+        counts = [r.get("graphs", {}).get("compiled_graphs") for r in self.client.stats()["per_rank"].values()]
+        counts = [c for c in counts if c is not None]
+        return max(counts) if counts else None
+
     def server_info(self) -> dict[str, Any]:
         launch = self._launch_args()
         state = dict(launch)
@@ -418,6 +426,7 @@ class ServerApp:
             avg_spec_accept_length=ps["avg_spec_accept_length"],
             emulated_comm=self.opts.emulate_comm_latency is not None,
             simulated_accept=self.opts.speculative_simulate_accept is not None,
+            torch_compile_graphs=self._compiled_graphs(),
         )
         return {
             **launch,
