@@ -1,0 +1,99 @@
+"""The attention op: its torch reference against attention written out token by token (chain,
+tree and padded masks, GQA groups), its contiguous output (what torch.compile's fake promises),
+and the Triton kernel under Triton's CPU interpreter against the reference (every code path:
+one split and several, one block of query rows and several)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from refengine.models.attend import attend, attend_reference, attention_backend
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _naive(q, kc, vc, rows, mask, scale):
+    b, t, hq, d = q.shape
+    g = hq // kc.shape[2]
+    out = torch.zeros_like(q)
+    for i in range(b):
+        for j in range(t):
+            seen = mask[i, j].nonzero()[:, 0]
+            for h in range(hq):
+                k, v = kc[rows[i], seen, h // g], vc[rows[i], seen, h // g]
+                w = torch.softmax((k @ q[i, j, h]) * scale, 0)
+                out[i, j, h] = w @ v
+    return out
+
+
+def _case(b, t, hq, hk, d, c, tree, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, t, hq, d, generator=g, dtype=torch.float64)
+    kc = torch.randn(b + 1, c + 4, hk, d, generator=g, dtype=torch.float64)
+    vc = torch.randn(b + 1, c + 4, hk, d, generator=g, dtype=torch.float64)
+    rows = torch.randperm(b + 1, generator=g)[:b]
+    pos = torch.randint(0, c - t, (b, 1), generator=g) + torch.arange(t)[None]
+    mask = torch.arange(c)[None, None] <= pos[:, :, None]
+    if tree:
+        mask &= torch.rand(b, t, c, generator=g) < 0.6
+        mask.scatter_(2, pos[:, :, None], True)
+    return q, kc, vc, rows, mask
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_reference_is_attention_token_by_token(tree):
+    q, kc, vc, rows, mask = _case(2, 3, 4, 2, 8, 20, tree)
+    got = attend(q, kc, vc, rows, mask, 0.3)
+    torch.testing.assert_close(got, _naive(q, kc, vc, rows, mask, 0.3))
+    assert got.is_contiguous()                 # the fake implementation promises a contiguous output
+    assert torch.equal(got, attend_reference(q, kc, vc, rows, mask, 0.3))
+
+
+def test_cpu_runs_the_reference():
+    assert attention_backend("cpu", 128, torch.bfloat16) == "torch"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def test_triton_kernel_matches_the_reference_under_the_interpreter():
+    # The interpreter must be chosen before Triton is imported: a child process.
+    script = textwrap.dedent("""
+        import torch
+        from refengine.models import triton_attend as ta
+        from refengine.models.attend import attend_reference
+        torch.cuda.current_device = lambda: 0       # the interpreter runs on CPU tensors
+        cases = [  # (b, t, hq, hk, d, c, tree, SMs): one split, several splits, several query blocks
+            (1, 1, 8, 2, 32, 70, False, 1), (1, 1, 8, 2, 32, 300, False, 132), (2, 4, 8, 2, 32, 130, True, 132),
+            (1, 40, 8, 2, 32, 96, True, 132)]
+        for b, t, hq, hk, d, c, tree, sms in cases:
+            ta._SMS[0] = sms
+            g = torch.Generator().manual_seed(b * 100 + t)
+            q = torch.randn(b, t, hq, d, generator=g)
+            kc, vc = torch.randn(b + 1, c + 4, hk, d, generator=g), torch.randn(b + 1, c + 4, hk, d, generator=g)
+            rows = torch.randperm(b + 1, generator=g)[:b]
+            pos = torch.randint(0, c - t, (b, 1), generator=g) + torch.arange(t)[None]
+            mask = torch.arange(c)[None, None] <= pos[:, :, None]
+            if tree:
+                mask &= torch.rand(b, t, c, generator=g) < 0.6
+                mask.scatter_(2, pos[:, :, None], True)
+            plan = ta.plan(b, t, hq, hk, c, d, sms)
+            err = (ta.attend(q, kc, vc, rows, mask, d ** -0.5) - attend_reference(q, kc, vc, rows, mask, d ** -0.5)).abs().max()
+            assert err < 1e-5, (b, t, c, plan, float(err))
+            print("ok", plan)
+    """)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    plans = [eval(line[3:]) for line in r.stdout.splitlines() if line.startswith("ok ")]
+    assert len(plans) == 4
+    # (BLOCK_M, row blocks, BLOCK_N, splits): the cases reach one split and several (the combine
+    # kernel), one block of query rows and several.
+    assert plans[0][3] == 1 and plans[1][3] > 1 and plans[3][1] > 1
