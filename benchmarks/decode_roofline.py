@@ -67,7 +67,7 @@ def run_engine(a, prompt: list[int]) -> dict:
     from refengine.client import EngineClient, EngineOptions, GenRequest
 
     opts = EngineOptions(model_path=a.model_path, load_format="dummy", dtype=a.dtype, tp_size=1, device=a.device,
-                         speculative_num_steps=0, context_length=max(1024, len(prompt) + a.tokens + 16),
+                         speculative_algorithm="NONE", speculative_num_steps=0, context_length=max(1024, len(prompt) + a.tokens + 16),
                          max_running_requests=1, cuda_graph=a.cuda_graph_mode, init_timeout_s=600)
     t0 = time.time()
     client = EngineClient.start(opts)

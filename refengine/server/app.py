@@ -112,6 +112,7 @@ def engine_options(opts: ServerOptions) -> Any:
         "emulate_comm_latency": opts.emulate_comm_latency, "random_seed": opts.random_seed,
         "speculative_draft_model_path": opts.speculative_draft_model_path,
         "cuda_graph": "off" if opts.disable_cuda_graph else opts.cuda_graph_mode,
+        "speculative_use_rejection_sampling": opts.speculative_use_rejection_sampling,
     }
     if opts.model_path is not None:
         kw["model_path"] = opts.model_path
@@ -125,6 +126,8 @@ def engine_options(opts: ServerOptions) -> Any:
         kw["context_length"] = opts.context_length
     if opts.speculative_algorithm == "NONE":
         kw["speculative_num_steps"] = 0
+        kw["speculative_algorithm"] = "NONE"   # no draft at all: the plain-decoding baseline
+        kw["speculative_draft_model_path"] = None
     else:
         for k in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"):
             if getattr(opts, k) is not None:
