@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from refengine.server import decode_log
-from refengine.server.generation import Admission, Generation, run_all
+from refengine.server.generation import Admission, Generation, run_all, slot_problems
 from refengine.server.handlers import Handler
 from refengine.server.inputs import BadRequest, GenerateInput, parse_generate
 from refengine.server.metrics import Metrics
@@ -312,6 +312,14 @@ class ServerApp:
         assert self.admission is not None
         return Generation(self.admission, self.tokenizer, item, speculative=self.opts.speculative,
                           context_length=self.context_length(), on_finish=finished)
+
+    def slots(self) -> dict[str, Any]:
+        """The slot invariant for tests and operators: what is held, and `problems` (empty when
+        "nothing in flight => no slot held" holds; see generation.slot_problems)."""
+        held = self.admission.held() if self.admission else {"running": [], "waiting": [], "reserved_rids": [],
+                                                             "in_flight": []}
+        live = self.client.live_requests() if self.client is not None else 0
+        return {**held, "engine_requests": live, "problems": slot_problems(held, live)}
 
     def set_config(self, changes: dict[str, Any]) -> dict[str, Any]:
         from refengine.client import ConfigError, EngineDeadError
