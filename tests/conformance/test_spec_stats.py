@@ -230,3 +230,23 @@ ROWS = [
 @pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
 def test_row(http, row):
     row.check(http)
+
+
+def test_algorithm_none_is_the_plain_baseline(http):
+    """`--speculative-algorithm NONE`: no draft at all (plain decoding, SGLang's no-speculation
+    launch), no spec keys, and steps cannot be turned on live: a 400 that says why."""
+    with checked_server([*MODEL_ARGS, "--port", "0", "--decode-log-interval", "0",
+                         "--speculative-algorithm", "NONE"]) as s, httpx.Client(base_url=s.url, timeout=180) as plain:
+        assert plain.get("/server_info").json()["speculative_algorithm"] == "NONE"
+        r = set_state(plain, speculative_num_steps=2)
+        assert r.status_code == 400 and "--speculative-algorithm NONE" in r.json()["error"]["message"]
+        seq = newest_seq(plain)
+        reply = generate(plain, 32)
+        wait_settled(plain)
+        _, records = phase_records(plain, seq)
+        assert records and all(r["steps"] == 0 and r["phase_ms"]["draft_extend"] == 0 for r in records)
+        assert not [k for k in reply["meta_info"] if k.startswith("spec_")]
+    # Greedy speculation (and tier 0, which keeps the draft warm) returns plain decoding's tokens.
+    assert generate(http, 32)["output_ids"] == reply["output_ids"]
+    assert set_state(http, speculative_num_steps=0).status_code == 200
+    assert generate(http, 32)["output_ids"] == reply["output_ids"]
