@@ -115,7 +115,7 @@ def resolve_config(current: SpecConfig, changes: dict[str, Any], limits: ModelLi
                           f"this engine has {limits.max_draft_tokens}")
     if n > limits.max_draft_tokens:
         raise ConfigError(f"speculative_num_draft_tokens {n} exceeds this engine's maximum {limits.max_draft_tokens}")
-    if placement == "sharded" and limits.tp_size > 1:
+    if placement == "sharded" and limits.tp_size > 1 and limits.has_draft:   # no draft: nothing to shard
         if limits.draft_heads % limits.tp_size or limits.draft_kv_heads % limits.tp_size:
             raise ConfigError(
                 f"placement sharded needs the draft's heads ({limits.draft_heads}) and KV heads "

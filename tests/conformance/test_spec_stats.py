@@ -235,7 +235,7 @@ def test_row(http, row):
 def test_algorithm_none_is_the_plain_baseline(http):
     """`--speculative-algorithm NONE`: no draft at all (plain decoding, SGLang's no-speculation
     launch), no spec keys, and steps cannot be turned on live: a 400 that says why."""
-    with checked_server([*MODEL_ARGS, "--port", "0", "--decode-log-interval", "0",
+    with checked_server([*MODEL_ARGS, "--tp-size", "2", "--port", "0", "--decode-log-interval", "0",
                          "--speculative-algorithm", "NONE"]) as s, httpx.Client(base_url=s.url, timeout=180) as plain:
         assert plain.get("/server_info").json()["speculative_algorithm"] == "NONE"
         r = set_state(plain, speculative_num_steps=2)
