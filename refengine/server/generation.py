@@ -244,7 +244,8 @@ class Generation:
 
 def run_all(gens: list[Generation], deadline_s: float = UPDATE_TIMEOUT_S) -> list[RequestOutput]:
     """Start every prompt of a batch and wait for all of them (non-streaming replies)."""
-    gens[0].admission.admit(gens)   # every id of the batch at once, or a 400 and nothing runs
+    if gens:
+        gens[0].admission.admit(gens)   # every id of the batch at once, or a 400 and nothing runs
     try:
         for g in gens:
             g.start()
