@@ -148,7 +148,7 @@ class ServerApp:
         self.exit_code = 0
         self.startup_time = time.time()
         self.launch_config: dict[str, Any] = {}
-        self.phase_stats = PhaseStats(interval=opts.decode_log_interval)
+        self.phase_stats = PhaseStats(interval=opts.decode_log_interval, speculative=opts.speculative)
         self.traces = TraceFiles()
         self.metrics = Metrics(opts.model_name, self.metrics_snapshot)
         self._profile_lock = threading.Lock()
