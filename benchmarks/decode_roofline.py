@@ -82,7 +82,7 @@ def engine_options(a, prompt: list[int], variant: str, dtype: str):
     from refengine.client import EngineOptions
 
     base = dict(model_path=a.model_path, load_format="dummy", dtype=dtype, tp_size=1, device=a.device,
-                speculative_num_steps=0, context_length=max(1024, len(prompt) + a.tokens + 16),
+                speculative_algorithm="NONE", speculative_num_steps=0, context_length=max(1024, len(prompt) + a.tokens + 16),
                 max_running_requests=1, cuda_graph=a.cuda_graph_mode, cuda_graph_timing=True, init_timeout_s=900)
     return EngineOptions(**{**base, **VARIANTS[variant]})
 

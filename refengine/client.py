@@ -46,6 +46,10 @@ class EngineClient:
         self.opts = opts
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
+        # Serialises config changes end to end (resolve, enqueue, wait for every rank, publish).
+        # Separate from _lock on purpose: waiting on _cond releases _lock, and a change resolved
+        # meanwhile against the old config would get the same epoch.
+        self._config_lock = threading.Lock()
         self._callbacks: dict[str, Callable[[GenUpdate], None]] = {}
         self._records: collections.deque = collections.deque(maxlen=RING)
         self._seq = 0
@@ -79,7 +83,8 @@ class EngineClient:
             client._wait_ready()
             cfg = resolve_config(SpecConfig(steps=0, topk=1, num_draft_tokens=1, placement=opts.speculative_draft_placement,
                                             epoch=0), opts.initial_config(), client._limits)
-            client._apply(cfg if cfg.epoch > 0 else SpecConfig(**{**asdict(cfg), "epoch": 1}))
+            with client._config_lock:
+                client._apply(cfg if cfg.epoch > 0 else SpecConfig(**{**asdict(cfg), "epoch": 1}))
         except BaseException:
             client.close()
             raise
@@ -178,6 +183,11 @@ class EngineClient:
             if not self.alive():
                 on_update(GenUpdate(req.rid, [], True, "error", error=self._dead or "engine closed"))
                 return
+            if req.rid in self._callbacks:
+                # Never re-bind a live id: the first request's updates would reach the second's
+                # callback and the first would wait forever (SGLang refuses it the same way).
+                on_update(GenUpdate(req.rid, [], True, "error", error=f"Duplicate request ID detected: {req.rid}"))
+                return
             self._callbacks[req.rid] = on_update
             self._counters["requests"] += 1
             self._counters["prompt_tokens"] += len(req.input_ids)
@@ -187,6 +197,11 @@ class EngineClient:
         if self.alive():
             self._in_q.put(("abort", rid))
 
+    def live_requests(self) -> int:
+        """Requests submitted whose final update has not been delivered yet."""
+        with self._lock:
+            return len(self._callbacks)
+
     # -- configuration ---------------------------------------------------------------------------
     def set_config(self, changes: dict[str, Any]) -> dict:
         """Validate `changes` as one resulting config and apply it on every rank between two
@@ -195,7 +210,7 @@ class EngineClient:
         Raises:
             ConfigError: invalid change (nothing applied); EngineDeadError: the engine is gone.
         """
-        with self._lock:
+        with self._config_lock:
             cfg = resolve_config(self._config, changes, self._limits)
             if cfg == self._config:
                 return self.active_config()
@@ -203,6 +218,9 @@ class EngineClient:
             return self.active_config()
 
     def _apply(self, cfg: SpecConfig) -> None:
+        """Send `cfg` to the ranks and wait until every rank applied it; only then is it the
+        active config (/server_info). The caller holds _config_lock, so one change is in flight
+        at a time: rank 0 never sees two configs in one command (it would apply only the last)."""
         self._require_alive()
         self._in_q.put(("config", cfg))
         deadline = time.monotonic() + 120

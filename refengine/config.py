@@ -30,7 +30,8 @@ class SpecConfig:
     """The live speculative configuration. `epoch` increases with every applied change."""
 
     steps: int = 3
-    """Draft forwards per cycle (0 = speculation off: plain one-token decode)."""
+    """Draft forwards per cycle (0 = SGLang's tier 0: a one-token verify plus a draft-extend, so
+    the draft stays warm)."""
     topk: int = 1
     """Branching factor of the draft tree (1 = chain)."""
     num_draft_tokens: int = 4
@@ -87,7 +88,9 @@ def resolve_config(current: SpecConfig, changes: dict[str, Any], limits: ModelLi
     if topk < 1:
         raise ConfigError(f"speculative_eagle_topk must be >= 1, got {topk}")
     if steps > 0 and not limits.has_draft:
-        raise ConfigError("speculation needs a draft model; this engine was started without one")
+        raise ConfigError("speculation is off on this server (--speculative-algorithm NONE, no draft "
+                          "model): speculative_num_steps cannot be turned on live; relaunch with "
+                          "--speculative-algorithm EAGLE3")
     if topk > limits.max_topk:
         raise ConfigError(f"speculative_eagle_topk {topk} exceeds this engine's maximum {limits.max_topk}")
     if topk == 1:
@@ -112,7 +115,7 @@ def resolve_config(current: SpecConfig, changes: dict[str, Any], limits: ModelLi
                           f"this engine has {limits.max_draft_tokens}")
     if n > limits.max_draft_tokens:
         raise ConfigError(f"speculative_num_draft_tokens {n} exceeds this engine's maximum {limits.max_draft_tokens}")
-    if placement == "sharded" and limits.tp_size > 1:
+    if placement == "sharded" and limits.tp_size > 1 and limits.has_draft:   # no draft: nothing to shard
         if limits.draft_heads % limits.tp_size or limits.draft_kv_heads % limits.tp_size:
             raise ConfigError(
                 f"placement sharded needs the draft's heads ({limits.draft_heads}) and KV heads "
@@ -138,6 +141,9 @@ class EngineOptions:
     """cpu (gloo) or cuda (NCCL, rank r on cuda:r)."""
     dtype: str = "auto"
     """auto = float32 on CPU, bfloat16 on CUDA; or float32, float16, bfloat16, float64."""
+    speculative_algorithm: str = "EAGLE3"
+    """EAGLE3 (a draft model is loaded; steps 0 is tier 0) or NONE (no draft: plain decoding,
+    the no-speculation baseline; speculation cannot be turned on live)."""
     speculative_num_steps: int = 3
     speculative_eagle_topk: int = 1
     speculative_num_draft_tokens: int | None = None

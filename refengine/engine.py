@@ -4,6 +4,8 @@ Every rank runs the same Engine methods in the same order (rank 0's broadcast co
 which), so all ranks hold the same requests, lengths and tokens; only rank 0 reports them.
 Phases are timed here: `draft`, `verify`, `verify_sample`, `draft_extend`, `other`, each with the
 communicator's time inside it, under SGLang's profiler span names where SGLang has one.
+Steps 0 is SGLang 0.5.23's tier 0 (a one-token verify plus a draft-extend, so the draft stays warm);
+an engine without a draft (`--speculative-algorithm NONE`) is plain decoding.
 Must not talk to queues or processes (refengine.rank does).
 """
 
@@ -41,11 +43,8 @@ class Req:
     params: GenRequest
     stop_ids: set[int]
     seq_len: int = 0
-    """Tokens whose K/V is in the target cache (= committed length)."""
-    draft_len: int = 0
-    """Positions whose draft K/V is valid; < seq_len while speculation is off (catch-up pending)."""
-    pending_aux: list[torch.Tensor] = field(default_factory=list)
-    """Target aux features of positions draft_len..seq_len-1, kept for the catch-up extend."""
+    """Tokens whose K/V is in the target cache (= committed length); the draft's K/V covers the
+    same positions (every iteration extends the draft, tier 0 included)."""
     stats: SpecStats = field(default_factory=SpecStats)
     finished: bool = False
     gen: torch.Generator | None = None
@@ -196,7 +195,8 @@ class Engine:
             return GenUpdate(req.rid, [], True, "error", error=f"duplicate request id {req.rid!r}")
         if not self.free_rows:
             return GenUpdate(req.rid, [], True, "error", error="no free slot (max_running_requests)")
-        stop = set(req.stop_token_ids) | (set() if req.ignore_eos else self.eos)
+        # SGLang's _check_token_based_finish: ignore_eos ignores stop_token_ids too.
+        stop = set() if req.ignore_eos else set(req.stop_token_ids) | self.eos
         r = Req(req.rid, self.free_rows.pop(), list(req.input_ids), len(req.input_ids), req, stop)
         # Seeds from the request or (engine seed, rid): crc32, not hash(), which differs per process.
         seed = req.seed if req.seed is not None else zlib.crc32(req.rid.encode()) ^ self.opts.random_seed
@@ -218,11 +218,11 @@ class Engine:
             else:
                 first = int(last[0, 0].argmax(-1).item())
             r.seq_len = n
-            r.pending_aux = [aux[0]]
         self.reqs[r.rid] = r
-        if self.config.steps > 0:
+        if self.draft is not None:
+            # SGLang's _draft_extend_for_prefill, whatever the steps: tier 0 keeps the draft warm.
             with self.timer.phase("other", "specdecode.prefill_draft_extend"):
-                self._catch_up(r, first_token=first)
+                self._prefill_extend(r, aux[0], first)
         update = self._commit_tokens(r, [first])
         if r.finished:
             self.reqs.pop(r.rid)
@@ -254,6 +254,7 @@ class Engine:
         reqs = [r for r in self.reqs.values() if not r.finished]
         cfg = self.config
         s, k = cfg.steps, cfg.topk
+        # Steps 0 is SGLang's tier 0: a one-token verify (N = 1) and, below, a draft-extend.
         n_tok = cfg.num_draft_tokens if s > 0 else 1
         b, dev = len(reqs), self.device
         # One host-to-device copy for the per-request ints, and no device read to learn whether
@@ -265,7 +266,6 @@ class Engine:
         ctx = self._bucket(max(r.seq_len for r in reqs) + max(n_tok, s * k) + 1)
         q = None
         if s > 0:
-            self._catch_up_all(reqs)
             with self.timer.phase("draft"):
                 tree, q = self._draft(reqs, rows, seq, roots, temps, ctx, rejection)
         with self.timer.phase("verify", f"step[VERIFY bs={b}]"):
@@ -297,19 +297,18 @@ class Engine:
             updates, committed = [], 0
             for i, r in enumerate(reqs):
                 j = acc_l[i]
-                self._count(r, j, s)
+                if self.draft is not None:
+                    self._count(r, j, n_tok)
                 r.seq_len += j + 1
-                if s == 0:
-                    # A copy: with graphs, aux is the verify graph's output buffer, rewritten by
-                    # the next replay, while this waits for the catch-up extend.
-                    r.pending_aux.append(aux[i, :1].clone())
                 u = self._commit_tokens(r, tok_l[i][1: j + 1] + [bonus_l[i]])
                 committed += j + 1
                 if u is not None:
                     updates.append(u)
-        if s > 0:
+        if self.draft is not None:
+            # Tier 0 included (SGLang's eagle_worker_v2 forward_batch_generation): the draft
+            # stays warm, so nothing is caught up when drafting resumes.
             with self.timer.phase("draft_extend"):
-                self._extend(reqs, rows, seq, tokens, path, accepted, bonus, aux, n_tok, ctx)
+                self._extend(rows, seq, tokens, path, accepted, bonus, aux, n_tok, ctx)
         for r in reqs:
             if r.finished:
                 self.reqs.pop(r.rid, None)
@@ -445,9 +444,9 @@ class Engine:
             bonus = torch.where(temps > 0, spec.sample_from(probs[rows, cur], coins[:, s]), bonus)
         return path, accepted, bonus
 
-    def _extend(self, reqs, rows, seq, tokens, path, accepted, bonus, aux, width, ctx) -> None:
-        """draft_extend over `width` (= N) rows per request: row t holds the aux of the t-th
-        committed node and the token after it (the next accepted node's, then the bonus)."""
+    def _extend(self, rows, seq, tokens, path, accepted, bonus, aux, width, ctx) -> None:
+        """draft_extend over `width` (= N, 1 at tier 0) rows per request: row t holds the aux of
+        the t-th committed node and the token after it (the next accepted node's, then the bonus)."""
         d = self.draft
         if d.here:
             b = rows.shape[0]
@@ -463,41 +462,30 @@ class Engine:
             hid, logits = spec.draft_extend(self._head("draft_extend"), d.kv, rows, seq, nxt, feats, accepted, ctx)
             d.hidden[rows] = hid
             d.logits[rows] = logits.to(d.logits.dtype)
-        for r in reqs:
-            r.draft_len = r.seq_len
 
-    def _catch_up_all(self, reqs: list[Req]) -> None:
-        lagging = [r for r in reqs if r.draft_len < r.seq_len]
-        if lagging:
-            with self.timer.phase("draft_extend", "draft_extend"):
-                for r in lagging:
-                    self._catch_up(r)
-
-    def _catch_up(self, r: Req, first_token: int | None = None) -> None:
-        """Extend the draft over positions draft_len..seq_len-1 (prefill, or after steps = 0):
-        ids x_{p+1} with the target's aux g_p at position p."""
-        aux = torch.cat(r.pending_aux, 0)[None]
-        tokens = r.tokens + ([first_token] if first_token is not None else [])
-        ids = torch.tensor([tokens[r.draft_len + 1: r.seq_len + 1]], device=self.device)
-        assert ids.shape[1] == aux.shape[1], (ids.shape, aux.shape)
+    def _prefill_extend(self, r: Req, aux: torch.Tensor, first_token: int) -> None:
+        """The draft over the prompt (positions 0..n-1): ids x_{p+1} (the first output token
+        last) with the target's aux g_p at position p; its last row seeds the first cycle."""
         d = self.draft
-        if d.here:
-            rows = torch.tensor([r.row], device=self.device)
-            start = torch.tensor([r.draft_len], device=self.device)
-            hid, logits = spec.draft_extend(d.head, d.kv, rows, start, ids, aux,
-                                            torch.tensor([ids.shape[1] - 1], device=self.device),
-                                            self._bucket(r.seq_len + 1))
-            d.hidden[r.row] = hid[0]
-            d.logits[r.row] = logits[0].to(d.logits.dtype)
-        r.draft_len = r.seq_len
-        r.pending_aux = []
+        if not d.here:
+            return
+        ids = torch.tensor([r.tokens[1:] + [first_token]], device=self.device)
+        rows = torch.tensor([r.row], device=self.device)
+        start = torch.zeros(1, dtype=torch.long, device=self.device)
+        hid, logits = spec.draft_extend(d.head, d.kv, rows, start, ids, aux[None],
+                                        torch.tensor([ids.shape[1] - 1], device=self.device),
+                                        self._bucket(r.seq_len + 1))
+        d.hidden[r.row] = hid[0]
+        d.logits[r.row] = logits[0].to(d.logits.dtype)
 
     # -- commit and statistics -------------------------------------------------------------------
-    def _count(self, r: Req, accepted: int, steps: int) -> None:
+    def _count(self, r: Req, accepted: int, n_tokens: int) -> None:
+        """One verify round of `r` that ran N = `n_tokens` draft tokens (the root included; 1 at
+        tier 0): SGLang counts N - 1 proposed drafts per round (tokenizer_manager.py 3156-3158)."""
         st = r.stats
         st.spec_verify_ct += 1
         st.spec_num_correct_drafts += accepted
-        st.spec_num_proposed_drafts += steps
+        st.spec_num_proposed_drafts += n_tokens - 1
         while len(st.spec_correct_drafts_histogram) <= accepted:
             st.spec_correct_drafts_histogram.append(0)
         st.spec_correct_drafts_histogram[accepted] += 1
@@ -513,12 +501,23 @@ class Engine:
                 return self._final(r, out, "stop", matched=t)
             if r.completion_tokens >= r.params.max_new_tokens:
                 return self._final(r, out, "length")
-        return GenUpdate(r.rid, out, prompt_tokens=r.prompt_len, completion_tokens=r.completion_tokens)
+        return GenUpdate(r.rid, out, prompt_tokens=r.prompt_len, completion_tokens=r.completion_tokens,
+                         spec=self._spec_snapshot(r))
 
     def _final(self, r: Req, out: list[int], reason: str, matched: int | None = None) -> GenUpdate:
         r.finished = True
         return GenUpdate(r.rid, out, True, reason, matched=matched, prompt_tokens=r.prompt_len,
-                         completion_tokens=r.completion_tokens, spec=r.stats)
+                         completion_tokens=r.completion_tokens, spec=self._spec_snapshot(r))
+
+    def _spec_snapshot(self, r: Req) -> SpecStats | None:
+        """The statistics up to this update (a copy: the record is pickled later). Every update
+        carries them, so a request the server ends early (a stop string) keeps the statistics
+        of exactly the tokens it returned; None without a draft (no speculation at all)."""
+        if self.draft is None:
+            return None
+        st = r.stats
+        return SpecStats(st.spec_verify_ct, st.spec_num_correct_drafts, st.spec_num_proposed_drafts,
+                         list(st.spec_correct_drafts_histogram))
 
     def _bucket(self, n: int) -> int:
         """Context width rounded up to a multiple of 64 (shapes repeat across iterations); with

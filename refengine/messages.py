@@ -35,6 +35,7 @@ class SpecStats:
     """Verify rounds (target forwards over draft tokens) this request took part in."""
     spec_num_correct_drafts: int = 0
     spec_num_proposed_drafts: int = 0
+    """Σ over verify rounds of (N - 1), N = the draft tokens that round ran (0 at tier 0)."""
     spec_correct_drafts_histogram: list[int] = field(default_factory=list)
     """h[k] = verify rounds that accepted exactly k drafts."""
 
@@ -53,5 +54,5 @@ class GenUpdate:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     spec: SpecStats | None = None
-    """On the final update only (None while streaming)."""
+    """The request's statistics so far, on every update (None without a draft model)."""
     error: str | None = None

@@ -79,7 +79,7 @@ def _run(rank, world, opts, store_host, store_port, in_q, out_q, threads) -> Non
                         parse_latency(opts.emulate_comm_latency))
     torch.manual_seed(opts.random_seed)
     dtype = resolve_dtype(opts.dtype, opts.device)
-    want_draft = opts.speculative_num_steps > 0 or opts.speculative_draft_model_path is not None
+    want_draft = opts.speculative_algorithm != "NONE"
     target, head = load_models(opts.model_path, opts.speculative_draft_model_path, opts.load_format,
                                opts.random_seed, want_draft=want_draft, device=device)
     engine = Engine(opts, comm, target, head, device, dtype)

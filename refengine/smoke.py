@@ -18,7 +18,7 @@ SCHEDULE = [
     ("sharded steps=3", {"speculative_num_steps": 3, "speculative_draft_placement": "sharded"}),
     ("replicated steps=3", {"speculative_draft_placement": "replicated"}),
     ("rank0 steps=5", {"speculative_draft_placement": "rank0", "speculative_num_steps": 5}),
-    ("spec off (steps=0)", {"speculative_num_steps": 0}),
+    ("tier 0 (steps=0, draft kept warm)", {"speculative_num_steps": 0}),
     ("sharded steps=2", {"speculative_num_steps": 2, "speculative_draft_placement": "sharded"}),
     ("replicated tree 3/4/8", {"speculative_num_steps": 3, "speculative_eagle_topk": 4,
                                "speculative_num_draft_tokens": 8, "speculative_draft_placement": "replicated"}),

@@ -346,7 +346,7 @@ class TunerApp(App[None]):
         self.push_screen(TuneScreen(tuner))
 
     def tune_space(self) -> list:
-        """Chains 1..tune_max_steps, speculation off, every placement the server can set live, and
+        """Chains 1..tune_max_steps, tier 0 (draft kept warm), every placement the server can set live, and
         trees for each tune topk > 1 × draft-token count when the server changes topk live."""
         from tuner.tuning.settings import PLACEMENTS as ALL, settings_space
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from refengine.server import decode_log
-from refengine.server.generation import Admission, Generation, run_all
+from refengine.server.generation import Admission, Generation, run_all, slot_problems
 from refengine.server.handlers import Handler
 from refengine.server.inputs import BadRequest, GenerateInput, parse_generate
 from refengine.server.metrics import Metrics
@@ -113,6 +113,7 @@ def engine_options(opts: ServerOptions) -> Any:
         "speculative_draft_model_path": opts.speculative_draft_model_path,
         "cuda_graph": "off" if opts.disable_cuda_graph else opts.cuda_graph_mode,
         "enable_torch_compile": opts.enable_torch_compile, "torch_compile_max_bs": opts.torch_compile_max_bs,
+        "speculative_use_rejection_sampling": opts.speculative_use_rejection_sampling,
     }
     if opts.model_path is not None:
         kw["model_path"] = opts.model_path
@@ -126,6 +127,8 @@ def engine_options(opts: ServerOptions) -> Any:
         kw["context_length"] = opts.context_length
     if opts.speculative_algorithm == "NONE":
         kw["speculative_num_steps"] = 0
+        kw["speculative_algorithm"] = "NONE"   # no draft at all: the plain-decoding baseline
+        kw["speculative_draft_model_path"] = None
     else:
         for k in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"):
             if getattr(opts, k) is not None:
@@ -146,7 +149,7 @@ class ServerApp:
         self.exit_code = 0
         self.startup_time = time.time()
         self.launch_config: dict[str, Any] = {}
-        self.phase_stats = PhaseStats(interval=opts.decode_log_interval)
+        self.phase_stats = PhaseStats(interval=opts.decode_log_interval, speculative=opts.speculative)
         self.traces = TraceFiles()
         self.metrics = Metrics(opts.model_name, self.metrics_snapshot)
         self._profile_lock = threading.Lock()
@@ -310,6 +313,14 @@ class ServerApp:
         assert self.admission is not None
         return Generation(self.admission, self.tokenizer, item, speculative=self.opts.speculative,
                           context_length=self.context_length(), on_finish=finished)
+
+    def slots(self) -> dict[str, Any]:
+        """The slot invariant for tests and operators: what is held, and `problems` (empty when
+        "nothing in flight => no slot held" holds; see generation.slot_problems)."""
+        held = self.admission.held() if self.admission else {"running": [], "waiting": [], "reserved_rids": [],
+                                                             "in_flight": []}
+        live = self.client.live_requests() if self.client is not None else 0
+        return {**held, "engine_requests": live, "problems": slot_problems(held, live)}
 
     def set_config(self, changes: dict[str, Any]) -> dict[str, Any]:
         from refengine.client import ConfigError, EngineDeadError

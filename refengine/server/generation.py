@@ -30,11 +30,20 @@ class Engine(Protocol):
     def abort(self, rid: str) -> None: ...
 
 
+def duplicate_rid(rid: str) -> BadRequest:
+    """SGLang 0.5.23's refusal of a request id already in flight or repeated in one batch
+    (tokenizer_manager.py 3833-3836: a ValueError, which its HTTP layer answers with 400)."""
+    return BadRequest(f"Duplicate request ID detected: {rid}")
+
+
 class Admission:
     """SGLang's waiting queue: at most `cap` requests in the engine, the rest wait here in order.
 
     Requests join the engine's batch as soon as one leaves (the engine batches continuously
     between iterations), so the queue only holds what exceeds --max-running-requests.
+    It also owns the request ids in flight: an id is reserved (`admit`) before anything runs and
+    released with the slot (`leave`), when the engine has finished with it or it never reached
+    the engine, so the engine never sees two live requests under one id.
     """
 
     def __init__(self, engine: Engine, cap: int) -> None:
@@ -43,6 +52,23 @@ class Admission:
         self._lock = threading.Lock()
         self._running: list[Generation] = []
         self._waiting: collections.deque[Generation] = collections.deque()
+        self._rids: dict[str, Generation] = {}
+
+    def admit(self, gens: list[Generation]) -> None:
+        """Reserve the ids of one HTTP request's prompts, all or none.
+
+        Raises:
+            BadRequest: an id is already in flight or repeated among `gens` (nothing reserved).
+        """
+        with self._lock:
+            seen: set[str] = set()
+            for g in gens:
+                if g.rid in self._rids or g.rid in seen:
+                    raise duplicate_rid(g.rid)
+                seen.add(g.rid)
+            for g in gens:
+                self._rids[g.rid] = g
+                g.admitted = True
 
     def enter(self, gen: Generation) -> None:
         with self._lock:
@@ -58,6 +84,8 @@ class Admission:
                 self._waiting.remove(gen)
             if gen in self._running:
                 self._running.remove(gen)
+            if self._rids.get(gen.rid) is gen:
+                del self._rids[gen.rid]
             admitted = []
             while self._waiting and len(self._running) < self.cap:
                 nxt = self._waiting.popleft()
@@ -69,6 +97,31 @@ class Admission:
     def snapshot(self) -> tuple[list[Generation], list[Generation]]:
         with self._lock:
             return list(self._running), list(self._waiting)
+
+    def held(self) -> dict[str, Any]:
+        """What is held now: slots (running), queue places (waiting), reserved ids, and the
+        requests still in flight (their reply not complete)."""
+        with self._lock:
+            return {"running": [g.rid for g in self._running], "waiting": [g.rid for g in self._waiting],
+                    "reserved_rids": sorted(self._rids),
+                    "in_flight": sorted(r for r, g in self._rids.items() if not g.out.finished)}
+
+
+def slot_problems(held: dict[str, Any], engine_requests: int) -> list[str]:
+    """The invariant "when nothing is in flight, no slot is held": the ways `held` (from
+    Admission.held) and the engine client's live request count break it; [] when it holds, or
+    while requests are in flight. A request's engine side may end one iteration after its reply
+    (a stop string aborts it), so callers wait for [] rather than expect it at once."""
+    if held["in_flight"]:
+        return []
+    problems = []
+    for key, what in (("running", "admission slots held"), ("waiting", "queue places held"),
+                      ("reserved_rids", "request ids reserved")):
+        if held[key]:
+            problems.append(f"{what} with nothing in flight: {', '.join(held[key][:8])}")
+    if engine_requests:
+        problems.append(f"{engine_requests} engine requests live with nothing in flight")
+    return problems
 
 
 class Generation:
@@ -86,8 +139,10 @@ class Generation:
             raise BadRequest(
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({sp.max_new_tokens}) exceeds the "
                 f"context length {context_length}")
-        self.out = RequestOutput(rid=item.rid or new_rid(), prompt_tokens=len(ids), sampling=sp,
-                                 decode=tokenizer.decode, speculative=speculative)
+        self.out = RequestOutput(rid=item.rid if item.rid is not None else new_rid(), prompt_tokens=len(ids),
+                                 sampling=sp, decode=tokenizer.decode, speculative=speculative)
+        self.rid = self.out.rid
+        self.admitted = False
         self.on_finish = on_finish
         self.req = GenRequest(rid=self.out.rid, input_ids=ids, max_new_tokens=sp.max_new_tokens,
                               temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
@@ -100,11 +155,19 @@ class Generation:
         self._lock = threading.Lock()
 
     def start(self) -> None:
+        """Reserve the id (unless `run_all` did, for the whole batch) and join the queue.
+
+        Raises:
+            BadRequest: the id is already in flight (nothing started).
+        """
+        if not self.admitted:
+            self.admission.admit([self])
         self.started = True
         if self.req.max_new_tokens == 0:
             # Nothing to generate: answer at once, as SGLang does for max_new_tokens 0.
             self.out.add([], finished=True, reason="length")
             self.engine_done = True
+            self.admission.leave(self)
             self._report()
             return
         self.admission.enter(self)
@@ -114,7 +177,14 @@ class Generation:
             if self.engine_done:  # cancelled while it waited
                 return
             self.submitted = True
-        self.admission.engine.submit(self.req, self._on_update)
+        try:
+            self.admission.engine.submit(self.req, self._on_update)
+        except BaseException:
+            # It never reached the engine, so no final update will free the slot: free it here.
+            with self._lock:
+                self.engine_done = True
+            self.admission.leave(self)
+            raise
 
     def _on_update(self, u: GenUpdate) -> None:
         # Called on the engine client's reader thread: free the batch slot at once, even if
@@ -174,17 +244,18 @@ class Generation:
 
 def run_all(gens: list[Generation], deadline_s: float = UPDATE_TIMEOUT_S) -> list[RequestOutput]:
     """Start every prompt of a batch and wait for all of them (non-streaming replies)."""
-    started: list[Generation] = []
+    if gens:
+        gens[0].admission.admit(gens)   # every id of the batch at once, or a 400 and nothing runs
     try:
         for g in gens:
             g.start()
-            started.append(g)
         end = time.monotonic() + deadline_s
         for g in gens:
             while not g.out.finished:
                 g.step(timeout=max(0.0, end - time.monotonic()))
     except BaseException:
-        for g in started:
+        # Started or not: cancel frees the slot or queue place and releases the id.
+        for g in gens:
             g.cancel("request failed")
         raise
     return [g.out for g in gens]

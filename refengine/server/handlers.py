@@ -245,6 +245,10 @@ def phases(app: ServerApp, req: Request) -> Reply:
     return json_reply(app.phase_page(after, limit))
 
 
+def slots(app: ServerApp, req: Request) -> Reply:
+    return json_reply(app.slots())
+
+
 def traces(app: ServerApp, req: Request) -> Reply:
     files = [{k: f[k] for k in ("name", "size", "rank", "profile_id")} for f in app.traces.listing()]
     return json_reply({"files": files})
@@ -277,6 +281,7 @@ ROUTES: dict[str, tuple[tuple[str, ...], Callable[..., Reply | None]]] = {
     "/stop_profile": ((GET, POST), stop_profile),
     "/specdecode/phases": ((GET,), phases),
     "/specdecode/traces": ((GET,), traces),
+    "/specdecode/slots": ((GET,), slots),
 }
 STREAMING = {"/generate", "/v1/completions"}
 # Routes that work while the engine is still starting.

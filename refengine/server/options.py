@@ -34,6 +34,7 @@ class ServerOptions:
     speculative_num_draft_tokens: int | None = None
     speculative_draft_placement: str = "sharded"
     speculative_simulate_accept: str | None = None
+    speculative_use_rejection_sampling: bool = False
     tp_size: int = 1
     device: str = "cpu"
     dtype: str = "auto"
@@ -131,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--speculative-num-draft-tokens", type=_positive_int, default=None)
     s.add_argument("--speculative-draft-placement", default="sharded", choices=PLACEMENTS,
                    help="where the draft runs: on the target's TP group, on every rank, or on rank 0")
+    s.add_argument("--speculative-use-rejection-sampling", action="store_true",
+                   help="topk 1 at temperature > 0: sample the chain from the draft and accept with "
+                        "min(1, p/q) (SGLang's flag); default: target-only sampling")
     s.add_argument("--speculative-simulate-accept", default=None,
                    help="force acceptance (the engine's simulator); off by default")
     r = p.add_argument_group("runtime")
@@ -212,6 +216,7 @@ def parse_options(argv: list[str]) -> ServerOptions:
         speculative_num_steps=steps, speculative_eagle_topk=topk, speculative_num_draft_tokens=ndt,
         speculative_draft_placement=a.speculative_draft_placement,
         speculative_simulate_accept=a.speculative_simulate_accept,
+        speculative_use_rejection_sampling=a.speculative_use_rejection_sampling,
         tp_size=a.tp_size, device=a.device, dtype=a.dtype, host=a.host, port=a.port,
         max_running_requests=a.max_running_requests, context_length=a.context_length, api_key=a.api_key,
         enable_metrics=True, decode_log_interval=a.decode_log_interval,

@@ -74,10 +74,12 @@ class RequestOutput:
     def _engine_reason(self, reason: str | None, matched: int | None, message: str | None) -> dict[str, Any]:
         if reason == "length":
             return {"type": "length", "length": self.sampling.max_new_tokens}
+        # SGLang's FINISH_ABORT.to_json (schedule_batch.py 339-345): message, status_code, err_type.
         if reason == "error":
             self.error = message or "engine error"
-        if reason in ("abort", "error"):
-            return {"type": "abort", "message": message or reason}
+            return abort_reason(message or "engine error", 503, "ServiceUnavailable")
+        if reason == "abort":
+            return abort_reason(message or "Aborted")
         return {"type": "stop", "matched": matched}
 
     def _finish(self, reason: dict[str, Any]) -> None:
@@ -88,6 +90,7 @@ class RequestOutput:
     # ----- SGLang shapes -------------------------------------------------------------------------
 
     def spec_fields(self) -> dict[str, Any]:
+        """Every spec statistic (zeros without verify rounds), for `sglext.spec_tokens_details`."""
         s = self.spec or SpecStats()
         completion = len(self.output_ids)
         # SGLang: accept length = completion_tokens / verify rounds (the prefill token included).
@@ -100,6 +103,26 @@ class RequestOutput:
             "spec_num_proposed_drafts": s.spec_num_proposed_drafts,
             "spec_correct_drafts_histogram": list(s.spec_correct_drafts_histogram),
         }
+
+    def meta_spec(self) -> dict[str, Any]:
+        """The spec keys of meta_info as SGLang 0.5.23 sets them (tokenizer_manager.py 3149-3201):
+        none without verify rounds; rate, length and counts only when drafts were proposed
+        (proposed = Σ over rounds of N - 1, so tier-0 rounds propose none); the histogram when
+        it is not empty. The statistics are those of the tokens returned: a stop string keeps
+        the rounds up to the one that produced it."""
+        s = self.spec
+        if s is None or s.spec_verify_ct <= 0:
+            return {}
+        out: dict[str, Any] = {}
+        if s.spec_num_proposed_drafts > 0:
+            out.update(spec_accept_rate=s.spec_num_correct_drafts / s.spec_num_proposed_drafts,
+                       spec_accept_length=len(self.output_ids) / s.spec_verify_ct,
+                       spec_num_correct_drafts=s.spec_num_correct_drafts,
+                       spec_num_proposed_drafts=s.spec_num_proposed_drafts,
+                       spec_verify_ct=s.spec_verify_ct)
+        if s.spec_correct_drafts_histogram:
+            out["spec_correct_drafts_histogram"] = list(s.spec_correct_drafts_histogram)
+        return out
 
     def meta_info(self) -> dict[str, Any]:
         meta: dict[str, Any] = {
@@ -115,11 +138,16 @@ class RequestOutput:
         if self.finished:
             meta["e2e_latency"] = (self.finished_at or time.time()) - self.created
             if self.speculative:
-                meta.update(self.spec_fields())
+                meta.update(self.meta_spec())
         return meta
 
     def generate_reply(self) -> dict[str, Any]:
         return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": self.meta_info()}
+
+
+def abort_reason(message: str, status_code: int | None = None, err_type: str | None = None) -> dict[str, Any]:
+    """SGLang's abort finish reason; a plain abort (client gone, cancelled) has no status."""
+    return {"type": "abort", "message": message, "status_code": status_code, "err_type": err_type}
 
 
 def new_rid() -> str:

@@ -43,6 +43,10 @@ class Window:
 @dataclass
 class PhaseStats:
     interval: int = 40
+    speculative: bool = True
+    """A speculative server: a steps-0 record is SGLang's tier 0, a verify round per request with
+    N = 1 (counted, as SGLang's decode log counts it: accept length 1, nothing proposed). Without
+    speculation (--speculative-algorithm NONE) a record is a plain decode step."""
     decode_tokens: int = 0
     iterations: int = 0
     forward_seconds: dict[str, float] = field(default_factory=dict)
@@ -71,8 +75,9 @@ class PhaseStats:
         self.decode_tokens += committed
         steps = int(r.get("steps", 0))
         phase_ms = r.get("phase_ms", {})
+        plain = steps == 0 and not self.speculative
         for phase, ms in phase_ms.items():
-            cat = "decode" if (phase == "verify" and steps == 0) else CATEGORY.get(phase)
+            cat = "decode" if (phase == "verify" and plain) else CATEGORY.get(phase)
             if cat is not None:
                 self.forward_seconds[cat] = self.forward_seconds.get(cat, 0.0) + float(ms) / 1e3
         for phase, n in r.get("comm_calls", {}).items():
@@ -84,9 +89,9 @@ class PhaseStats:
         w.t_end = t
         w.iterations += 1
         w.tokens += committed
-        if steps > 0:
+        if not plain:
             accepted = [int(a) for a in r.get("accepted", [])]
-            ndt = int(r.get("num_draft_tokens", steps + 1))
+            ndt = int(r.get("num_draft_tokens", steps + 1)) if steps > 0 else 1
             n = len(accepted)
             w.verifies += n
             w.accepted += sum(accepted)

@@ -42,8 +42,12 @@ def test_sharded_needs_divisible_heads():
 
 
 def test_no_draft_means_no_speculation():
-    with pytest.raises(ConfigError, match="needs a draft model"):
+    with pytest.raises(ConfigError, match="--speculative-algorithm NONE.*cannot be turned on live"):
         resolve_config(SpecConfig(steps=0), {"speculative_num_steps": 2}, ModelLimits(has_draft=False))
+    # TP 2 without a draft (NONE): the draft-sharding rule has nothing to apply to.
+    no_draft = ModelLimits(tp_size=2, has_draft=False)
+    assert resolve_config(SpecConfig(steps=0, num_draft_tokens=1, epoch=0), {"speculative_num_steps": 0},
+                          no_draft).steps == 0
 
 
 def test_emulated_latency_parse():

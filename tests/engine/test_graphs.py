@@ -272,7 +272,7 @@ def _engine(mode: str):
 
 
 def _drive(mode: str) -> list[tuple]:
-    """A fixed schedule in one process: chain, steps 0 (aux kept for the catch-up), back on with
+    """A fixed schedule in one process: chain, steps 0 (tier 0: the draft extended every iteration), back on with
     another placement, a tree. Returns every iteration's (steps, accepted, committed tokens)."""
     from refengine.messages import GenRequest
 

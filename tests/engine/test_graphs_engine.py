@@ -47,7 +47,7 @@ def test_graphed_greedy_equals_plain(graphed, plain, placement):
 
 
 def test_live_switches_through_steps_zero_keep_output(graphed, plain):
-    # Steps 0 keeps the verify graph's aux for the later catch-up extend: it must survive replays.
+    # Tier 0 (steps 0) extends the draft from the verify graph's aux every iteration, at width 1.
     run = generate(graphed, PROMPTS, MAX_NEW, config={"speculative_num_steps": 3, "speculative_eagle_topk": 1,
                                                       "speculative_draft_placement": "sharded"},
                    switches=[(3, {"speculative_num_steps": 0}), (9, {"speculative_num_steps": 2,

@@ -100,3 +100,22 @@ def test_rank_info_and_stats(pool2):
     assert set(s["per_rank"]) == {0, 1}
     assert s["per_rank"][1]["phase_seconds"]["verify"] > 0
     assert s["accept_position_total"].get(1, 0) <= s["spec_verify_ct_total"]
+
+
+def test_live_request_id_is_never_rebound(pool1):
+    """A second submit under a live id is refused at once; the first request still gets every
+    update (before, the second callback replaced the first and the first waited forever)."""
+    first_done, got = threading.Event(), []
+
+    def first(u):
+        got.append(u)
+        if u.finished:
+            first_done.set()
+
+    pool1.submit(GenRequest("same", list(PROMPTS[0]), max_new_tokens=40, ignore_eos=True), first)
+    second = []
+    pool1.submit(GenRequest("same", list(PROMPTS[1]), max_new_tokens=4), second.append)
+    assert len(second) == 1 and second[0].finished and second[0].finish_reason == "error"
+    assert second[0].error == "Duplicate request ID detected: same"
+    assert first_done.wait(120) and got[-1].finish_reason == "length"
+    assert sum(len(u.token_ids) for u in got) == 40 and pool1.live_requests() == 0

@@ -70,14 +70,17 @@ def test_no_collectives_while_drafting_off_the_group(pool2, placement):
     assert all(r["comm_calls"]["verify"] == 1 + 1 + 16 + 1 for r in recs)
 
 
-def test_live_switches_keep_output(pool2, plain):
+def test_live_switches_keep_output(pool1, pool2):
     switches = [(3, {"speculative_draft_placement": "replicated"}),
                 (6, {"speculative_num_steps": 5, "speculative_draft_placement": "rank0"}),
                 (9, {"speculative_num_steps": 0}),
                 (12, {"speculative_num_steps": 2, "speculative_draft_placement": "sharded"}),
                 (15, {"speculative_num_steps": 1, "speculative_draft_placement": "replicated"})]
-    run = generate(pool2, PROMPTS, MAX_NEW, config={"speculative_num_steps": 3,
-                                                   "speculative_draft_placement": "sharded"},
+    # 40 tokens, so request 0 is still running at the last switch even when the draft (warm
+    # through tier 0) is accepted at once.
+    plain = generate(pool1, PROMPTS, 40, config={"speculative_num_steps": 0}).tokens
+    run = generate(pool2, PROMPTS, 40, config={"speculative_num_steps": 3,
+                                              "speculative_draft_placement": "sharded"},
                    switches=switches)
     assert run.tokens == plain
     seen = {(r["placement"], r["steps"]) for r in run.records}
@@ -86,12 +89,23 @@ def test_live_switches_keep_output(pool2, plain):
     assert epochs == sorted(epochs)          # a config never goes back mid-run
 
 
-def test_steps_zero_then_on_catches_up(pool1, plain):
-    run = generate(pool1, PROMPTS, MAX_NEW, config={"speculative_num_steps": 0},
-                   switches=[(6, {"speculative_num_steps": 4})])
+def test_steps_zero_is_tier_zero_and_keeps_the_draft_warm(pool2, plain):
+    """Steps 0 is SGLang 0.5.23's tier 0 (eagle_worker_v2.py 1491-1505): a one-token verify plus a
+    draft-extend every iteration, so turning drafting back on needs no catch-up."""
+    run = generate(pool2, PROMPTS, MAX_NEW, config={"speculative_num_steps": 0,
+                                                   "speculative_draft_placement": "sharded"},
+                   switches=[(6, {"speculative_num_steps": 3})])
     assert run.tokens == plain
-    after = [r for r in run.records if r["steps"] == 4]
-    assert after and sum(a for r in after for a in r["accepted"]) > 0   # the draft caught up
+    tier0 = [r for r in run.records if r["steps"] == 0]
+    after = [r for r in run.records if r["steps"] == 3]
+    # The sharded draft-extend's 4 collectives (embedding, o_proj, down_proj, lm_head) every iteration.
+    assert tier0 and all(r["comm_calls"]["draft_extend"] == 4 and r["comm_calls"]["draft"] == 0 for r in tier0)
+    # No catch-up: the first iterations after the switch run the same draft collectives as any other.
+    assert after and all(r["comm_calls"]["draft"] + r["comm_calls"]["draft_extend"] == 12 for r in after)
+    assert sum(a for r in after for a in r["accepted"]) > 0   # the draft was warm
+    # Tier-0 rounds are verify rounds with N = 1: they count, and propose nothing.
+    for f in run.finals:
+        assert f.spec.spec_correct_drafts_histogram[0] >= 1
 
 
 def test_random_weights_context_sensitive_target(pool2_random):

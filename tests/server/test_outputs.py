@@ -42,7 +42,8 @@ def test_eos_stop_and_abort_reasons():
     assert o.finish_reason == {"type": "stop", "matched": 256} and o.text == "a"
     a = out()
     a.add([], finished=True, reason="error", message="rank died")
-    assert a.finish_reason == {"type": "abort", "message": "rank died"}
+    assert a.finish_reason == {"type": "abort", "message": "rank died", "status_code": 503,
+                               "err_type": "ServiceUnavailable"}
 
 
 def test_half_multibyte_char_held_back():

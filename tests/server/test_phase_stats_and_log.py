@@ -29,11 +29,24 @@ def test_window_closes_every_interval_with_sglang_arithmetic():
     assert snap["comm_calls"] == {"draft": 4, "verify": 6}
 
 
-def test_steps_zero_counts_as_plain_decode():
-    ps = PhaseStats(interval=1)
+def test_without_speculation_steps_zero_is_plain_decode():
+    ps = PhaseStats(interval=1, speculative=False)
     (w,) = ps.feed([rec(1, 1.0, [0, 0], steps=0, ndt=1)])
     assert w.accept_len == 0.0 and w.tokens == 2
     assert "decode" in ps.snapshot()["forward_seconds"] and ps.snapshot()["accept_position"] == {}
+
+
+def test_tier_zero_counts_as_verify_rounds_of_one_token():
+    """SGLang's decode log counts every tier-0 request-iteration in spec_num_forward_ct with one
+    accepted token (metrics_reporter.py 551-553, 973-980): accept len 1.00, rate 0, and the
+    target forward is TARGET_VERIFY (eagle_worker_v2.py 1469-1472)."""
+    ps = PhaseStats(interval=2)
+    ps.feed([rec(1, 1.0, [2, 1])])
+    (w,) = ps.feed([rec(2, 1.5, [0, 0], steps=0, ndt=1)])
+    assert w.verifies == 4 and w.accept_len == (3 + 4) / 4 and w.accept_rate == 3 / 6
+    snap = ps.snapshot()
+    assert snap["accept_position"] == {0: 4, 1: 2, 2: 1} and "decode" not in snap["forward_seconds"]
+    assert snap["avg_spec_accept_length"] == 7 / 4
 
 
 def test_decode_line_matches_sglang_format():

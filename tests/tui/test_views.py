@@ -146,7 +146,7 @@ def test_setting_text():
     assert views.setting_text({"speculative_num_steps": 3, "speculative_eagle_topk": 1,
                                "speculative_num_draft_tokens": 4, "speculative_draft_placement": "rank0"}) \
         == "steps 3 · topk 1 · draft 4 · rank0"
-    assert views.setting_text({"speculative_num_steps": 0}).startswith("speculation off")
+    assert views.setting_text({"speculative_num_steps": 0}).startswith("tier 0 (draft kept warm)")
 
 
 def test_knob_markup_parses_with_every_control_and_hides_them_read_only():

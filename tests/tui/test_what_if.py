@@ -57,7 +57,7 @@ def test_what_if_is_the_cost_models_formula_on_the_settled_readings():
 
 @pytest.mark.parametrize("active,tp,has_phases,why", [
     ({**ACTIVE, "speculative_draft_placement": "rank0"}, 2, True, "already runs off the TP group (rank0)"),
-    ({**ACTIVE, "speculative_num_steps": 0}, 2, True, "speculation is off"),
+    ({**ACTIVE, "speculative_num_steps": 0}, 2, True, "tier 0 (draft kept warm)"),
     (ACTIVE, 1, True, "TP size 1"),
     (ACTIVE, 2, False, "no phase stream"),
     ({}, 2, True, "has not reported its setting"),

@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="num_draft_tokens values for trees, e.g. 8,16")
     parser.add_argument("--placements", type=_placements, default=None,
                         help="draft placements to consider (default: every one the server can set live)")
-    parser.add_argument("--no-off", action="store_true", help="do not consider speculation off")
+    parser.add_argument("--no-off", action="store_true", help="do not consider tier 0 (steps 0, draft kept warm)")
     add_load_arguments(parser)
     parser.set_defaults(load=4)
 

@@ -15,7 +15,7 @@ from textual.widgets import Markdown, Static
 
 # action name -> what the key does, in words (the footer's labels are too short to explain).
 ACTION_HELP = {
-    "steps": "one more / one fewer draft step (speculative_num_steps; 0 turns speculation off)",
+    "steps": "one more / one fewer draft step (speculative_num_steps; 0 = tier 0, draft kept warm)",
     "topk": "wider / narrower draft tree (speculative_eagle_topk)",
     "draft_tokens": "more / fewer tokens verified per step (speculative_num_draft_tokens)",
     "placement": "move the draft: sharded (target's TP group) → replicated (every rank) → rank0",

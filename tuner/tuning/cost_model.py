@@ -11,7 +11,7 @@ Each term is fitted per (placement, batch size) from per-setting means of the ph
   verify       ~ a + b·N                        (target forward over N tokens per request)
   verify_sample~ a + b·N
   sched        ~ a                              (wall − the four above: scheduling, "other", gaps)
-steps = 0 (speculation off) is its own measured point, or extrapolated from the verify line at N=1.
+steps = 0 (tier 0, draft kept warm) is its own measured point, or extrapolated from the verify line at N=1.
 The collective part of draft and draft_extend is fitted the same way, which gives the "what if the
 draft left the TP group" readout. Acceptance comes from `acceptance.py`.
 

@@ -200,7 +200,7 @@ def active_epoch(active: Any) -> int | None:
 
 
 def probe_plan(space: Sequence[Setting], initial: Setting) -> list[Setting]:
-    """The first measurements: the starting setting, speculation off, and for the starting placement
+    """The first measurements: the starting setting, tier 0 (draft kept warm), and for the starting placement
     chains at the shallowest, middle and deepest steps (the draft and verify lines need ≥ 2 points,
     the third checks them); one mid-size tree per topk in the space."""
     placement = initial.placement if initial.steps > 0 else "sharded"

@@ -1,8 +1,8 @@
 """Speculative-decoding settings and the space the tuner searches.
 
 A `Setting` is one point of (steps, topk, num_draft_tokens, placement) with the engine's
-semantics: steps=0 is plain decoding, topk=1 forces num_draft_tokens = steps+1, and a tree must
-fit its candidate pool (N-1 <= k + (s-1)*k^2). This module only describes settings; it never
+semantics: steps=0 is SGLang's tier 0 (a one-token verify, the draft kept warm), topk=1 forces
+num_draft_tokens = steps+1, and a tree must fit its candidate pool (N-1 <= k + (s-1)*k^2). This module only describes settings; it never
 talks to a server and never measures anything.
 """
 
@@ -18,13 +18,13 @@ PLACEMENTS = ("sharded", "replicated", "rank0")
 class Setting:
     steps: int
     topk: int = 1
-    num_draft_tokens: int = 0  # 0 = derived (steps+1 for a chain, 1 when speculation is off)
+    num_draft_tokens: int = 0  # 0 = derived (steps+1 for a chain, 1 at tier 0)
     placement: str = "sharded"
 
     def __post_init__(self) -> None:
         if self.steps == 0:
-            # Speculation off runs no draft, so topk, N and placement do not exist for it: one
-            # canonical point, whatever placement the server reports.
+            # Tier 0 drafts nothing (only the draft-extend runs), so topk and N do not exist for
+            # it: one canonical point, whatever placement the server reports.
             object.__setattr__(self, "topk", 1)
             object.__setattr__(self, "num_draft_tokens", 1)
             object.__setattr__(self, "placement", "sharded")

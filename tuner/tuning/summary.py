@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 def label(s: Mapping[str, Any]) -> str:
     if not s or s.get("steps") == 0:
-        return "off (no speculation)"
+        return "tier 0 (draft kept warm)"
     return f"steps {s['steps']} topk {s['topk']} N {s['num_draft_tokens']} {s['placement']}"
 
 

@@ -90,7 +90,7 @@ def what_if_now(store: Store, t_end: float, active: Mapping[str, Any], tp_size: 
     if setting is None:
         return WhatIfReadout("the server has not reported its setting yet")
     if setting.steps == 0:
-        return WhatIfReadout("speculation is off: there is no draft to move")
+        return WhatIfReadout("tier 0 (draft kept warm): nothing is drafted to move")
     if setting.placement != "sharded":
         return WhatIfReadout(f"the draft already runs off the TP group ({setting.placement})")
     if tp_size is not None and tp_size < 2:

@@ -45,7 +45,7 @@ class PositionBars(Static):
         view = self._view
         head = Text.assemble(("accept length ", "bold"), (num(view.accept_len, 2), f"bold {BAR_COLOR}"))
         if view.steps == 0:
-            return Text.assemble(head, ("\nspeculation off (steps = 0)", "dim"))
+            return Text.assemble(head, ("\ntier 0 (draft kept warm): nothing drafted", "dim"))
         if not view.positions:
             return Text.assemble(head, ("\nno verify rounds yet", "dim"))
         width = max(4, self.content_size.width - 18)

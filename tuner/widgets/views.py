@@ -51,7 +51,7 @@ def setting_text(active: Mapping[str, Any]) -> str:
 
     steps = get("speculative_num_steps", "steps", "specdecode_num_steps")
     if steps == 0:
-        return "speculation off (steps 0)"
+        return "tier 0 (draft kept warm)"
     parts = []
     for label, keys in (("steps", ("speculative_num_steps", "steps", "specdecode_num_steps")),
                         ("topk", ("speculative_eagle_topk", "topk")),
