@@ -350,7 +350,7 @@ class ServerApp:
             self.traces.add_dir(req.output_dir)
             try:
                 self.client.start_profile(req.output_dir, req.num_steps, list(req.activities),
-                                          req.with_stack, req.record_shapes, req.profile_id)
+                                          req.with_stack, req.record_shapes, req.file_stem)
             except RuntimeError as e:
                 raise BadRequest(f"cannot start profiling: {e}") from None
             self._profile_started = True
