@@ -159,7 +159,7 @@ def completions(app: ServerApp, req: Request, stream: Callable[[], Any]) -> Repl
         outs, failure = _run_unstreamed(gens, req.client_gone)
         if failure is not None:
             return failure
-        return json_reply(completion_reply(cid, model, outs, echo, details))
+        return json_reply(_completion_response(completion_reply(cid, model, outs, echo, details), outs, details))
     g = gens[0]
     sent = 0
     created = int(time.time())
@@ -179,6 +179,18 @@ def completions(app: ServerApp, req: Request, stream: Callable[[], Any]) -> Repl
                     cid, model, created, out, details, bool(batch.extras.get("include_usage")))
             _send_all(w, chunks, out.error)
     return None
+
+
+def _completion_response(reply: dict, outs: list, details: bool) -> dict:
+    """serving_completions.py:532-647: usage as UsageInfo, the weight-version metadata, and sglext
+    with every SpecTokensDetails field (left out when no request has spec statistics)."""
+    reply["usage"] = openai_shapes.usage_info(outs)
+    reply["metadata"] = {"weight_version": "default"}
+    reply.pop("sglext", None)
+    sglext = openai_shapes.completion_sglext(outs, details)
+    if sglext is not None:
+        reply["sglext"] = sglext
+    return reply
 
 
 def chat_completions(app: ServerApp, req: Request, stream: Callable[[], Any]) -> Reply | None:

@@ -121,6 +121,23 @@ def test_chat_sglext_when_asked(http):
     assert "sglext" not in chat(http, max_tokens=2, **GREEDY).json()
 
 
+def test_completion_reply_shape(http):
+    """serving_completions.py:532-647 (_build_completion_response), protocol.py:528-543: usage as
+    UsageInfo, metadata with the weight version, sglext with every SpecTokensDetails field; a batch
+    of prompts gets a list of details (n > 1 in SGLang's terms)."""
+    body = http.post("/v1/completions", json={"prompt": "The capital city of France is", "max_tokens": 6,
+                                              **GREEDY, "return_spec_tokens_details": True}).json()
+    assert set(body) == {"id", "object", "created", "model", "choices", "usage", "metadata", "sglext"}
+    assert body["metadata"] == {"weight_version": "default"}
+    assert body["usage"]["completion_tokens"] == 6 and body["usage"]["reasoning_tokens"] == 0
+    assert body["usage"]["prompt_tokens_details"] is None
+    assert len(body["sglext"]["spec_tokens_details"]) == 9
+    both = http.post("/v1/completions", json={"prompt": ["a b c", "d e f"], "max_tokens": 3, **GREEDY,
+                                              "return_spec_tokens_details": True}).json()
+    assert [d["spec_verify_ct"] >= 1 for d in both["sglext"]["spec_tokens_details"]] == [True, True]
+    assert "sglext" not in http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).json()
+
+
 # ----- streamed ----------------------------------------------------------------------------------
 
 def test_chat_stream_layout(http):
