@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +109,9 @@ def _lone_surrogate(obj: Any) -> str | None:
     return None
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def parse_json(raw: bytes) -> Any:
     if not raw:
         return {}
@@ -119,7 +123,9 @@ def parse_json(raw: bytes) -> Any:
         raise BadRequest(f"malformed JSON body: {e}") from None
     except RecursionError:
         raise BadRequest(f"malformed JSON body: nested deeper than {MAX_JSON_DEPTH} levels") from None
-    bad = _lone_surrogate(obj)
+    # Surrogates can only arrive as \\u escapes (UTF-8 bytes cannot encode one: those fail to
+    # decode above), so bodies without such an escape skip the walk.
+    bad = _lone_surrogate(obj) if _SURROGATE_ESCAPE.search(raw) else None
     if bad is not None:
         raise BadRequest(f"{bad}: a lone UTF-16 surrogate (\\ud800-\\udfff) is not valid text")
     return obj
