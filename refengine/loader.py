@@ -1,7 +1,8 @@
 """Loading checkpoints with their own names: HF Llama directories and EAGLE-3 head directories,
 plus the random-weight presets (`--model-path <preset> --load-format dummy`, SGLang's way).
 
-Must not rename tensors: a name the model does not have is an error that says which file and name.
+Must not rename tensors beyond the EAGLE-3 spellings SGLang accepts (`eagle3_name`): a name the
+model does not have is an error that says which file and name.
 """
 
 from __future__ import annotations
@@ -96,21 +97,58 @@ def load_llama(path: str | Path, aux_layer_ids: tuple[int, ...] | None = None) -
     return model
 
 
+def eagle3_name(name: str) -> str:
+    """A head tensor's name in this engine's spelling. SGLang 0.5.23 loads `midlayer.*` as
+    `layers.0.*` and tries every name with a `model.` prefix (llama_eagle3.py:325-378), so heads
+    are published as `midlayer.*`, `layers.0.*`, `model.layers.0.*` or `model.fc.weight` alike."""
+    if name.startswith("model.") and not name.startswith("model.embed_tokens."):
+        name = name[len("model."):]
+    if name.startswith("layers.0."):
+        name = "midlayer." + name[len("layers.0."):]
+    return name
+
+
 def load_eagle3(path: str | Path) -> Eagle3Head:
     """An EAGLE-3 head directory (config.json + safetensors or pytorch_model.bin) as float32 CPU.
 
     d2t / t2d may be absent when draft_vocab_size == vocab_size (identity mapping). A checkpoint
-    that also stores an embedding has it ignored: the head always shares the target's.
+    that also stores an embedding has it ignored: the head always shares the target's. A head
+    whose lm_head is the target's (`lm_head_source`) ignores a stored lm_head, as SGLang
+    overwrites it; `attach_target_head` fills it in once the target is loaded.
     """
     directory = Path(path)
     cfg = Eagle3Config.from_dict(read_json(directory / "config.json"))
     head = Eagle3Head(cfg)
-    state = read_state_dict(directory)
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in read_state_dict(directory).items():
+        own = eagle3_name(name)
+        if own in state:
+            raise LoadError(f"{directory}: {name} and another tensor both load as {own}")
+        state[own] = tensor
     optional: tuple[str, ...] = ("t2d",)
     if cfg.draft_vocab_size == cfg.vocab_size:
         optional += ("d2t",)
+    if cfg.lm_head_source != "own":
+        optional += ("lm_head.weight",)
+        state.pop("lm_head.weight", None)
     _assign(head, state, directory, optional=optional, ignore=("embed_tokens.", "model.embed_tokens."))
     return head
+
+
+def attach_target_head(head: Eagle3Head, target: LlamaForCausalLM) -> None:
+    """Give a head that uses the target's lm_head (or, tied, the target's embedding) those weights
+    (SGLang: `set_embed_and_head` / `set_embed`, eagle_worker_v2.py:352-363). A copy, so tensor
+    parallelism and draft placements shard it like any head's own lm_head."""
+    source = head.config.lm_head_source
+    if source == "own":
+        return
+    weight = target.model.embed_tokens.weight if source == "target_embedding" else target.lm_head.weight
+    dst = head.lm_head.weight
+    if tuple(dst.shape) != tuple(weight.shape):
+        raise LoadError(f"the draft head uses the target's {source.split('_', 1)[1].replace('_', ' ')} "
+                        f"{list(weight.shape)}, but its own hidden size and vocabulary imply {list(dst.shape)}")
+    with torch.no_grad():
+        dst.copy_(weight.to(dst.dtype))
 
 
 def save_llama(model: LlamaForCausalLM, directory: str | Path, shards: int = 1) -> None:

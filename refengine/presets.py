@@ -211,4 +211,6 @@ def load_models(model_path: str, draft_path: str | None, load_format: str, seed:
     if head is not None and head.config.vocab_size != target.config.vocab_size:
         raise loader.LoadError(f"draft vocab_size {head.config.vocab_size} != target vocab_size "
                                f"{target.config.vocab_size}")
+    if head is not None:
+        loader.attach_target_head(head, target)
     return target, head

@@ -97,6 +97,13 @@ class Eagle3Config:
     """eagle_config.eagle_aux_hidden_state_layer_ids: output-of-layer ids (None = the default)."""
     norm_before_fc: bool = False
     tie_word_embeddings: bool = False
+    norm_output: bool = False
+    """Feed the normed hidden state back to the next draft step instead of the pre-norm one."""
+    lm_head_source: str = "own"
+    """Where the draft's lm_head comes from, as SGLang decides (llama_eagle3.py:300-314,
+    eagle_worker_v2.py:352-363): "own" (the checkpoint's, draft_vocab_size rows),
+    "target_lm_head" (no draft_vocab_size: the target's lm_head) or "target_embedding"
+    (tie_word_embeddings: the lm_head is the embedding, which is the target's)."""
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -113,11 +120,14 @@ class Eagle3Config:
             raise ValueError("eagle_config.use_aux_hidden_state = false is not supported")
         ids = eagle.get("eagle_aux_hidden_state_layer_ids")
         rope = d.get("rope_parameters") or {}
+        tied = bool(d.get("tie_word_embeddings", False))
+        source = "target_embedding" if tied else ("target_lm_head" if d.get("draft_vocab_size") is None else "own")
         return cls(
             hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"],
             num_attention_heads=heads, num_key_value_heads=d.get("num_key_value_heads") or heads,
             head_dim=d.get("head_dim") or d["hidden_size"] // heads,
-            vocab_size=d["vocab_size"], draft_vocab_size=d.get("draft_vocab_size") or d["vocab_size"],
+            vocab_size=d["vocab_size"],
+            draft_vocab_size=d["vocab_size"] if source != "own" else d["draft_vocab_size"],
             target_hidden_size=d.get("target_hidden_size") or d["hidden_size"],
             rms_norm_eps=d.get("rms_norm_eps", 1e-5),
             rope_theta=float(d.get("rope_theta", rope.get("rope_theta", 10000.0))),
@@ -125,8 +135,8 @@ class Eagle3Config:
             max_position_embeddings=d.get("max_position_embeddings", 2048),
             aux_layer_ids=tuple(ids) if ids else None,
             norm_before_fc=bool(eagle.get("norm_before_fc", d.get("norm_before_fc", False))),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            raw=dict(d),
+            tie_word_embeddings=tied, norm_output=bool(d.get("norm_output", False)),
+            lm_head_source=source, raw=dict(d),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -140,6 +150,10 @@ class Eagle3Config:
             "vocab_size": self.vocab_size, "draft_vocab_size": self.draft_vocab_size,
             "target_hidden_size": self.target_hidden_size, "tie_word_embeddings": self.tie_word_embeddings,
         }
+        if self.lm_head_source == "target_lm_head":
+            del d["draft_vocab_size"]  # its absence is what says "use the target's lm_head"
+        if self.norm_output:
+            d["norm_output"] = True
         if self.rope_scaling:
             d["rope_scaling"] = self.rope_scaling
         eagle: dict[str, Any] = {"use_aux_hidden_state": True}

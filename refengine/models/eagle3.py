@@ -74,14 +74,16 @@ class Eagle3Head(nn.Module):
             hidden: [B, T, 3Ht] target aux features (fc applied) or [B, T, H] the draft's own
                 pre-norm output of the parent token (fc skipped: the width already matches).
         Returns:
-            (draft logits [B, T, draft_vocab], pre-norm hidden [B, T, H] to feed back next step).
+            (draft logits [B, T, draft_vocab], the hidden [B, T, H] to feed back next step: pre-norm,
+            or normed with `norm_output`, as SGLang's llama_eagle3.py:264-269).
         """
         if hidden.shape[-1] != self.config.hidden_size:
             if self.config.norm_before_fc:
                 hidden = self.input_norm(hidden)
             hidden = self.fc(hidden)
         out = self.midlayer(self.embed(input_ids), hidden, meta, kv)
-        return self.lm_head(self.norm(out)), out
+        normed = self.norm(out)
+        return self.lm_head(normed), (normed if self.config.norm_output else out)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

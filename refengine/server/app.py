@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from refengine.server import decode_log
+from refengine.server.chat_template import ChatTemplate, ChatTemplateError, load_chat_template
 from refengine.server.generation import Admission, Generation, run_all, slot_problems
 from refengine.server.handlers import Handler
 from refengine.server.inputs import BadRequest, GenerateInput, parse_generate
@@ -83,6 +84,17 @@ class StartupInterrupted(BaseException):
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # The stdlib's listen backlog is 5: a burst of connects beyond it waits for a SYN retry (1 s).
+    request_queue_size = 1024
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that resets or drops its connection is routine, not a server fault: one debug
+        # line instead of socketserver's traceback on stderr.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            log.debug("connection from %s ended: %s", client_address, exc)
+            return
+        super().handle_error(request, client_address)
 
     def __init__(self, addr: tuple[str, int], handler: type, family: int) -> None:
         self.address_family = family
@@ -160,6 +172,8 @@ class ServerApp:
         self.httpd: _HTTPServer | None = None
         self.requests_in_flight = InFlight()
         self.last_iteration_t = 0.0
+        self.chat_template: ChatTemplate | None = None
+        self.chat_template_error = "the server is starting"
 
     # ----- lifecycle ------------------------------------------------------------------------------
 
@@ -182,6 +196,12 @@ class ServerApp:
         self.admission = Admission(self.client, self.max_running_requests())
         self.model = self.client.model_info()
         self.tokenizer = load_tokenizer(self.engine_opts.model_path, int(self.model["vocab_size"]))
+        try:
+            self.chat_template = load_chat_template(self.engine_opts.model_path)
+        except ChatTemplateError as e:
+            # Everything but the chat route still works; the route answers with this reason.
+            self.chat_template_error = str(e)
+            say(f"No chat template: {e}", self.opts.tp_size)
         self.launch_config = dict(self.client.active_config())
         self.startup_time = time.time()
 
@@ -299,7 +319,7 @@ class ServerApp:
         running, waiting = self.admission.snapshot() if self.admission else ([], [])
         return bool(running or waiting)
 
-    def new_generation(self, item: GenerateInput, count: bool = True) -> Generation:
+    def new_generation(self, item: GenerateInput, count: bool = True, streaming: bool = False) -> Generation:
         if self.stopping.is_set():
             raise BadRequest("the server is shutting down", 503, "ServiceUnavailable")
 
@@ -308,7 +328,8 @@ class ServerApp:
                 e2e = (out.finished_at or time.time()) - out.created
                 ttft = out.first_token_at - out.created if out.first_token_at else None
                 verify = out.spec.spec_verify_ct if out.spec else 0
-                self.metrics.request_finished(out.prompt_tokens, len(out.output_ids), verify, e2e, ttft)
+                self.metrics.request_finished(out.prompt_tokens, len(out.output_ids), verify, e2e, ttft,
+                                              streaming=streaming)
 
         assert self.admission is not None
         return Generation(self.admission, self.tokenizer, item, speculative=self.opts.speculative,
@@ -341,7 +362,7 @@ class ServerApp:
             self.traces.add_dir(req.output_dir)
             try:
                 self.client.start_profile(req.output_dir, req.num_steps, list(req.activities),
-                                          req.with_stack, req.record_shapes, req.profile_id)
+                                          req.with_stack, req.record_shapes, req.file_stem)
             except RuntimeError as e:
                 raise BadRequest(f"cannot start profiling: {e}") from None
             self._profile_started = True

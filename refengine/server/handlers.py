@@ -7,8 +7,12 @@ every failure becomes a 4xx/5xx reply with a message.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import select
+import socket
+import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -17,10 +21,12 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from refengine.server import auth, sse
+from refengine.messages import GenUpdate
+from refengine.server import auth, openai_shapes, sse
+from refengine.server.chat import parse_chat
 from refengine.server.generation import reply_dicts, run_all
-from refengine.server.inputs import (MAX_BODY_BYTES, BadRequest, parse_completion, parse_generate,
-                                     parse_int_query, parse_internal_state, parse_json)
+from refengine.server.inputs import (MAX_BODY_BYTES, BadRequest, GenerateInput, parse_completion,
+                                     parse_generate, parse_int_query, parse_internal_state, parse_json)
 from refengine.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from refengine.server.outputs import completion_choice, completion_reply
 from refengine.server.profiles import ProfileRequestError, parse_profile_request
@@ -31,6 +37,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("refengine.server")
 
 MAX_PHASE_RECORDS = 4096
+# How often a non-streaming request checks that its client is still connected.
+CLIENT_POLL_S = 0.25
 
 
 @dataclass
@@ -40,6 +48,8 @@ class Request:
     query: dict[str, list[str]]
     body: bytes
     headers: Any
+    client_gone: Callable[[], bool] = lambda: False
+    """True once the client closed its connection (checked while a non-streaming reply is made)."""
 
 
 @dataclass
@@ -60,6 +70,13 @@ def text_reply(text: str, status: int = 200) -> Reply:
 
 def error_reply(message: str, status: int = 400, err_type: str = "BadRequestError") -> Reply:
     return json_reply({"error": {"message": message, "type": err_type, "code": status}}, status)
+
+
+def openai_error_reply(message: str, status: int = 400, err_type: str = "BadRequestError") -> Reply:
+    """SGLang's ErrorResponse for its OpenAI routes: flat, not nested under "error"
+    (openai/protocol.py:106-111, serving_base.py:205-221, http_server.py:635-690)."""
+    return json_reply({"object": "error", "message": message, "type": err_type, "param": None,
+                       "code": status}, status)
 
 
 # ----- status and information ------------------------------------------------------------------
@@ -96,10 +113,17 @@ def server_info(app: ServerApp, req: Request) -> Reply:
 
 
 def models(app: ServerApp, req: Request) -> Reply:
-    name = app.opts.model_name
-    return json_reply({"object": "list", "data": [
-        {"id": name, "object": "model", "created": int(app.startup_time), "owned_by": "sglang",
-         "root": name, "max_model_len": app.context_length()}]})
+    return json_reply(openai_shapes.model_list(app.opts.model_name, int(app.startup_time), app.context_length()))
+
+
+def model_by_name(app: ServerApp, req: Request) -> Reply:
+    """GET /v1/models/{model} (http_server.py:2025-2050): the card, or SGLang's 404 body."""
+    name = unquote(req.path[len("/v1/models/"):])
+    if name != app.opts.model_name:
+        return json_reply({"error": {"message": f"The model '{name}' does not exist",
+                                     "type": "invalid_request_error", "param": "model",
+                                     "code": "model_not_found"}}, 404)
+    return json_reply(openai_shapes.model_card(name, int(app.startup_time), app.context_length()))
 
 
 def metrics(app: ServerApp, req: Request) -> Reply:
@@ -110,9 +134,9 @@ def metrics(app: ServerApp, req: Request) -> Reply:
 
 def generate(app: ServerApp, req: Request, stream: Callable[[], Any]) -> Reply | None:
     batch = parse_generate(parse_json(req.body), app.vocab_size())
-    gens = [app.new_generation(item) for item in batch.items]
+    gens = [app.new_generation(item, streaming=batch.stream) for item in batch.items]
     if not batch.stream:
-        outs, failure = _run_unstreamed(gens)
+        outs, failure = _run_unstreamed(gens, req.client_gone)
         if failure is not None:
             return failure
         return json_reply(reply_dicts(outs, batch.batch))
@@ -127,17 +151,18 @@ def completions(app: ServerApp, req: Request, stream: Callable[[], Any]) -> Repl
     batch = parse_completion(parse_json(req.body), app.vocab_size())
     model = batch.extras.get("model") or app.opts.model_name
     cid = "cmpl-" + uuid.uuid4().hex
-    gens = [app.new_generation(item) for item in batch.items]
+    gens = [app.new_generation(item, streaming=batch.stream) for item in batch.items]
     echo = [i.text if i.text is not None else app.decode(list(i.input_ids or ())) for i in batch.items] \
         if batch.extras.get("echo") else None
     details = bool(batch.extras.get("return_spec_tokens_details"))
     if not batch.stream:
-        outs, failure = _run_unstreamed(gens)
+        outs, failure = _run_unstreamed(gens, req.client_gone)
         if failure is not None:
             return failure
-        return json_reply(completion_reply(cid, model, outs, echo, details))
+        return json_reply(_completion_response(completion_reply(cid, model, outs, echo, details), outs, details))
     g = gens[0]
     sent = 0
+    created = int(time.time())
     with _sse(g, stream) as w:
         if echo:
             w.write(sse.event(_chunk(cid, model, {"index": 0, "text": echo[0], "logprobs": None,
@@ -146,21 +171,105 @@ def completions(app: ServerApp, req: Request, stream: Callable[[], Any]) -> Repl
             # OpenAI streams deltas, unlike /generate's cumulative chunks.
             choice = completion_choice(out, 0, out.text[sent:])
             sent = len(out.text)
-            if choice["text"] or out.finished:
-                chunk = _chunk(cid, model, choice)
-                if out.finished:
-                    n = len(out.output_ids)
-                    chunk["usage"] = {"prompt_tokens": out.prompt_tokens, "completion_tokens": n,
-                                      "total_tokens": out.prompt_tokens + n}
-                    if details:
-                        chunk["sglext"] = {"spec_tokens_details": out.spec_fields()}
-                _send(w, chunk, out.error)
+            chunks = [_chunk(cid, model, choice)] if choice["text"] or out.finished else []
+            if out.finished and not out.error:
+                # serving_completions.py:454-496: sglext and usage come after the last choice,
+                # each in a chunk of its own with no choices.
+                chunks += openai_shapes.completion_tail_chunks(
+                    cid, model, created, out, details, bool(batch.extras.get("include_usage")))
+            _send_all(w, chunks, out.error)
     return None
 
 
-def _run_unstreamed(gens: list) -> tuple[list, Reply | None]:
-    """Run every generation to its end; the first failure is the whole request's 503 (as SGLang)."""
-    outs = run_all(gens)
+def _completion_response(reply: dict, outs: list, details: bool) -> dict:
+    """serving_completions.py:532-647: usage as UsageInfo, the weight-version metadata, and sglext
+    with every SpecTokensDetails field (left out when no request has spec statistics)."""
+    reply["usage"] = openai_shapes.usage_info(outs)
+    reply["metadata"] = {"weight_version": "default"}
+    reply.pop("sglext", None)
+    sglext = openai_shapes.completion_sglext(outs, details)
+    if sglext is not None:
+        reply["sglext"] = sglext
+    return reply
+
+
+def chat_completions(app: ServerApp, req: Request, stream: Callable[[], Any]) -> Reply | None:
+    """/v1/chat/completions as serving_chat.py serves it: the model's chat template renders the
+    messages (add_generation_prompt), the text is encoded without added special tokens, and the
+    reply or stream has SGLang's layout (openai_shapes)."""
+    creq = parse_chat(parse_json(req.body))
+    if app.chat_template is None:
+        raise BadRequest(f"this model has no usable chat template: {app.chat_template_error}")
+    prompt = app.chat_template.render(creq.messages, add_generation_prompt=True, extra=creq.template_kwargs)
+    ids = app.tokenizer.encode(prompt)
+    if not ids:
+        raise BadRequest("the rendered chat prompt is empty")
+    max_new = creq.max_tokens
+    if max_new is None:
+        # No max_tokens: SGLang's scheduler lets the reply run to the context length.
+        ctx = app.context_length() or (len(ids) + creq.sampling.max_new_tokens)
+        if len(ids) >= ctx:
+            raise BadRequest(f"the chat prompt ({len(ids)} tokens) does not fit the context length {ctx}")
+        max_new = ctx - len(ids)
+    rid = "chatcmpl-" + uuid.uuid4().hex  # serving_chat.py:638-639
+    item = GenerateInput(text=None, input_ids=tuple(ids), rid=rid,
+                         sampling=dataclasses.replace(creq.sampling, max_new_tokens=max_new))
+    model = creq.model or app.opts.model_name
+    g = app.new_generation(item, streaming=creq.stream)
+    if not creq.stream:
+        outs, failure = _run_unstreamed([g], req.client_gone)
+        if failure is not None:
+            return failure
+        return json_reply(openai_shapes.chat_reply(rid, model, outs[0], creq.spec_details))
+    created = int(time.time())
+    sent = 0
+    first = True
+    with _sse(g, stream) as w:
+        for out in g.updates_until_done():
+            chunks = []
+            if first:
+                chunks.append(openai_shapes.chat_role_chunk(rid, model, created))
+                first = False
+            delta = out.text[sent:]
+            sent = len(out.text)
+            if delta:
+                chunks.append(openai_shapes.chat_content_chunk(rid, model, created, delta))
+            if out.finished and not out.error:
+                chunks.append(openai_shapes.chat_finish_chunk(rid, model, created, out))
+                chunks += openai_shapes.chat_tail_chunks(rid, model, created, out, creq.spec_details,
+                                                         creq.include_usage)
+            _send_all(w, chunks, out.error)
+    return None
+
+
+def _run_unstreamed(gens: list, client_gone: Callable[[], bool]) -> tuple[list, Reply | None]:
+    """Run every generation to its end; the first failure is the whole request's 503 (as SGLang).
+
+    A watcher checks the connection meanwhile: a client that left ends its generations (abort,
+    batch slot freed) instead of leaving them to run for nobody."""
+    done = threading.Event()
+    left = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(CLIENT_POLL_S):
+            if client_gone():
+                left.set()
+                # Wake the waiting thread with a final update; it ends the engine requests below.
+                for g in gens:
+                    g.updates.put(GenUpdate(g.out.rid, [], finished=True, finish_reason="abort",
+                                            error="client disconnected"))
+                return
+
+    watcher = threading.Thread(target=watch, name="client-watch", daemon=True)
+    watcher.start()
+    try:
+        outs = run_all(gens)
+    finally:
+        done.set()
+    if left.is_set():
+        for g in gens:
+            g.cancel("client disconnected")
+        log.info("client disconnected; aborted %d request(s)", len(gens))
     failed = [o.error for o in outs if o.error]
     if failed:
         return outs, error_reply(f"generation failed: {failed[0]}", 503, "ServiceUnavailable")
@@ -182,8 +291,13 @@ def _sse(g: Any, stream: Callable[[], Any]) -> Iterator[Any]:
 
 
 def _send(w: Any, chunk: dict, error: str | None) -> None:
-    """One event, then (as SGLang) an error event before [DONE] when the update carries a failure."""
-    w.write(sse.event(chunk))
+    _send_all(w, [chunk], error)
+
+
+def _send_all(w: Any, chunks: list[dict], error: str | None) -> None:
+    """The events, then (as SGLang) an error event before [DONE] when the update carries a failure."""
+    for chunk in chunks:
+        w.write(sse.event(chunk))
     if error:
         w.write(sse.error_event(f"generation failed: {error}", "ServiceUnavailable", 503))
     w.flush()
@@ -275,6 +389,7 @@ ROUTES: dict[str, tuple[tuple[str, ...], Callable[..., Reply | None]]] = {
     "/metrics": ((GET,), metrics),
     "/generate": ((POST, PUT), generate),
     "/v1/completions": ((POST,), completions),
+    "/v1/chat/completions": ((POST,), chat_completions),
     "/set_internal_state": ((POST, PUT), set_internal_state),
     "/flush_cache": ((GET, POST), flush_cache),
     "/start_profile": ((GET, POST), start_profile),
@@ -283,7 +398,8 @@ ROUTES: dict[str, tuple[tuple[str, ...], Callable[..., Reply | None]]] = {
     "/specdecode/traces": ((GET,), traces),
     "/specdecode/slots": ((GET,), slots),
 }
-STREAMING = {"/generate", "/v1/completions"}
+STREAMING = {"/generate", "/v1/completions", "/v1/chat/completions"}
+OPENAI_ROUTES = {"/v1/completions", "/v1/chat/completions"}
 # Routes that work while the engine is still starting.
 EARLY = {"/health", "/health_generate", "/metrics"}
 
@@ -293,6 +409,8 @@ def route(path: str) -> tuple[tuple[str, ...], Callable[..., Reply | None]] | No
         return ROUTES[path]
     if path.startswith("/specdecode/traces/"):
         return (GET,), trace_file
+    if path.startswith("/v1/models/"):
+        return (GET,), model_by_name
     return None
 
 
@@ -321,14 +439,17 @@ class Handler(BaseHTTPRequestHandler):
     def _handle(self, method: str) -> None:
         url = urlsplit(self.path)
         path = url.path.rstrip("/") or "/"
+        # The key is checked before the body is read: an unauthorized client must not make the
+        # server buffer up to MAX_BODY_BYTES. The unread body makes the connection unusable.
+        if not auth.authorized(self.app.opts.api_key, path, self.headers.get("Authorization")):
+            self.close_connection = True
+            self._send(json_reply({"error": "Unauthorized"}, 401))
+            return
         try:
             body = self._read_body()
         except BadRequest as e:
             self.close_connection = True  # the rest of the body may still be on the wire
             self._send(error_reply(str(e), e.status))
-            return
-        if not auth.authorized(self.app.opts.api_key, path, self.headers.get("Authorization")):
-            self._send(json_reply({"error": "Unauthorized"}, 401))
             return
         found = route(path)
         if found is None:
@@ -341,7 +462,7 @@ class Handler(BaseHTTPRequestHandler):
         if not self.app.ready.is_set() and path not in EARLY:
             self._send(error_reply("the server is starting", 503, "ServiceUnavailable"))
             return
-        req = Request(method, path, parse_qs(url.query), body, self.headers)
+        req = Request(method, path, parse_qs(url.query), body, self.headers, self._client_gone)
         with self.app.requests_in_flight:
             self._dispatch(fn, req, method, path)
 
@@ -352,7 +473,8 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 reply = fn(self.app, req)
         except BadRequest as e:
-            reply = error_reply(str(e), e.status, e.err_type)
+            make = openai_error_reply if path in OPENAI_ROUTES else error_reply
+            reply = make(str(e), e.status, e.err_type)
         except Exception as e:  # noqa: BLE001 - one broken request must not take the server down
             log.exception("error serving %s %s", method, path)
             reply = error_reply(f"internal error: {type(e).__name__}: {e}", 500, "InternalServerError")
@@ -373,7 +495,9 @@ class Handler(BaseHTTPRequestHandler):
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
             raise BadRequest("bad Content-Length") from None
-        if length > MAX_BODY_BYTES or length < 0:
+        if length < 0:
+            raise BadRequest(f"bad Content-Length: {length} is negative")
+        if length > MAX_BODY_BYTES:
             raise BadRequest(f"body too large (limit {MAX_BODY_BYTES} bytes)", 413)
         return self.rfile.read(length) if length else b""
 
@@ -395,6 +519,15 @@ class Handler(BaseHTTPRequestHandler):
                 raise BadRequest(f"body too large (limit {MAX_BODY_BYTES} bytes)", 413)
             parts.append(self.rfile.read(size))
             self.rfile.readline(1024)
+
+    def _client_gone(self) -> bool:
+        """The peer closed or reset the connection: readable with nothing to read (or an error).
+        A pipelined next request is readable too but has bytes, so it does not count."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
 
     def _start_stream(self) -> Any:
         self._streaming = True

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,13 +58,92 @@ class GenerateBatch:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
+# Deeper bodies are refused before parsing: json.loads recurses per level and would raise
+# RecursionError (a 500) near 1000; orjson, behind SGLang, stops at 1024; nothing a client sends needs this many.
+MAX_JSON_DEPTH = 512
+
+
+def _too_deep(raw: bytes) -> bool:
+    """True if brackets nest deeper than MAX_JSON_DEPTH outside strings (a linear scan, no parse)."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
+        return False  # the common case, at C speed: too few brackets to nest that deep
+    depth = 0
+    in_str = escaped = False
+    for b in raw:
+        if in_str:
+            if escaped:
+                escaped = False
+            elif b == 0x5C:  # backslash
+                escaped = True
+            elif b == 0x22:
+                in_str = False
+        elif b == 0x22:
+            in_str = True
+        elif b in (0x5B, 0x7B):
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return True
+        elif b in (0x5D, 0x7D):
+            depth -= 1
+    return False
+
+
+def _lone_surrogate(obj: Any) -> str | None:
+    """The path of the first string holding a lone UTF-16 surrogate (JSON's "\\ud800" escapes
+    decode to one; it is not text and the tokenizer cannot take it), or None."""
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return path or "body"
+        elif isinstance(v, dict):
+            stack.extend((f"{path}.{k}" if path else str(k), x) for k, x in v.items())
+            for k in v:
+                if isinstance(k, str):
+                    stack.append((f"{path}.<key>" if path else "<key>", k))
+        elif isinstance(v, list):
+            stack.extend((f"{path}[{i}]", x) for i, x in enumerate(v))
+    return None
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def parse_json(raw: bytes) -> Any:
     if not raw:
         return {}
+    if _too_deep(raw):
+        raise BadRequest(f"malformed JSON body: nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        return json.loads(raw)
+        obj = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise BadRequest(f"malformed JSON body: {e}") from None
+    except RecursionError:
+        raise BadRequest(f"malformed JSON body: nested deeper than {MAX_JSON_DEPTH} levels") from None
+    # Surrogates can only arrive as \\u escapes (UTF-8 bytes cannot encode one: those fail to
+    # decode above), so bodies without such an escape skip the walk.
+    bad = _lone_surrogate(obj) if _SURROGATE_ESCAPE.search(raw) else None
+    if bad is not None:
+        raise BadRequest(f"{bad}: a lone UTF-16 surrogate (\\ud800-\\udfff) is not valid text")
+    return obj
+
+
+def stream_options(body: dict) -> bool:
+    """`stream_options.include_usage` (SGLang utils.py:250-264; its server default is off)."""
+    so = body.get("stream_options")
+    if so is None:
+        return False
+    if not isinstance(so, dict):
+        raise BadRequest("stream_options: expected an object")
+    v = so.get("include_usage", False)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise BadRequest(f"stream_options.include_usage: expected true or false, got {v!r}")
+    return v
 
 
 def _is_int(v: Any) -> bool:
@@ -205,7 +285,7 @@ def parse_completion(body: Any, vocab_size: int | None = None) -> GenerateBatch:
     if model is not None and not isinstance(model, str):
         raise BadRequest("model: expected a string")
     extras = {"model": model, "return_spec_tokens_details": _bool(body, "return_spec_tokens_details"),
-              "echo": _bool(body, "echo")}
+              "echo": _bool(body, "echo"), "include_usage": stream_options(body)}
     items = [GenerateInput(text=t, input_ids=i, sampling=sampling) for t, i in prompts]
     return GenerateBatch(items=items, batch=batch, stream=stream, extras=extras)
 

@@ -121,31 +121,38 @@ class Metrics:
     def __init__(self, model_name: str, snapshot: Callable[[], dict[str, Any]]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_EngineCollector(model_name, snapshot))
-        labels = {"model_name": model_name, "engine_type": ENGINE_TYPE}
-        names = list(labels)
+        self.labels = {"model_name": model_name, "engine_type": ENGINE_TYPE}
+        names = list(self.labels)
+        # SGLang splits the tokenizer-side request series by "is_streaming" ("true"/"false";
+        # metrics_collector.py:1855-1864, 1941-1945, 2041-2072, filled at 2105-2108); the verify
+        # counter keeps the plain labels (:1865-1869).
+        streamed = names + ["is_streaming"]
 
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, names, registry=self.registry).labels(**labels)
+        def counter(name: str, doc: str, labelnames: list[str]) -> Counter:
+            return Counter(name, doc, labelnames, registry=self.registry)
 
         def histogram(name: str, doc: str) -> Histogram:
-            return Histogram(name, doc, names, buckets=LATENCY_BUCKETS, registry=self.registry).labels(**labels)
+            return Histogram(name, doc, streamed, buckets=LATENCY_BUCKETS, registry=self.registry)
 
-        self.prompt_tokens = counter("sglang:prompt_tokens_total", "Number of prefill tokens processed.")
-        self.generation_tokens = counter("sglang:generation_tokens_total", "Number of generation tokens processed.")
-        self.num_requests = counter("sglang:num_requests_total", "Number of requests processed.")
-        self.spec_verify_calls = counter("sglang:spec_verify_calls_total", "Verify rounds of finished requests.")
+        self.prompt_tokens = counter("sglang:prompt_tokens_total", "Number of prefill tokens processed.", streamed)
+        self.generation_tokens = counter("sglang:generation_tokens_total", "Number of generation tokens processed.",
+                                         streamed)
+        self.num_requests = counter("sglang:num_requests_total", "Number of requests processed.", streamed)
+        self.spec_verify_calls = counter("sglang:spec_verify_calls_total", "Verify rounds of finished requests.",
+                                         names).labels(**self.labels)
         self.e2e_latency = histogram("sglang:e2e_request_latency_seconds", "End-to-end request latency.")
         self.ttft = histogram("sglang:time_to_first_token_seconds", "Time to first token.")
 
     def request_finished(self, prompt_tokens: int, completion_tokens: int, verify_ct: int,
-                         e2e_s: float, ttft_s: float | None) -> None:
-        self.num_requests.inc()
-        self.prompt_tokens.inc(prompt_tokens)
-        self.generation_tokens.inc(completion_tokens)
+                         e2e_s: float, ttft_s: float | None, streaming: bool = False) -> None:
+        lab = {**self.labels, "is_streaming": "true" if streaming else "false"}
+        self.num_requests.labels(**lab).inc()
+        self.prompt_tokens.labels(**lab).inc(prompt_tokens)
+        self.generation_tokens.labels(**lab).inc(completion_tokens)
         self.spec_verify_calls.inc(verify_ct)
-        self.e2e_latency.observe(e2e_s)
+        self.e2e_latency.labels(**lab).observe(e2e_s)
         if ttft_s is not None:
-            self.ttft.observe(ttft_s)
+            self.ttft.labels(**lab).observe(ttft_s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

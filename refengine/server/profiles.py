@@ -33,6 +33,13 @@ class ProfileRequest:
     with_stack: bool
     record_shapes: bool
     profile_id: str
+    profile_prefix: str = ""
+
+    @property
+    def file_stem(self) -> str:
+        """What the rank files start with: SGLang writes `{prefix}-{profile_id}-TP-{rank}...`
+        (scheduler_components/profiler_manager.py:333-358), so the prefix joins the id here."""
+        return f"{self.profile_prefix}-{self.profile_id}" if self.profile_prefix else self.profile_id
 
 
 def default_output_dir() -> str:
@@ -50,7 +57,10 @@ def parse_profile_request(body: dict[str, Any], device: str) -> ProfileRequest:
             raise ProfileRequestError(f"{name}: expected {'/'.join(t.__name__ for t in types)}, got {v!r}")
         return v
 
-    unsupported = [k for k in ("profile_by_stage", "merge_profiles") if body.get(k)]
+    # ProfileReq's fields (io_struct.py:2374-2400) this engine cannot honour: refused by name,
+    # never ignored (the rows of tests/conformance/test_profile_options.py).
+    unsupported = [k for k in ("profile_by_stage", "merge_profiles", "profile_stages", "detailed_annotations")
+                   if body.get(k)]
     if unsupported:
         raise ProfileRequestError(f"{', '.join(unsupported)} is not supported by the reference engine")
     if body.get("start_step") is not None:
@@ -70,10 +80,14 @@ def parse_profile_request(body: dict[str, Any], device: str) -> ProfileRequest:
     profile_id = str(time.time()) if profile_id is None else str(profile_id)
     if not PROFILE_ID.match(profile_id):
         raise ProfileRequestError(f"profile_id {profile_id!r} may hold only letters, digits, '.', '_' and '-'")
+    prefix = field("profile_prefix", (str,), "")
+    if prefix and not PROFILE_ID.match(f"{prefix}-{profile_id}"):
+        raise ProfileRequestError(f"profile_prefix {prefix!r} may hold only letters, digits, '.', '_' and '-'")
     return ProfileRequest(
         output_dir=output_dir, num_steps=num_steps, activities=activities or ("CPU",),
         with_stack=bool(field("with_stack", (bool,), True)),
         record_shapes=bool(field("record_shapes", (bool,), True)), profile_id=profile_id,
+        profile_prefix=prefix,
     )
 
 

@@ -1,0 +1,149 @@
+"""Validation of /v1/chat/completions bodies, as SGLang 0.5.23's ChatCompletionRequest reads them.
+
+Turns the untrusted body into normalized messages (the dicts the chat template sees), sampling
+parameters and the reply options, or raises BadRequest naming the field. Fields the reference
+engine cannot honour are refused with a 400 that names them, never silently dropped (the table
+`UNSUPPORTED`). Pure: must not render templates, tokenize or touch the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from refengine.server.inputs import BadRequest, Sampling, parse_sampling, stream_options
+
+# protocol.py:1062-1068 _DEFAULT_SAMPLING_PARAMS, used when a field is absent or null.
+SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
+
+
+def _set(v: Any) -> bool:
+    return v is not None and v is not False and v != [] and v != {}
+
+
+def _not(*defaults: Any) -> Callable[[Any], bool]:
+    return lambda v: v is not None and v not in defaults
+
+
+# Field -> "is this value a request for something the engine does not do". SGLang serves all of
+# them (protocol.py:909-1060); the reference engine has no tool parser, grammar backend, logprobs
+# or penalties, so answering without them would hand back something other than what was asked.
+UNSUPPORTED: tuple[tuple[str, Callable[[Any], bool]], ...] = (
+    ("tools", _set),
+    ("tool_choice", _not("none", "auto")),
+    ("response_format", lambda v: v is not None and not (isinstance(v, dict) and v.get("type") == "text")),
+    ("n", _not(1)),
+    ("logprobs", _set),
+    ("top_logprobs", _not(0)),
+    ("logit_bias", _set),
+    ("frequency_penalty", _not(0, 0.0)),
+    ("presence_penalty", _not(0, 0.0)),
+    ("repetition_penalty", _not(1, 1.0)),
+    ("min_p", _not(0, 0.0)),
+    ("min_tokens", _not(0)),
+    ("regex", _set),
+    ("ebnf", _set),
+    ("stop_regex", _set),
+    ("return_hidden_states", _set),
+    ("continue_final_message", _set),
+    ("lora_path", _set),
+)
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    messages: list[dict[str, Any]]
+    sampling: Sampling                   # max_new_tokens is 0 when the client set none: see max_tokens
+    max_tokens: int | None               # None: up to the context length (the scheduler's clamp)
+    stream: bool
+    include_usage: bool
+    model: str | None
+    spec_details: bool
+    template_kwargs: dict[str, Any]
+
+
+def _content(content: Any, where: str) -> str:
+    """A message's content as the template sees it: a list of parts becomes its text parts joined
+    by one space (jinja_template_utils.py:322-335, the "string" content format)."""
+    if content is None:
+        return ""  # serving_chat.py:2133-2134
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise BadRequest(f"{where}.content: expected a string or a list of content parts")
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise BadRequest(f"{where}.content[{j}]: expected an object with a type")
+        kind = part.get("type")
+        if kind in ("text", "input_text"):
+            if not isinstance(part.get("text"), str):
+                raise BadRequest(f"{where}.content[{j}].text: expected a string")
+            texts.append(part["text"])
+        else:
+            raise BadRequest(f"{where}.content[{j}]: content part type {kind!r} is not supported by "
+                             "the reference engine (text only)")
+    return " ".join(texts)
+
+
+def _messages(raw: Any) -> list[dict[str, Any]]:
+    if not isinstance(raw, list):
+        raise BadRequest("messages: expected a list of messages")
+    if not raw:
+        raise BadRequest("Messages cannot be empty.")  # serving_chat.py:1105-1106
+    out = []
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise BadRequest(f"{where}: expected an object with role and content")
+        if not isinstance(m.get("role"), str) or not m["role"]:
+            raise BadRequest(f"{where}.role: expected a string")
+        # None-valued keys are dropped before rendering (jinja_template_utils.py:239-241).
+        msg = {k: v for k, v in m.items() if v is not None}
+        msg["content"] = _content(m.get("content"), where)
+        out.append(msg)
+    return out
+
+
+def _max_tokens(body: dict) -> int | None:
+    # protocol.py:1214: max_completion_tokens or max_tokens.
+    for name in ("max_completion_tokens", "max_tokens"):
+        v = body.get(name)
+        if v is not None:
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise BadRequest(f"{name}: expected an integer >= 0, got {v!r}")
+            if v:
+                return v
+    return None
+
+
+def parse_chat(body: Any) -> ChatRequest:
+    if not isinstance(body, dict):
+        raise BadRequest("expected a JSON object")
+    for name, asks in UNSUPPORTED:
+        if name in body and asks(body[name]):
+            raise BadRequest(f"{name} is not supported by the reference engine (got {body[name]!r:.80})")
+    messages = _messages(body.get("messages"))
+    max_tokens = _max_tokens(body)
+    sp = {k: body[k] for k in ("temperature", "top_p", "top_k", "ignore_eos", "stop", "stop_token_ids", "seed")
+          if body.get(k) is not None}
+    sp = {**SAMPLING_DEFAULTS, **sp, "max_new_tokens": max_tokens or 0}
+    sampling = parse_sampling(sp, seed_name="seed")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest(f"stream: expected true or false, got {stream!r}")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("model: expected a string")
+    details = body.get("return_spec_tokens_details", False)
+    if not isinstance(details, bool):
+        raise BadRequest(f"return_spec_tokens_details: expected true or false, got {details!r}")
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise BadRequest("chat_template_kwargs: expected an object")
+    if "chat_template" in kwargs:
+        # serving_chat.py:1108-1116: a request may not bring its own template (not trusted).
+        raise BadRequest("Request-supplied chat_template is not allowed.")
+    return ChatRequest(messages=messages, sampling=sampling, max_tokens=max_tokens, stream=stream,
+                       include_usage=stream_options(body), model=model, spec_details=details,
+                       template_kwargs=dict(kwargs))

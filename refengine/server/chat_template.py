@@ -1,0 +1,144 @@
+"""A model's chat template, rendered the way Hugging Face's `apply_chat_template` renders it.
+
+SGLang 0.5.23 renders chat messages with the tokenizer's `chat_template`
+(`sglang/srt/entrypoints/openai/serving_chat.py:2322-2330`, `apply_chat_template(tokenize=False,
+add_generation_prompt=...)`), and transformers compiles that template in a sandboxed jinja2
+environment with `trim_blocks`, `lstrip_blocks`, the loop-controls extension, a `tojson` that does
+not escape HTML, `raise_exception` and `strftime_now`, and passes the special tokens (`bos_token`,
+`eos_token`, ...) as variables. This module does the same with jinja2 alone, so the HTTP process
+needs neither transformers nor torch.
+
+Must not tokenize (the caller encodes the rendered text without adding special tokens, as SGLang
+does) and must never let a template reach Python internals: templates are untrusted code.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from refengine.server.inputs import BadRequest
+
+# Used when a model directory has no `chat_template` (the random-weight presets): one line per
+# message, `role: content`, then `assistant: ` when a reply is asked for. The shipped tiny model's
+# tokenizer_config.json carries the same template, so both answer chat requests alike.
+PLAIN_TEMPLATE = ("{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n"
+                  "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+
+SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token",
+                      "mask_token")
+
+
+class ChatTemplateError(ValueError):
+    """The template could not be loaded (a broken tokenizer_config.json or template syntax)."""
+
+
+class _Generation(jinja2.ext.Extension):
+    """HF's `{% generation %}...{% endgeneration %}` (it marks assistant tokens for training);
+    rendering just emits the body, which is all transformers does outside mask tracking."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> Any:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller: Any) -> str:
+        return caller()
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    # As transformers: jinja's own tojson escapes HTML characters, which changes prompts.
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_Generation, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+def _token_text(v: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
+    if isinstance(v, dict):
+        v = v.get("content")
+    return v if isinstance(v, str) else None
+
+
+class ChatTemplate:
+    def __init__(self, source: str, special_tokens: dict[str, str] | None = None) -> None:
+        try:
+            self._template = _environment().from_string(source)
+        except jinja2.TemplateSyntaxError as e:
+            raise ChatTemplateError(f"chat template syntax error (line {e.lineno}): {e.message}") from None
+        self.source = source
+        self.special_tokens = dict(special_tokens or {})
+
+    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+               tools: list[dict] | None = None, extra: dict[str, Any] | None = None) -> str:
+        """The prompt text; a template's own refusal (`raise_exception`) or error is a 400."""
+        variables = {**self.special_tokens, **(extra or {})}
+        try:
+            return self._template.render(messages=messages, tools=tools, documents=None,
+                                         add_generation_prompt=add_generation_prompt, **variables)
+        except jinja2.exceptions.SecurityError as e:
+            raise BadRequest(f"the chat template refused the messages: {e}") from None
+        except jinja2.exceptions.TemplateError as e:
+            raise BadRequest(f"the chat template refused the messages: {e}") from None
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+            raise BadRequest(f"the chat template could not render the messages: {type(e).__name__}: {e}") from None
+
+
+def _pick(chat_template: Any) -> str | None:
+    """transformers allows a list of named templates; the chat route uses the one named default."""
+    if isinstance(chat_template, str):
+        return chat_template
+    if isinstance(chat_template, list):
+        named = {t.get("name"): t.get("template") for t in chat_template if isinstance(t, dict)}
+        chosen = named.get("default")
+        return chosen if isinstance(chosen, str) else None
+    return None
+
+
+def load_chat_template(model_path: str | None) -> ChatTemplate:
+    """The model directory's template (tokenizer_config.json, else chat_template.jinja beside it,
+    as transformers reads them), or PLAIN_TEMPLATE where the model has none."""
+    special: dict[str, str] = {}
+    source: str | None = None
+    if model_path:
+        d = Path(model_path)
+        cfg_file = d / "tokenizer_config.json"
+        if cfg_file.is_file():
+            try:
+                cfg = json.loads(cfg_file.read_text())
+            except (OSError, ValueError) as e:
+                raise ChatTemplateError(f"{cfg_file.name}: {e}") from None
+            if isinstance(cfg, dict):
+                source = _pick(cfg.get("chat_template"))
+                for k in SPECIAL_TOKEN_KEYS:
+                    text = _token_text(cfg.get(k))
+                    if text is not None:
+                        special[k] = text
+        jinja_file = d / "chat_template.jinja"
+        if source is None and jinja_file.is_file():
+            source = jinja_file.read_text()
+    return ChatTemplate(source if source is not None else PLAIN_TEMPLATE, special)
