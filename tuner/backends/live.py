@@ -19,12 +19,13 @@ from tuner.backends.base import (
     KNOBS, Backend, Capabilities, ConnectionMonitor, ConnectionState, ControlResult,
 )
 from tuner.backends.derive import MetricsDeriver, PhaseStreamReader
-from tuner.backends.http import BadAnswer, HttpClient, ServerError, ServerUnreachable
+from tuner.backends.http import BadAnswer, HttpClient, ServerError, ServerSlow, ServerUnreachable
 from tuner.backends.promtext import MetricsParseError, parse_metrics, rank_info
 from tuner.core.bus import Bus
 from tuner.core.clock import Clock, SystemClock
 from tuner.core.events import EventKind
 from tuner.core.records import Event, Record, thaw
+from tuner.core.text import terminal_safe
 
 METRICS_INTERVAL_S = 0.25
 PHASES_INTERVAL_S = 0.25
@@ -74,19 +75,28 @@ class LiveBackend(Backend):
 
     # -- identity and capabilities ----------------------------------------------------------------
 
-    def probe(self) -> dict[str, Any]:
-        """Read /server_info once, synchronously (raises ServerError with one line)."""
-        raw = self._http["info"].get_json("/server_info")
+    def probe(self, raw: dict[str, Any] | None = None, metrics_text: str | None = None) -> dict[str, Any]:
+        """Read /server_info (and /metrics for the rank processes) once, synchronously; raises
+        ServerError with one line. `raw`/`metrics_text`: what connect() already read (each read
+        can take up to its deadline against a slow server, so none is repeated)."""
+        if raw is None:
+            raw = self._http["info"].get_json("/server_info")
         if not isinstance(raw, dict):
             raise BadAnswer("GET /server_info: not a JSON object")
         self._take_info(raw)
         try:   # the rank processes (pids, PCI bus ids) are known from the start, for headers and NVML
-            ranks = rank_info(parse_metrics(self._http["info"].get_text("/metrics")))
+            if metrics_text is None:
+                metrics_text = self.read_metrics_text()
+            ranks = rank_info(parse_metrics(metrics_text))
             with self._lock:
                 self._rank_info = ranks
         except (ServerError, MetricsParseError):
             pass
         return raw
+
+    def read_metrics_text(self) -> str:
+        """GET /metrics once (bounded like every read); ServerError on failure."""
+        return self._http["info"].get_text("/metrics")
 
     def _take_info(self, raw: dict[str, Any]) -> None:
         info = self.normalize_info(raw)
@@ -160,7 +170,8 @@ class LiveBackend(Backend):
             except Exception as e:   # noqa: BLE001 - a poller must outlive any answer it is given
                 keep = True
                 if self._monitor is not None:
-                    self._monitor.bad_answer(fn.__name__, f"{fn.__name__}: {type(e).__name__}: {str(e)[:120]}")
+                    self._monitor.bad_answer(fn.__name__, f"{fn.__name__}: {type(e).__name__}: "
+                                                          f"{terminal_safe(str(e))[:120]}")
             if keep is False:            # e.g. the server has no phase stream: stop asking
                 return
             # A server that is down is asked less often, but often enough to notice its return.
@@ -181,6 +192,9 @@ class LiveBackend(Backend):
         if isinstance(err, ServerUnreachable):
             self._monitor.lost(str(err))
             self.metrics.reset()
+        elif isinstance(err, ServerSlow):
+            # Too slow on this endpoint: a poll error there and a degraded connection, not a disconnect.
+            self._monitor.slow(endpoint, str(err))
         else:
             self._monitor.ok()          # it answered; what it said is the problem
             self._monitor.bad_answer(endpoint, str(err))
@@ -276,7 +290,7 @@ class LiveBackend(Backend):
                 return False
             self._failed("/specdecode/phases", e)
             return True
-        except ServerUnreachable as e:
+        except (ServerUnreachable, ServerSlow) as e:
             self._failed("/specdecode/phases", e)
             self.phases.reset()
             return True
