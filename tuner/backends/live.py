@@ -19,7 +19,7 @@ from tuner.backends.base import (
     KNOBS, Backend, Capabilities, ConnectionMonitor, ConnectionState, ControlResult,
 )
 from tuner.backends.derive import MetricsDeriver, PhaseStreamReader
-from tuner.backends.http import BadAnswer, HttpClient, ServerError, ServerSlow, ServerUnreachable
+from tuner.backends.http import DEFAULT_DEADLINE_S, BadAnswer, HttpClient, ServerError, ServerSlow, ServerUnreachable
 from tuner.backends.promtext import MetricsParseError, parse_metrics, rank_info
 from tuner.core.bus import Bus
 from tuner.core.clock import Clock, SystemClock
@@ -49,14 +49,16 @@ class LiveBackend(Backend):
     kind = "live"
 
     def __init__(self, url: str, api_key: str | None = None, *, timeout: float = 3.0,
+                 deadline: float = DEFAULT_DEADLINE_S,
                  intervals: tuple[float, float, float] = (METRICS_INTERVAL_S, INFO_INTERVAL_S, PHASES_INTERVAL_S)) -> None:
         self.url = url.rstrip("/")
         self.api_key = api_key
         self.clock: Clock = SystemClock()
-        self._timeout = timeout
+        self._timeout = max(timeout, deadline)       # what one poll can take at most
         self._intervals = intervals
         # One HTTP client per poller thread plus one for control, so a slow endpoint never queues another.
-        self._http = {name: HttpClient(self.url, api_key, timeout) for name in ("metrics", "info", "phases", "control")}
+        self._http = {name: HttpClient(self.url, api_key, timeout, deadline)
+                      for name in ("metrics", "info", "phases", "control")}
         self._lock = threading.Lock()
         self._raw_info: dict[str, Any] = {}
         self._info: dict[str, Any] = {}
