@@ -12,10 +12,13 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from probes.api_key import ENV_VAR, ApiKeyError, resolve_api_key
+from probes.api_key import redact_argv as key_redact_argv
+
 PLACEMENTS = ("sharded", "replicated", "rank0")
 ALGORITHMS = ("EAGLE3", "NONE")
 DTYPES = ("auto", "float32", "float", "float16", "half", "bfloat16", "float64")
-SECRET_FLAGS = ("--api-key",)
+SECRET_FLAGS = ("--api-key",)   # --api-key-file names a path, not a secret
 
 
 class OptionsError(ValueError):
@@ -147,7 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--host", default="127.0.0.1")
     h.add_argument("--port", type=_port, default=30000)
     h.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' (required off loopback)")
+                   help="require 'Authorization: Bearer KEY' (required off loopback; visible in ps: prefer "
+                        f"--api-key-file or ${ENV_VAR})")
+    h.add_argument("--api-key-file", default=None, metavar="FILE",
+                   help=f"read the key from FILE's first line (mode 600); default: ${ENV_VAR}")
     h.add_argument("--enable-metrics", action="store_true",
                    help="accepted for SGLang compatibility; /metrics is always on here")
     h.add_argument("--decode-log-interval", type=_nonneg_int, default=40,
@@ -181,6 +187,10 @@ def _validate_latency(text: str) -> None:
 def parse_options(argv: list[str]) -> ServerOptions:
     """Parse `serve` arguments; argparse exits on syntax errors, OptionsError on bad combinations."""
     a = build_parser().parse_args(argv)
+    try:
+        api_key = resolve_api_key(a.api_key, a.api_key_file)
+    except ApiKeyError as e:
+        raise OptionsError(str(e)) from None
     algo = a.speculative_algorithm
     if algo == "EAGLE":
         algo = "EAGLE3"
@@ -189,10 +199,10 @@ def parse_options(argv: list[str]) -> ServerOptions:
     if algo is None:
         # This engine exists to run EAGLE-3: speculation is on unless NONE is asked for.
         algo = "EAGLE3"
-    if not is_loopback(a.host) and not a.api_key:
+    if not is_loopback(a.host) and not api_key:
         raise OptionsError(
-            f"refusing to listen on {a.host} without --api-key: control and profiling would be open "
-            "to the network (bind 127.0.0.1, or pass --api-key)")
+            f"refusing to listen on {a.host} without an API key: control and profiling would be open "
+            f"to the network (bind 127.0.0.1, or pass --api-key-file FILE or set ${ENV_VAR})")
     if a.emulate_comm_latency is not None:
         _validate_latency(a.emulate_comm_latency)
     topk, steps, ndt = a.speculative_eagle_topk, a.speculative_num_steps, a.speculative_num_draft_tokens
@@ -207,9 +217,11 @@ def parse_options(argv: list[str]) -> ServerOptions:
         speculative_draft_placement=a.speculative_draft_placement,
         speculative_simulate_accept=a.speculative_simulate_accept,
         tp_size=a.tp_size, device=a.device, dtype=a.dtype, host=a.host, port=a.port,
-        max_running_requests=a.max_running_requests, context_length=a.context_length, api_key=a.api_key,
+        max_running_requests=a.max_running_requests, context_length=a.context_length, api_key=api_key,
         enable_metrics=True, decode_log_interval=a.decode_log_interval,
         emulate_comm_latency=a.emulate_comm_latency, skip_server_warmup=a.skip_server_warmup,
         disable_cuda_graph=a.disable_cuda_graph, cuda_graph_mode=a.cuda_graph_mode,
-        random_seed=a.random_seed, launch_command=["specdecode-tune", "serve", *argv],
+        random_seed=a.random_seed,
+        # The key by value too: argparse also takes abbreviations (`--api-ke K`, `--api=K`).
+        launch_command=["specdecode-tune", "serve", *key_redact_argv(list(argv), [api_key] if api_key else [])],
     )

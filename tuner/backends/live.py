@@ -74,6 +74,7 @@ class LiveBackend(Backend):
         self._stop = threading.Event()
         self._restarted = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._slow_at_probe: dict[str, str] = {}
 
     # -- identity and capabilities ----------------------------------------------------------------
 
@@ -92,6 +93,8 @@ class LiveBackend(Backend):
             ranks = rank_info(parse_metrics(metrics_text))
             with self._lock:
                 self._rank_info = ranks
+        except ServerSlow as e:
+            self._slow_at_probe["/metrics"] = str(e)    # said as soon as the session starts
         except (ServerError, MetricsParseError):
             pass
         return raw
@@ -143,6 +146,8 @@ class LiveBackend(Backend):
         """Say where records go and what time it is, without starting threads (tests poll by hand)."""
         self._bus, self.clock = bus, clock
         self._monitor = ConnectionMonitor(bus, clock, self.url, self.kind)
+        for endpoint, error in self._slow_at_probe.items():
+            self._monitor.slow(endpoint, error)      # an endpoint that was already too slow at connect
 
     def start(self, bus: Bus, clock: Clock) -> None:
         self.attach(bus, clock)

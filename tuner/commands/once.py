@@ -174,8 +174,9 @@ def run(args: argparse.Namespace) -> int:
             session.tick()
             time.sleep(0.1)
         session.stop_load()
-        session.tick()
-        r = readings(session, t0)
+    # Read after close: a poll still in flight when the time was up (a slow server) has ended by
+    # then (its deadline bounds it), and what it found belongs to this look.
+    r = readings(session, t0)
     if not r["server"].get("kind") or r["connection"].startswith(("disconnected", "degraded")):
         rc = 1
     # json.dumps escapes control characters; the table is made terminal-safe line by line.

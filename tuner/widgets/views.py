@@ -216,8 +216,12 @@ def event_line(e: Event, origin: float) -> LogLine | None:
     if e.kind == K.CONNECTED:
         away = d.get("after_s") or 0
         return LogLine(t, f"connected to {d.get('url', '?')}" + (f" after {away:.0f}s away" if away else ""), "good")
+    if e.kind == K.CONNECTED and d.get("was") == "degraded":
+        return LogLine(t, "answering in time again", "good")
     if e.kind == K.DISCONNECTED:
         return LogLine(t, f"disconnected: {short_error(str(d.get('error', '?')), 80)}", "error")
+    if e.kind == K.DEGRADED:
+        return LogLine(t, f"degraded: {short_error(str(d.get('reason', '?')), 80)}", "warn")
     if e.kind == K.POLL_ERROR:
         return LogLine(t, f"{d.get('endpoint', '?')}: {d.get('error', '?')}", "warn")
     if e.kind == K.LOAD_STARTED:
