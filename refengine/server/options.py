@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import re
 import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -109,8 +110,15 @@ def _port(text: str) -> int:
     return v
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors never echo a key (`--api-ke=K could match ...`)."""
+
+    def error(self, message: str):  # noqa: ANN201 - argparse's signature
+        super().error(re.sub(r"(--api[\w-]*)=(\S+)", r"\1=<redacted>", message))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="specdecode-tune serve",
         description="Run the reference EAGLE-3 engine as an SGLang-compatible HTTP server.",
     )

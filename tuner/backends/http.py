@@ -155,12 +155,7 @@ class HttpClient:
     def get_json(self, path: str, params: dict[str, Any] | None = None) -> Any:
         resp = self._request("GET", path, params=params)
         self._check("GET", path, resp, True)
-        try:
-            return resp.json()
-        except TooDeep as e:
-            raise BadAnswer(f"GET {path}: {e}", resp.status_code) from None
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise BadAnswer(f"GET {path}: not JSON: {_snippet(resp.text)!r}", resp.status_code) from None
+        return decode_json(path, resp.content, resp.status_code)
 
     def get_text(self, path: str) -> str:
         resp = self._request("GET", path)
@@ -178,6 +173,18 @@ class HttpClient:
         server kind)."""
         resp = self._request("POST", path, json=body, deadline=deadline)
         return resp.status_code, _json_or_none(resp) if not _looks_like_html(resp) else None
+
+
+def decode_json(path: str, content: bytes, status: int | None = 200) -> Any:
+    """A JSON body (already within its cap) -> the value; BadAnswer (one line) for anything else:
+    not UTF-8, not JSON, nested deeper than MAX_JSON_DEPTH."""
+    try:
+        return loads_bounded(content)
+    except TooDeep as e:
+        raise BadAnswer(f"GET {path}: {e}", status) from None
+    except (ValueError, UnicodeDecodeError):     # JSONDecodeError is a ValueError
+        text = content[:200].decode("utf-8", errors="replace")
+        raise BadAnswer(f"GET {path}: not JSON: {_snippet(text)!r}", status) from None
 
 
 def _json_or_none(resp: Answer) -> Any:
