@@ -116,3 +116,38 @@ def test_tui_header_shows_no_control_characters():
     text = content.plain
     assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text
     assert "◐ degraded" in text and "EVIL" in text
+
+
+def test_default_trace_dir_is_private(tmp_path, monkeypatch):
+    import stat
+
+    from refengine.server.profiles import default_output_dir
+
+    monkeypatch.delenv("SGLANG_TORCH_PROFILER_DIR", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)          # re-read TMPDIR
+    d = default_output_dir()
+    st = os.stat(d)
+    assert d != str(tmp_path) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077 == 0
+    # a planted directory of that name that others may write is not used
+    os.chmod(d, 0o777)
+    other = default_output_dir()
+    assert other != d and stat.S_IMODE(os.stat(other).st_mode) & 0o077 == 0
+
+
+def test_strict_profile_request_is_confined_and_capped(tmp_path):
+    from refengine.server.profiles import (
+        MAX_UNBOUNDED_PROFILE_STEPS, ProfileRequestError, parse_profile_request, parse_profile_request_strict,
+    )
+
+    root = tmp_path / "traces"
+    root.mkdir()
+    # SGLang's inputs on loopback: any directory, unbounded
+    loose = parse_profile_request({"output_dir": "/somewhere/else"}, "cpu")
+    assert loose.output_dir == "/somewhere/else" and loose.num_steps is None
+    strict = parse_profile_request_strict({"output_dir": "run1"}, "cpu", str(root))
+    assert strict.output_dir == str(root / "run1") and strict.num_steps == MAX_UNBOUNDED_PROFILE_STEPS
+    for bad in ("/etc", "../x", str(tmp_path)):
+        with pytest.raises(ProfileRequestError, match="inside the trace root"):
+            parse_profile_request_strict({"output_dir": bad}, "cpu", str(root))
