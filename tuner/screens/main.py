@@ -149,7 +149,7 @@ class MainScreen(Screen[None]):
             state = conn.state          # connecting | connected | degraded | disconnected
             detail = ""
             if state == "degraded":
-                detail = views.short_error(conn.degraded, 60)
+                detail = views.short_error(conn.degraded, 60, keep_path=True)
             elif state == "disconnected":
                 away = max(0.0, self.session.now() - conn.since)
                 detail = f"{away:.0f} s · {views.short_error(conn.error, 40)}"
