@@ -209,8 +209,8 @@ def parse_options(argv: list[str]) -> ServerOptions:
         algo = "EAGLE3"
     if not is_loopback(a.host) and not api_key:
         raise OptionsError(
-            f"refusing to listen on {a.host} without an API key: control and profiling would be open "
-            f"to the network (bind 127.0.0.1, or pass --api-key-file FILE or set ${ENV_VAR})")
+            f"refusing to listen on {a.host} without --api-key (or --api-key-file FILE, or ${ENV_VAR}): "
+            "control and profiling would be open to the network (bind 127.0.0.1, or give a key)")
     if a.emulate_comm_latency is not None:
         _validate_latency(a.emulate_comm_latency)
     topk, steps, ndt = a.speculative_eagle_topk, a.speculative_num_steps, a.speculative_num_draft_tokens

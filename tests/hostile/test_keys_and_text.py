@@ -93,7 +93,7 @@ def test_serve_reads_the_key_file_and_env_and_never_shows_the_key(tmp_path, monk
     f.chmod(0o644)
     with pytest.raises(OptionsError, match="group or others"):
         parse_options(["--api-key-file", str(f)])
-    with pytest.raises(OptionsError, match="without an API key"):
+    with pytest.raises(OptionsError, match="without --api-key"):
         parse_options(["--host", "0.0.0.0"])
 
 
