@@ -11,6 +11,7 @@ Each endpoint has a mode (set before or while a client talks to it):
   wrong_types /server_info: every field of the wrong type; /metrics: a non-number value
   control     escape sequences in every string the client shows (terminal injection)
   secret      /server_info's launch_command holds `--api-key SECRET` (and an abbreviation)
+POST /generate (the load driver) answers an SSE line that never ends, or an endless 500 body.
 It is not a product component and knows nothing of decoding. Handlers end when the server stops.
 """
 
@@ -45,6 +46,7 @@ class HostileServer:
         self._httpd: ThreadingHTTPServer | None = None
         self.port = 0
         self.requests: dict[str, int] = {}
+        self.generate = "endless_line"      # POST /generate: endless_line | endless_error
 
     @property
     def url(self) -> str:
@@ -138,7 +140,23 @@ class HostileServer:
             def do_POST(self) -> None:
                 n = int(self.headers.get("Content-Length") or 0)
                 self.rfile.read(n)
+                if self.path.startswith("/generate") and server.generate == "endless_line":
+                    return self.chunked(b"data: " + b"x" * 65536, 0.0)    # a line that never ends
+                if self.path.startswith("/generate") and server.generate == "endless_error":
+                    self.send_response(500)
+                    self.send_header("Content-Type", "text/plain")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    return self.chunked_body(b"e" * 65536)
                 self.send(b"[false]", "application/json")
+
+            def chunked_body(self, chunk: bytes) -> None:
+                try:
+                    while not server._stopping.is_set():
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                except OSError:
+                    pass
+                self.close_connection = True
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True

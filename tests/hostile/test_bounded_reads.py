@@ -3,6 +3,7 @@ against the hostile server (hostile_server.py), on real sockets."""
 
 from __future__ import annotations
 
+import time
 import tracemalloc
 
 import pytest
@@ -120,3 +121,40 @@ def test_slow_endpoint_is_degraded_and_a_poll_error_not_a_disconnect(hostile):
         assert session.connection().text() == "connected"
     finally:
         backend.stop()
+
+
+def test_sse_lines_are_bounded():
+    from tuner.backends.load import StreamTooLong, sse_lines
+
+    assert list(sse_lines([b"data: 1\r\nda", b"ta: 2\n\n", b"tail"])) == ["data: 1", "data: 2", "", "tail"]
+    with pytest.raises(StreamTooLong):
+        list(sse_lines(iter([b"x" * 1000] * 10), limit=4000))
+
+
+@pytest.mark.parametrize("mode", ["endless_line", "endless_error"])
+def test_load_driver_against_an_endless_generate(hostile, mode):
+    from tuner.backends.load import LoadDriver
+    from tuner.core.bus import Bus
+    from tuner.core.clock import SystemClock
+
+    s = hostile()
+    s.generate = mode
+    bus = Bus()
+    load = LoadDriver(s.url, bus, SystemClock(), [{"text": "x"}], concurrency=1)
+    tracemalloc.start()
+    try:
+        load.start()
+        errors = []
+        hang = time.monotonic() + 120               # a hang detector, not a timing assertion
+        while not errors and time.monotonic() < hang:   # wait for the driver to report the error
+            errors = [r for r in bus.drain() if getattr(r, "kind", None) == EventKind.LOAD_ERROR]
+            if not errors:
+                load._stop.wait(0.05)
+        assert errors, "the load driver never reported the endless stream"
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        load.stop()
+    msg = errors[0].data["error"]
+    assert ("SSE line longer than 4 MB" in msg) if mode == "endless_line" else msg.startswith("/generate: HTTP 500: eee")
+    assert peak < 64 * 2**20

@@ -18,6 +18,7 @@ from typing import Any, Iterator
 import httpx
 
 KB, MB = 1024, 1024 * 1024
+STEP = 1 * MB          # inflate at most this much at a time (memory: the body so far plus one step)
 # Nesting deeper than this is not what any server we read sends; deeper would also reach Python's
 # recursion limit in json and in everything that walks the result.
 MAX_JSON_DEPTH = 64
@@ -101,11 +102,11 @@ def read_body(resp: httpx.Response, limits: Limits, started: float, clock=time.m
         while data:
             try:
                 # max_length: never inflate more than the cap allows, whatever the ratio.
-                piece = dec.decompress(data, limits.cap + 1 - len(out))
+                piece = dec.decompress(data, min(STEP, limits.cap + 1 - len(out)))
             except zlib.error:
                 if encoding.strip().lower() == "deflate" and not out:
                     dec = zlib.decompressobj(-zlib.MAX_WBITS)   # some servers send raw deflate
-                    piece = dec.decompress(data, limits.cap + 1 - len(out))
+                    piece = dec.decompress(data, min(STEP, limits.cap + 1 - len(out)))
                 else:
                     raise BadEncoding(f"corrupt {encoding.strip()} body") from None
             take(piece)
