@@ -158,3 +158,21 @@ def test_load_driver_against_an_endless_generate(hostile, mode):
     msg = errors[0].data["error"]
     assert ("SSE line longer than 4 MB" in msg) if mode == "endless_line" else msg.startswith("/generate: HTTP 500: eee")
     assert peak < 64 * 2**20
+
+
+def test_trace_download_is_capped_and_checks_the_disk(hostile, tmp_path, monkeypatch):
+    import probes.capture as C
+
+    s = hostile()
+    name = "p-TP-0.trace.json.gz"
+    s.modes[f"/specdecode/traces/{name}"] = "endless"
+    cap = C.TraceCapture(s.url, remote=True)
+    monkeypatch.setattr(C, "MAX_TRACE_BYTES", 4 * 2**20)
+    with pytest.raises(C.CaptureError, match="over the"):
+        cap._download(name, tmp_path / name)
+    assert list(tmp_path.iterdir()) == []                # no partial file left behind
+    monkeypatch.setattr(C, "MIN_FREE_BYTES", 2**62)      # a disk that is (nearly) full
+    with pytest.raises(C.CaptureError, match="not enough free disk space"):
+        cap._download(name, tmp_path / name)
+    assert list(tmp_path.iterdir()) == []
+    cap.close()
