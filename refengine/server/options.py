@@ -46,6 +46,7 @@ class ServerOptions:
     max_running_requests: int | None = None
     context_length: int | None = None
     api_key: str | None = None
+    restrict_profiling: bool = False
     enable_metrics: bool = True
     decode_log_interval: int = 40
     emulate_comm_latency: str | None = None
@@ -162,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"--api-key-file or ${ENV_VAR})")
     h.add_argument("--api-key-file", default=None, metavar="FILE",
                    help=f"read the key from FILE's first line (mode 600); default: ${ENV_VAR}")
+    h.add_argument("--restrict-profiling", action="store_true",
+                   help="confine /start_profile's output_dir to the trace root and stop a profile without "
+                        "num_steps after 200 steps (always so off loopback)")
     h.add_argument("--enable-metrics", action="store_true",
                    help="accepted for SGLang compatibility; /metrics is always on here")
     h.add_argument("--decode-log-interval", type=_nonneg_int, default=40,
@@ -226,6 +230,7 @@ def parse_options(argv: list[str]) -> ServerOptions:
         speculative_simulate_accept=a.speculative_simulate_accept,
         tp_size=a.tp_size, device=a.device, dtype=a.dtype, host=a.host, port=a.port,
         max_running_requests=a.max_running_requests, context_length=a.context_length, api_key=api_key,
+        restrict_profiling=a.restrict_profiling,
         enable_metrics=True, decode_log_interval=a.decode_log_interval,
         emulate_comm_latency=a.emulate_comm_latency, skip_server_warmup=a.skip_server_warmup,
         disable_cuda_graph=a.disable_cuda_graph, cuda_graph_mode=a.cuda_graph_mode,

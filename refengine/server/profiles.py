@@ -78,9 +78,13 @@ MAX_UNBOUNDED_PROFILE_STEPS = 200
 
 
 def parse_profile_request_strict(body: dict[str, Any], device: str, root: str | None = None) -> ProfileRequest:
-    """parse_profile_request with the limits for shared or exposed servers: output_dir confined to
-    the trace root, and a profile without num_steps stopped after MAX_UNBOUNDED_PROFILE_STEPS."""
-    req = parse_profile_request(body, device)
+    """parse_profile_request with the limits for shared or exposed servers (restrict_profile_request)."""
+    return restrict_profile_request(parse_profile_request(body, device), root)
+
+
+def restrict_profile_request(req: ProfileRequest, root: str | None = None) -> ProfileRequest:
+    """The limits for shared or exposed servers: output_dir confined to the trace root, and a profile
+    without num_steps stopped after MAX_UNBOUNDED_PROFILE_STEPS. ProfileRequestError when refused."""
     root = root or default_output_dir()
     out = confine_output_dir(req.output_dir, root)
     steps = req.num_steps if req.num_steps is not None else MAX_UNBOUNDED_PROFILE_STEPS
