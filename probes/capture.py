@@ -18,7 +18,9 @@ import tuner, start processes, or build a path or command from server-sent text 
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import time
 import uuid
 import zlib
@@ -34,6 +36,11 @@ import httpx
 TRACE_NAME = re.compile(r"^(?P<profile_id>[A-Za-z0-9][A-Za-z0-9._-]*?)-TP-(?P<rank>\d+)"
                         r"(?:-DP-\d+)?(?:-PP-\d+)?(?:-EP-\d+)?(?:-(?:EXTEND|DECODE))?\.trace\.json\.gz$")
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
+# Trace downloads are legitimately tens to hundreds of MB per rank: a generous cap, and the disk must
+# keep this much free after each file (a full disk breaks the recording too).
+MAX_TRACE_BYTES = 2 * 1024**3
+MIN_FREE_BYTES = 256 * 1024**2
+MAX_LISTING_BYTES = 4 * 1024**2
 
 
 class CaptureError(RuntimeError):
@@ -194,7 +201,7 @@ class TraceCapture:
                 got = []
                 for name in ready:
                     self._progress("downloading", pid, len(got), expected, f"downloading {name}")
-                    path = self._download(name, dest / name)
+                    path = self._download(name, dest / name, deadline)
                     if not gzip_complete(path):  # still being written on the server: list again later
                         path.unlink(missing_ok=True)
                         break
@@ -206,32 +213,55 @@ class TraceCapture:
                                    "the timeout: is the server decoding?")
             self._sleep(self._poll_s)
 
-    def _download(self, name: str, target: Path) -> Path:
+    def _download(self, name: str, target: Path, deadline: float | None = None) -> Path:
+        """One rank file to `target`, at most MAX_TRACE_BYTES, leaving MIN_FREE_BYTES on the disk,
+        ending by `deadline` (the capture's): CaptureError otherwise, and no partial file left."""
         partial = target.with_name(target.name + ".part")
         try:
-            with self._client.stream("GET", f"/specdecode/traces/{quote(name, safe='')}") as r:
+            with self._client.stream("GET", f"/specdecode/traces/{quote(name, safe='')}",
+                                     headers={"Accept-Encoding": "identity"}) as r:
                 if r.status_code != 200:
-                    raise CaptureError(f"download of {name} refused ({r.status_code}): {_one_line(r.read().decode(errors='replace'))}")
+                    raise CaptureError(f"download of {name} refused ({r.status_code}): "
+                                       f"{_one_line(_capped(r, 4096).decode(errors='replace'))}")
+                declared = r.headers.get("content-length", "")
+                size = int(declared) if declared.isdigit() else 0
+                if size > MAX_TRACE_BYTES:
+                    raise CaptureError(f"{name} is {size} bytes, over the {MAX_TRACE_BYTES >> 30} GiB cap per rank file")
+                _check_free(target.parent, size)
+                written = 0
                 with open(partial, "wb") as f:
-                    for chunk in r.iter_bytes(1 << 20):
+                    for chunk in r.iter_raw(1 << 20):
+                        written += len(chunk)
+                        if written > MAX_TRACE_BYTES:
+                            raise CaptureError(f"{name} is over the {MAX_TRACE_BYTES >> 30} GiB cap per rank file")
+                        if deadline is not None and self._clock() > deadline:
+                            raise CaptureError(f"download of {name} did not finish before the capture's timeout")
                         f.write(chunk)
+                        if written % (64 << 20) < len(chunk):      # every ~64 MB: is the disk filling up?
+                            _check_free(target.parent, 0)
         except httpx.HTTPError as e:
             partial.unlink(missing_ok=True)
             raise CaptureError(f"download of {name} failed ({type(e).__name__}: {e})") from None
+        except (CaptureError, OSError):
+            partial.unlink(missing_ok=True)
+            raise
         partial.replace(target)
         return target
 
     # -- helpers --------------------------------------------------------------------------------
     def _get_json(self, path: str, hint: str = "") -> Any:
         try:
-            r = self._client.get(path)
+            with self._client.stream("GET", path) as r:
+                status, body = r.status_code, _capped(r, MAX_LISTING_BYTES + 1)
         except httpx.HTTPError as e:
             raise CaptureError(f"{self.base_url}{path}: {type(e).__name__}: {e}") from None
-        if r.status_code != 200:
-            raise CaptureError(f"{path} answered {r.status_code}{hint}: {_one_line(r.text)}")
+        if status != 200:
+            raise CaptureError(f"{path} answered {status}{hint}: {_one_line(body.decode(errors='replace'))}")
+        if len(body) > MAX_LISTING_BYTES:
+            raise CaptureError(f"{path} answered more than {MAX_LISTING_BYTES >> 20} MB{hint}")
         try:
-            return r.json()
-        except ValueError:
+            return json.loads(body)
+        except (ValueError, RecursionError):     # not JSON, or nested past the recursion limit
             raise CaptureError(f"{path} did not answer JSON{hint}") from None
 
     def _progress(self, stage: str, pid: str, ready: int, expected: int, message: str) -> None:
@@ -289,3 +319,24 @@ def _size(p: Path) -> int:
 def _rank_of(p: Path) -> int:
     m = TRACE_NAME.match(p.name)
     return int(m.group("rank")) if m else 0
+
+
+def _capped(resp: httpx.Response, cap: int) -> bytes:
+    """At most `cap` bytes of a streamed body (the rest is never read)."""
+    got = bytearray()
+    for chunk in resp.iter_bytes():
+        got.extend(chunk)
+        if len(got) >= cap:
+            break
+    return bytes(got[:cap])
+
+
+def _check_free(directory: Path, need: int) -> None:
+    """CaptureError when writing `need` more bytes would leave less than MIN_FREE_BYTES free."""
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return
+    if free - need < MIN_FREE_BYTES:
+        raise CaptureError(f"not enough free disk space in {directory} for the trace download "
+                           f"({free >> 20} MB free, {need >> 20} MB needed, {MIN_FREE_BYTES >> 20} MB kept free)")

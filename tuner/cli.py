@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 
 from tuner import __version__
@@ -35,8 +36,15 @@ ENGINE_COMMANDS: dict[str, str] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors never echo a key (`--api-ke=K could match ...`)."""
+
+    def error(self, message: str):  # noqa: ANN201 - argparse's signature
+        super().error(re.sub(r"(--api[\w-]*)=(\S+)", r"\1=***", message))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="specdecode-tune",
         description="Profile and tune EAGLE-3 speculative decoding on a running server.",
     )

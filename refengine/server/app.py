@@ -24,10 +24,10 @@ from refengine.server.generation import Admission, Generation, run_all, slot_pro
 from refengine.server.handlers import Handler
 from refengine.server.inputs import BadRequest, GenerateInput, parse_generate
 from refengine.server.metrics import Metrics
-from refengine.server.options import OptionsError, ServerOptions, parse_options
+from refengine.server.options import OptionsError, ServerOptions, is_loopback, parse_options
 from refengine.server.outputs import RequestOutput
 from refengine.server.phase_stats import PhaseStats
-from refengine.server.profiles import ProfileRequest, TraceFiles
+from refengine.server.profiles import ProfileRequest, ProfileRequestError, TraceFiles, restrict_profile_request
 from refengine.server.tokenizer import load_tokenizer
 
 log = logging.getLogger("refengine.server")
@@ -354,6 +354,13 @@ class ServerApp:
             raise BadRequest(f"the engine is not running: {e}", 503, "ServiceUnavailable") from None
 
     def start_profile(self, req: ProfileRequest) -> None:
+        if self.opts.restrict_profiling or not is_loopback(self.opts.host):
+            # Off loopback (or asked to): output_dir stays inside the trace root and an unbounded
+            # profile is capped. On loopback SGLang's accepted inputs win.
+            try:
+                req = restrict_profile_request(req)
+            except ProfileRequestError as e:
+                raise BadRequest(str(e)) from None
         with self._profile_lock:
             try:
                 os.makedirs(req.output_dir, exist_ok=True)

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import re
 import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from probes.api_key import ENV_VAR, ApiKeyError, resolve_api_key
+from probes.api_key import redact_argv as key_redact_argv
+
 PLACEMENTS = ("sharded", "replicated", "rank0")
 ALGORITHMS = ("EAGLE3", "NONE")
 DTYPES = ("auto", "float32", "float", "float16", "half", "bfloat16", "float64")
-SECRET_FLAGS = ("--api-key",)
+SECRET_FLAGS = ("--api-key",)   # --api-key-file names a path, not a secret
 
 
 class OptionsError(ValueError):
@@ -43,6 +47,7 @@ class ServerOptions:
     max_running_requests: int | None = None
     context_length: int | None = None
     api_key: str | None = None
+    restrict_profiling: bool = False
     enable_metrics: bool = True
     decode_log_interval: int = 40
     emulate_comm_latency: str | None = None
@@ -109,8 +114,15 @@ def _port(text: str) -> int:
     return v
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors never echo a key (`--api-ke=K could match ...`)."""
+
+    def error(self, message: str):  # noqa: ANN201 - argparse's signature
+        super().error(re.sub(r"(--api[\w-]*)=(\S+)", r"\1=<redacted>", message))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="specdecode-tune serve",
         description="Run the reference EAGLE-3 engine as an SGLang-compatible HTTP server.",
     )
@@ -157,7 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--host", default="127.0.0.1")
     h.add_argument("--port", type=_port, default=30000)
     h.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' (required off loopback)")
+                   help="require 'Authorization: Bearer KEY' (required off loopback; visible in ps: prefer "
+                        f"--api-key-file or ${ENV_VAR})")
+    h.add_argument("--api-key-file", default=None, metavar="FILE",
+                   help=f"read the key from FILE's first line (mode 600); default: ${ENV_VAR}")
+    h.add_argument("--restrict-profiling", action="store_true",
+                   help="confine /start_profile's output_dir to the trace root and stop a profile without "
+                        "num_steps after 200 steps (always so off loopback)")
     h.add_argument("--enable-metrics", action="store_true",
                    help="accepted for SGLang compatibility; /metrics is always on here")
     h.add_argument("--decode-log-interval", type=_nonneg_int, default=40,
@@ -191,6 +209,10 @@ def _validate_latency(text: str) -> None:
 def parse_options(argv: list[str]) -> ServerOptions:
     """Parse `serve` arguments; argparse exits on syntax errors, OptionsError on bad combinations."""
     a = build_parser().parse_args(argv)
+    try:
+        api_key = resolve_api_key(a.api_key, a.api_key_file)
+    except ApiKeyError as e:
+        raise OptionsError(str(e)) from None
     algo = a.speculative_algorithm
     if algo == "EAGLE":
         algo = "EAGLE3"
@@ -199,10 +221,10 @@ def parse_options(argv: list[str]) -> ServerOptions:
     if algo is None:
         # This engine exists to run EAGLE-3: speculation is on unless NONE is asked for.
         algo = "EAGLE3"
-    if not is_loopback(a.host) and not a.api_key:
+    if not is_loopback(a.host) and not api_key:
         raise OptionsError(
-            f"refusing to listen on {a.host} without --api-key: control and profiling would be open "
-            "to the network (bind 127.0.0.1, or pass --api-key)")
+            f"refusing to listen on {a.host} without --api-key (or --api-key-file FILE, or ${ENV_VAR}): "
+            "control and profiling would be open to the network (bind 127.0.0.1, or give a key)")
     if a.emulate_comm_latency is not None:
         _validate_latency(a.emulate_comm_latency)
     topk, steps, ndt = a.speculative_eagle_topk, a.speculative_num_steps, a.speculative_num_draft_tokens
@@ -218,10 +240,13 @@ def parse_options(argv: list[str]) -> ServerOptions:
         speculative_simulate_accept=a.speculative_simulate_accept,
         speculative_use_rejection_sampling=a.speculative_use_rejection_sampling,
         tp_size=a.tp_size, device=a.device, dtype=a.dtype, host=a.host, port=a.port,
-        max_running_requests=a.max_running_requests, context_length=a.context_length, api_key=a.api_key,
+        max_running_requests=a.max_running_requests, context_length=a.context_length, api_key=api_key,
+        restrict_profiling=a.restrict_profiling,
         enable_metrics=True, decode_log_interval=a.decode_log_interval,
         emulate_comm_latency=a.emulate_comm_latency, skip_server_warmup=a.skip_server_warmup,
         disable_cuda_graph=a.disable_cuda_graph, cuda_graph_mode=a.cuda_graph_mode,
         enable_torch_compile=a.enable_torch_compile, torch_compile_max_bs=a.torch_compile_max_bs,
-        random_seed=a.random_seed, launch_command=["specdecode-tune", "serve", *argv],
+        random_seed=a.random_seed,
+        # The key by value too: argparse also takes abbreviations (`--api-ke K`, `--api=K`).
+        launch_command=["specdecode-tune", "serve", *key_redact_argv(list(argv), [api_key] if api_key else [])],
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import tempfile
 import threading
 import time
@@ -43,8 +44,60 @@ class ProfileRequest:
 
 
 def default_output_dir() -> str:
-    # SGLang: the scheduler reads SGLANG_TORCH_PROFILER_DIR, else a temp directory.
-    return os.environ.get("SGLANG_TORCH_PROFILER_DIR") or tempfile.gettempdir()
+    # SGLang: the scheduler reads SGLANG_TORCH_PROFILER_DIR, else a temp directory. Not the shared
+    # temp directory itself: there any local user could plant trace files this server would list and
+    # serve, so a private one of this user's inside it.
+    return os.environ.get("SGLANG_TORCH_PROFILER_DIR") or private_trace_dir()
+
+
+def private_trace_dir() -> str:
+    """`$TMPDIR/specdecode-traces-<uid>`, mode 700, owned by this user; when that name is taken by
+    something else (another owner, a link, open permissions) a fresh private directory instead."""
+    d = os.path.join(tempfile.gettempdir(), f"specdecode-traces-{os.getuid()}")
+    try:
+        os.mkdir(d, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return tempfile.mkdtemp(prefix="specdecode-traces-")
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return tempfile.mkdtemp(prefix="specdecode-traces-")       # 0700 by construction
+    return d
+
+
+def confine_output_dir(output_dir: str, root: str) -> str:
+    """`output_dir` resolved, when it lies inside `root` (the trace root); ProfileRequestError otherwise.
+
+    Used off loopback or behind a flag (the HTTP layer decides): on loopback without a key SGLang's
+    accepted inputs win and any directory the server can write is taken, as SGLang does.
+    """
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(os.path.join(real_root, output_dir))
+    if os.path.commonpath([real, real_root]) != real_root:
+        raise ProfileRequestError(f"output_dir must lie inside the trace root {root} on this server")
+    return real
+
+
+# Without num_steps a profile runs until /stop_profile; where that is capped (off loopback), it stops
+# by itself after this many decode steps.
+MAX_UNBOUNDED_PROFILE_STEPS = 200
+
+
+def parse_profile_request_strict(body: dict[str, Any], device: str, root: str | None = None) -> ProfileRequest:
+    """parse_profile_request with the limits for shared or exposed servers (restrict_profile_request)."""
+    return restrict_profile_request(parse_profile_request(body, device), root)
+
+
+def restrict_profile_request(req: ProfileRequest, root: str | None = None) -> ProfileRequest:
+    """The limits for shared or exposed servers: output_dir confined to the trace root, and a profile
+    without num_steps stopped after MAX_UNBOUNDED_PROFILE_STEPS. ProfileRequestError when refused."""
+    root = root or default_output_dir()
+    out = confine_output_dir(req.output_dir, root)
+    steps = req.num_steps if req.num_steps is not None else MAX_UNBOUNDED_PROFILE_STEPS
+    return ProfileRequest(output_dir=out, num_steps=min(steps, MAX_UNBOUNDED_PROFILE_STEPS),
+                          activities=req.activities, with_stack=req.with_stack,
+                          record_shapes=req.record_shapes, profile_id=req.profile_id)
 
 
 def parse_profile_request(body: dict[str, Any], device: str) -> ProfileRequest:

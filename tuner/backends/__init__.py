@@ -17,8 +17,10 @@ def detect_kind(server_info: dict, metric_names: list[str] | None = None) -> str
     """"refengine", "sglang" or None, from a /server_info body (and /metrics names if read)."""
     if server_info.get("engine") == "refengine":
         return "refengine"
+    states = server_info.get("internal_states")
+    first = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
     if metric_names and any(n.startswith("specdecode:") for n in metric_names) and \
-            "speculative_draft_placement" in (server_info.get("internal_states") or [{}])[0]:
+            "speculative_draft_placement" in first:
         return "refengine"
     if "internal_states" in server_info and "version" in server_info:
         return "sglang"
@@ -26,24 +28,32 @@ def detect_kind(server_info: dict, metric_names: list[str] | None = None) -> str
 
 
 def connect(url: str, api_key: str | None = None, timeout: float = 3.0) -> Backend:
-    """The backend for the server at `url`. Raises ServerError (one line) when none can be used."""
+    """The backend for the server at `url`. Raises ServerError (one line) when none can be used.
+
+    Reads /server_info and /metrics once each (every read is bounded by its deadline), so a slow
+    server costs connect() at most two deadlines.
+    """
     from tuner.backends.promtext import MetricsParseError, parse_metrics
     from tuner.backends.refengine import RefEngineBackend
     from tuner.backends.sglang import SGLangBackend
 
     probe = RefEngineBackend(url, api_key, timeout=timeout)
+    metrics_text: str | None = None
     try:
         try:
-            info = probe.probe()
+            info = probe._http["info"].get_json("/server_info")
         except BadAnswer as e:
             if e.status == 404:
                 raise BadAnswer(f"{url} has no /server_info: not SGLang 0.5.x or specdecode-tune serve",
                                 404) from None
             raise
+        if not isinstance(info, dict):
+            raise BadAnswer("GET /server_info: not a JSON object")
         kind = detect_kind(info)
         if kind is None:
             try:
-                names = parse_metrics(probe._http["info"].get_text("/metrics")).names()
+                metrics_text = probe.read_metrics_text()
+                names = parse_metrics(metrics_text).names()
             except (ServerError, MetricsParseError):
                 names = []
             kind = detect_kind(info, names)
@@ -53,7 +63,11 @@ def connect(url: str, api_key: str | None = None, timeout: float = 3.0) -> Backe
     finally:
         probe.stop()
     backend: Backend = (RefEngineBackend if kind == "refengine" else SGLangBackend)(url, api_key, timeout=timeout)
-    backend.probe()                  # type: ignore[attr-defined]
-    if isinstance(backend, SGLangBackend):
-        backend.check_plugin()
+    try:
+        backend.probe(info, metrics_text)          # type: ignore[attr-defined]
+        if isinstance(backend, SGLangBackend):
+            backend.check_plugin()
+    except BaseException:
+        backend.stop()
+        raise
     return backend

@@ -95,19 +95,29 @@ class ControlResult:
 
 @dataclass(frozen=True)
 class ConnectionState:
+    """connecting (since NaN), connected, degraded (connected, with `degraded` the reason) or
+    disconnected (`error` the reason)."""
+
     connected: bool
     since: float
     error: str = ""
+    degraded: str = ""
 
 
 class ConnectionMonitor:
-    """Turns poll outcomes from several threads into CONNECTED/DISCONNECTED events, once per change."""
+    """Turns poll outcomes from several threads into connection events, once per change.
+
+    connected -> degraded when an endpoint answers too slowly (DEGRADED, and a POLL_ERROR on that
+    endpoint); degraded -> connected when every slow endpoint answered in time again (CONNECTED with
+    after_s 0); anything -> disconnected when nothing answers at all (DISCONNECTED).
+    """
 
     def __init__(self, bus: Bus, clock: Clock, url: str, backend: str) -> None:
         self._bus, self._clock, self._url, self._backend = bus, clock, url, backend
         self._lock = threading.Lock()
         self._state: ConnectionState | None = None
         self._errors: dict[str, str] = {}
+        self._slow: dict[str, str] = {}
 
     @property
     def state(self) -> ConnectionState:
@@ -115,23 +125,56 @@ class ConnectionMonitor:
             return self._state or ConnectionState(False, math.nan, "connecting")
 
     def ok(self, endpoint: str | None = None) -> bool:
-        """Record a good answer; returns True when this ends a disconnection (or is the first)."""
+        """Record a good answer in time; returns True when this ends a disconnection (or is the first)."""
+        events: list[Event] = []
         with self._lock:
             if endpoint is not None:
                 self._errors.pop(endpoint, None)
+                self._slow.pop(endpoint, None)
             st = self._state
-            if st is not None and st.connected:
-                return False
             now = self._clock.now()
-            after = 0.0 if st is None else max(0.0, now - st.since)
-            self._state = ConnectionState(True, now)
-        self._bus.put(Event(now, EventKind.CONNECTED, {"url": self._url, "backend": self._backend,
-                                                       "after_s": round(after, 3)}))
-        return True
+            first = st is None or not st.connected
+            if first:
+                after = 0.0 if st is None else max(0.0, now - st.since)
+                self._state = ConnectionState(True, now)
+                events.append(Event(now, EventKind.CONNECTED, {"url": self._url, "backend": self._backend,
+                                                               "after_s": round(after, 3)}))
+                events += self._degrade_locked(now)      # still slow elsewhere
+            elif st.degraded and not self._slow:
+                self._state = ConnectionState(True, now)
+                events.append(Event(now, EventKind.CONNECTED, {"url": self._url, "backend": self._backend,
+                                                               "after_s": 0.0, "was": "degraded"}))
+            elif st.degraded:
+                events += self._degrade_locked(now)      # the reason shown must still be true
+        self._bus.put_many(events)
+        return first
+
+    def _degrade_locked(self, now: float) -> list[Event]:
+        st = self._state
+        if not self._slow or st is None or not st.connected:
+            return []
+        endpoint, reason = next(iter(self._slow.items()))
+        if st.degraded == reason:
+            return []
+        self._state = ConnectionState(True, now, degraded=reason)
+        return [Event(now, EventKind.DEGRADED, {"url": self._url, "since": now, "endpoint": endpoint,
+                                                "reason": reason})]
+
+    def slow(self, endpoint: str, error: str) -> None:
+        """The server took the request but did not answer in full in time: degraded, not gone."""
+        self.bad_answer(endpoint, error)
+        with self._lock:
+            self._slow[endpoint] = error
+            now = self._clock.now()
+            if self._state is None:        # slow from the first poll on: it did answer connect()
+                self._state = ConnectionState(True, now)
+            events = [] if self._state.degraded else self._degrade_locked(now)
+        self._bus.put_many(events)
 
     def lost(self, error: str) -> None:
-        """The server did not answer at all (refused, timed out, reset)."""
+        """The server did not answer at all (refused, reset, connect timed out)."""
         with self._lock:
+            self._slow.clear()
             st = self._state
             if st is not None and not st.connected:
                 return

@@ -16,7 +16,7 @@ from tuner.core import series as S
 from tuner.core.events import EventKind
 from tuner.core.records import NAN, Event, Sample
 from tuner.backends.base import DRAFT_TOKENS, PLACEMENT, STEPS, TOPK
-from tuner.backends.promtext import MetricSet, tail_counts
+from tuner.backends.promtext import MAX_ACCEPT_POSITION, MetricSet, tail_counts
 
 # sglang:forward_execution_seconds_total categories -> our phases (sglang-0.5.23.md §7.4).
 FORWARD_CATEGORIES = {"eagle_draft": "draft", "target_verify": "verify", "eagle_draft_extend": "draft_extend",
@@ -25,7 +25,8 @@ FORWARD_CATEGORIES = {"eagle_draft": "draft", "target_verify": "verify", "eagle_
 
 def acceptance_samples(t: float, h: list[float], steps: int | None, num_draft_tokens: Any) -> list[Sample]:
     """spec/accept_len, accept_rate, verifies and p_k / a_k for k = 1..steps from one histogram."""
-    positions = steps if isinstance(steps, int) and steps > 0 else None
+    # A server-reported step count beyond any real draft depth must not size the loop below.
+    positions = steps if isinstance(steps, int) and 0 < steps <= MAX_ACCEPT_POSITION else None
     acc = A.summarize(h, num_draft_tokens, positions=positions)
     out = [Sample(t, S.SPEC_VERIFIES, float(acc.verifies)),
            Sample(t, S.SPEC_ACCEPT_LEN, acc.accept_len),
@@ -61,7 +62,11 @@ def _field(record: Mapping[str, Any], key: str, phase: str) -> float:
 
 
 def _ints(x: Any) -> list[int]:
-    return [a for a in x if isinstance(a, int) and not isinstance(a, bool) and a >= 0] if isinstance(x, (list, tuple)) else []
+    """Accepted-draft counts of a record: ints in 0..MAX_ACCEPT_POSITION (a larger one would size the
+    histogram); anything else is left out."""
+    if not isinstance(x, (list, tuple)):
+        return []
+    return [a for a in x if isinstance(a, int) and not isinstance(a, bool) and 0 <= a <= MAX_ACCEPT_POSITION]
 
 
 @dataclass

@@ -1,18 +1,43 @@
-"""A small HTTP client for servers: JSON and text GETs, JSON POSTs, errors as one line.
+"""A small HTTP client for servers: JSON and text GETs, JSON POSTs, errors as one line, every read bounded.
 
-Wraps httpx with the API key header and short timeouts. Turns every failure into ServerUnreachable
-(nothing answered) or BadAnswer (something answered, but not what was asked for) with a message a
-person can act on. Must not retry, sleep or keep state beyond its connection pool: callers decide.
+Wraps httpx with the API key header. Every answer is read through tuner.backends.bounded: a size cap
+per endpoint (ENDPOINT_CAPS, after decompression too) and an overall deadline per request, so a body
+that never ends or trickles in cannot take the memory or hold a caller past the deadline. Turns every
+failure into ServerUnreachable (nothing answered), ServerSlow (it did not answer in time) or
+BadAnswer (something answered, but not what was asked for) with a message a person can act on.
+Must not retry, sleep or keep state beyond its connection pool: callers decide.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import httpx
 
-DEFAULT_TIMEOUT_S = 3.0
+from tuner.backends.bounded import (
+    MB, BadEncoding, BodyTooLarge, DeadlineExceeded, Limits, TooDeep, loads_bounded, read_body,
+)
+from tuner.core.text import terminal_safe
+
+DEFAULT_TIMEOUT_S = 3.0       # one socket operation (connect, one read)
+DEFAULT_DEADLINE_S = 5.0      # a whole GET, headers and body
+CONTROL_DEADLINE_S = 15.0     # a POST: /set_internal_state waits until every rank applied the change
+
+# The most each endpoint may send, decoded. A real /metrics of an 8-GPU SGLang server is well under
+# 1 MB; a phase page of 1024 records about 0.5 MB. Anything else (an /server_info, an error body, a
+# control reply) is small JSON.
+ENDPOINT_CAPS: dict[str, int] = {
+    "/metrics": 16 * MB,
+    "/specdecode/phases": 16 * MB,
+    "/server_info": 4 * MB,
+}
+DEFAULT_CAP = 4 * MB
+
+
+def cap_for(path: str) -> int:
+    return ENDPOINT_CAPS.get(path.split("?", 1)[0], DEFAULT_CAP)
 
 
 class ServerError(Exception):
@@ -20,11 +45,16 @@ class ServerError(Exception):
 
 
 class ServerUnreachable(ServerError):
-    """Nothing answered (refused, timed out, connection dropped)."""
+    """Nothing answered (refused, connection dropped, connect timed out)."""
+
+
+class ServerSlow(ServerError):
+    """The server took the connection but did not answer in full before the deadline (a poll error
+    on that endpoint and a degraded connection, not a disconnect)."""
 
 
 class BadAnswer(ServerError):
-    """The server answered, but with an error status, HTML or unparseable content."""
+    """The server answered, but with an error status, HTML, an oversized or unparseable body."""
 
     def __init__(self, message: str, status: int | None = None, body: Any = None) -> None:
         super().__init__(message)
@@ -33,45 +63,87 @@ class BadAnswer(ServerError):
 
 
 def _snippet(text: str, n: int = 80) -> str:
-    one = " ".join(text.split())
+    one = " ".join(terminal_safe(text).split())
     return one if len(one) <= n else one[: n - 1] + "…"
 
 
-def _looks_like_html(resp: httpx.Response) -> bool:
+class Answer:
+    """A status, headers and a body already read in full (within its cap and deadline)."""
+
+    def __init__(self, status: int, headers: httpx.Headers, content: bytes) -> None:
+        self.status_code, self.headers, self.content = status, headers, content
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return loads_bounded(self.content)
+
+
+def _looks_like_html(resp: Answer) -> bool:
     ctype = resp.headers.get("content-type", "")
-    head = resp.text[:200].lstrip().lower()
-    return "html" in ctype or head.startswith(("<!doctype", "<html"))
+    head = resp.content[:200].lstrip().lower()
+    return "html" in ctype or head.startswith((b"<!doctype", b"<html"))
 
 
 class HttpClient:
-    """One base URL, optional bearer key. Safe to share between threads (httpx pools are)."""
+    """One base URL, optional bearer key. Safe to share between threads (httpx pools are).
 
-    def __init__(self, url: str, api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    Args:
+        timeout: seconds for one socket operation.
+        deadline: seconds for a whole GET (POSTs get CONTROL_DEADLINE_S unless told).
+    Raises ServerError (one line) for a URL that is not one.
+    """
+
+    def __init__(self, url: str, api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+                 deadline: float = DEFAULT_DEADLINE_S) -> None:
         self.url = url.rstrip("/")
+        self.timeout, self.deadline = timeout, deadline
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout,
-                                    follow_redirects=False, trust_env=False)
+        headers["Accept-Encoding"] = "gzip, deflate"      # what bounded.read_body decodes
+        try:
+            self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout,
+                                        follow_redirects=False, trust_env=False)
+        except (httpx.InvalidURL, ValueError, TypeError) as e:
+            raise ServerError(f"invalid URL {terminal_safe(url)!r}: {_snippet(str(e), 60)}") from None
 
     def close(self) -> None:
         self._client.close()
 
-    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+    def _request(self, method: str, path: str, *, deadline: float | None = None, **kw: Any) -> Answer:
+        deadline = self.deadline if deadline is None else deadline
+        limits = Limits(cap_for(path), deadline)
+        first = min(self.timeout, deadline)
+        where = f"{method} {self.url}{path}"
+        started = time.monotonic()
         try:
-            return self._client.request(method, path, **kw)
+            with self._client.stream(method, path, timeout=httpx.Timeout(first), **kw) as resp:
+                body = read_body(resp, limits, started)
+                return Answer(resp.status_code, resp.headers, body)
+        except DeadlineExceeded:
+            raise ServerSlow(f"{where}: no full answer within {deadline:g} s") from None
+        except BodyTooLarge as e:
+            raise BadAnswer(f"{where}: body too large ({e}; the cap for {path.split('?')[0]} is "
+                            f"{limits.cap // MB} MB)") from None
+        except BadEncoding as e:
+            raise BadAnswer(f"{where}: {e}") from None
+        except httpx.ConnectTimeout:
+            raise ServerUnreachable(f"{where}: cannot connect (timed out)") from None
         except httpx.TimeoutException:
-            raise ServerUnreachable(f"{method} {self.url}{path}: timed out") from None
+            raise ServerSlow(f"{where}: timed out") from None
         except httpx.ConnectError as e:
-            raise ServerUnreachable(f"{method} {self.url}{path}: cannot connect ({_snippet(str(e), 60)})") from None
-        except (httpx.TransportError, httpx.DecodingError) as e:
-            raise ServerUnreachable(f"{method} {self.url}{path}: {type(e).__name__}: {_snippet(str(e), 60)}") from None
-        except httpx.InvalidURL as e:
-            raise ServerError(f"invalid URL {self.url}{path}: {e}") from None
+            raise ServerUnreachable(f"{where}: cannot connect ({_snippet(str(e), 60)})") from None
+        except (httpx.TransportError, httpx.DecodingError, httpx.StreamError) as e:
+            raise ServerUnreachable(f"{where}: {type(e).__name__}: {_snippet(str(e), 60)}") from None
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as e:
+            raise ServerError(f"invalid URL {terminal_safe(self.url)}{path}: {_snippet(str(e), 60)}") from None
 
-    def _check(self, method: str, path: str, resp: httpx.Response, expect_json: bool) -> None:
+    def _check(self, method: str, path: str, resp: Answer, expect_json: bool) -> None:
         where = f"{method} {path}"
         if resp.status_code in (401, 403):
-            raise BadAnswer(f"{where}: HTTP {resp.status_code}: the server wants an API key (--api-key)",
-                            resp.status_code)
+            raise BadAnswer(f"{where}: HTTP {resp.status_code}: the server wants an API key "
+                            "(--api-key-file, $SPECDECODE_API_KEY or --api-key)", resp.status_code)
         if resp.status_code >= 400:
             msg = _error_message(resp)
             raise BadAnswer(f"{where}: HTTP {resp.status_code}" + (f": {msg}" if msg else ""),
@@ -83,10 +155,7 @@ class HttpClient:
     def get_json(self, path: str, params: dict[str, Any] | None = None) -> Any:
         resp = self._request("GET", path, params=params)
         self._check("GET", path, resp, True)
-        try:
-            return resp.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise BadAnswer(f"GET {path}: not JSON: {_snippet(resp.text)!r}", resp.status_code) from None
+        return decode_json(path, resp.content, resp.status_code)
 
     def get_text(self, path: str) -> str:
         resp = self._request("GET", path)
@@ -98,26 +167,34 @@ class HttpClient:
         self._check("GET", path, resp, False)
         return resp.content
 
-    def post_json(self, path: str, body: Any) -> tuple[int, Any]:
+    def post_json(self, path: str, body: Any, deadline: float = CONTROL_DEADLINE_S) -> tuple[int, Any]:
         """POST JSON; returns (status, parsed JSON or None) for any status, raising only when
-        nothing answered. Callers interpret refusals (they differ per server kind)."""
-        resp = self._request("POST", path, json=body)
+        nothing (or nothing usable in time) answered. Callers interpret refusals (they differ per
+        server kind)."""
+        resp = self._request("POST", path, json=body, deadline=deadline)
         return resp.status_code, _json_or_none(resp) if not _looks_like_html(resp) else None
 
-    def stream(self, method: str, path: str, body: Any, timeout: float | None = None):  # noqa: ANN201
-        """A streaming request context (httpx); transport errors surface when iterating."""
-        return self._client.stream(method, path, json=body,
-                                   timeout=httpx.Timeout(timeout, connect=DEFAULT_TIMEOUT_S) if timeout else None)
+
+def decode_json(path: str, content: bytes, status: int | None = 200) -> Any:
+    """A JSON body (already within its cap) -> the value; BadAnswer (one line) for anything else:
+    not UTF-8, not JSON, nested deeper than MAX_JSON_DEPTH."""
+    try:
+        return loads_bounded(content)
+    except TooDeep as e:
+        raise BadAnswer(f"GET {path}: {e}", status) from None
+    except (ValueError, UnicodeDecodeError):     # JSONDecodeError is a ValueError
+        text = content[:200].decode("utf-8", errors="replace")
+        raise BadAnswer(f"GET {path}: not JSON: {_snippet(text)!r}", status) from None
 
 
-def _json_or_none(resp: httpx.Response) -> Any:
+def _json_or_none(resp: Answer) -> Any:
     try:
         return resp.json()
-    except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
+    except (ValueError, UnicodeDecodeError):     # JSONDecodeError and TooDeep are ValueErrors
         return None
 
 
-def _error_message(resp: httpx.Response) -> str:
+def _error_message(resp: Answer) -> str:
     """The message of an SGLang-style error body ({"error": {"message": ...}}), else a text snippet."""
     body = _json_or_none(resp)
     if isinstance(body, dict):

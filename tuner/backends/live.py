@@ -19,12 +19,13 @@ from tuner.backends.base import (
     KNOBS, Backend, Capabilities, ConnectionMonitor, ConnectionState, ControlResult,
 )
 from tuner.backends.derive import MetricsDeriver, PhaseStreamReader
-from tuner.backends.http import BadAnswer, HttpClient, ServerError, ServerUnreachable
+from tuner.backends.http import DEFAULT_DEADLINE_S, BadAnswer, HttpClient, ServerError, ServerSlow, ServerUnreachable
 from tuner.backends.promtext import MetricsParseError, parse_metrics, rank_info
 from tuner.core.bus import Bus
 from tuner.core.clock import Clock, SystemClock
 from tuner.core.events import EventKind
 from tuner.core.records import Event, Record, thaw
+from tuner.core.text import terminal_safe
 
 METRICS_INTERVAL_S = 0.25
 PHASES_INTERVAL_S = 0.25
@@ -48,14 +49,16 @@ class LiveBackend(Backend):
     kind = "live"
 
     def __init__(self, url: str, api_key: str | None = None, *, timeout: float = 3.0,
+                 deadline: float = DEFAULT_DEADLINE_S,
                  intervals: tuple[float, float, float] = (METRICS_INTERVAL_S, INFO_INTERVAL_S, PHASES_INTERVAL_S)) -> None:
         self.url = url.rstrip("/")
         self.api_key = api_key
         self.clock: Clock = SystemClock()
-        self._timeout = timeout
+        self._timeout = max(timeout, deadline)       # what one poll can take at most
         self._intervals = intervals
         # One HTTP client per poller thread plus one for control, so a slow endpoint never queues another.
-        self._http = {name: HttpClient(self.url, api_key, timeout) for name in ("metrics", "info", "phases", "control")}
+        self._http = {name: HttpClient(self.url, api_key, timeout, deadline)
+                      for name in ("metrics", "info", "phases", "control")}
         self._lock = threading.Lock()
         self._raw_info: dict[str, Any] = {}
         self._info: dict[str, Any] = {}
@@ -71,22 +74,34 @@ class LiveBackend(Backend):
         self._stop = threading.Event()
         self._restarted = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._slow_at_probe: dict[str, str] = {}
 
     # -- identity and capabilities ----------------------------------------------------------------
 
-    def probe(self) -> dict[str, Any]:
-        """Read /server_info once, synchronously (raises ServerError with one line)."""
-        raw = self._http["info"].get_json("/server_info")
+    def probe(self, raw: dict[str, Any] | None = None, metrics_text: str | None = None) -> dict[str, Any]:
+        """Read /server_info (and /metrics for the rank processes) once, synchronously; raises
+        ServerError with one line. `raw`/`metrics_text`: what connect() already read (each read
+        can take up to its deadline against a slow server, so none is repeated)."""
+        if raw is None:
+            raw = self._http["info"].get_json("/server_info")
         if not isinstance(raw, dict):
             raise BadAnswer("GET /server_info: not a JSON object")
         self._take_info(raw)
         try:   # the rank processes (pids, PCI bus ids) are known from the start, for headers and NVML
-            ranks = rank_info(parse_metrics(self._http["info"].get_text("/metrics")))
+            if metrics_text is None:
+                metrics_text = self.read_metrics_text()
+            ranks = rank_info(parse_metrics(metrics_text))
             with self._lock:
                 self._rank_info = ranks
+        except ServerSlow as e:
+            self._slow_at_probe["/metrics"] = str(e)    # said as soon as the session starts
         except (ServerError, MetricsParseError):
             pass
         return raw
+
+    def read_metrics_text(self) -> str:
+        """GET /metrics once (bounded like every read); ServerError on failure."""
+        return self._http["info"].get_text("/metrics")
 
     def _take_info(self, raw: dict[str, Any]) -> None:
         info = self.normalize_info(raw)
@@ -131,6 +146,8 @@ class LiveBackend(Backend):
         """Say where records go and what time it is, without starting threads (tests poll by hand)."""
         self._bus, self.clock = bus, clock
         self._monitor = ConnectionMonitor(bus, clock, self.url, self.kind)
+        for endpoint, error in self._slow_at_probe.items():
+            self._monitor.slow(endpoint, error)      # an endpoint that was already too slow at connect
 
     def start(self, bus: Bus, clock: Clock) -> None:
         self.attach(bus, clock)
@@ -160,7 +177,8 @@ class LiveBackend(Backend):
             except Exception as e:   # noqa: BLE001 - a poller must outlive any answer it is given
                 keep = True
                 if self._monitor is not None:
-                    self._monitor.bad_answer(fn.__name__, f"{fn.__name__}: {type(e).__name__}: {str(e)[:120]}")
+                    self._monitor.bad_answer(fn.__name__, f"{fn.__name__}: {type(e).__name__}: "
+                                                          f"{terminal_safe(str(e))[:120]}")
             if keep is False:            # e.g. the server has no phase stream: stop asking
                 return
             # A server that is down is asked less often, but often enough to notice its return.
@@ -181,6 +199,9 @@ class LiveBackend(Backend):
         if isinstance(err, ServerUnreachable):
             self._monitor.lost(str(err))
             self.metrics.reset()
+        elif isinstance(err, ServerSlow):
+            # Too slow on this endpoint: a poll error there and a degraded connection, not a disconnect.
+            self._monitor.slow(endpoint, str(err))
         else:
             self._monitor.ok()          # it answered; what it said is the problem
             self._monitor.bad_answer(endpoint, str(err))
@@ -276,7 +297,7 @@ class LiveBackend(Backend):
                 return False
             self._failed("/specdecode/phases", e)
             return True
-        except ServerUnreachable as e:
+        except (ServerUnreachable, ServerSlow) as e:
             self._failed("/specdecode/phases", e)
             self.phases.reset()
             return True

@@ -12,7 +12,7 @@ import itertools
 import json
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import httpx
 
@@ -24,6 +24,42 @@ from tuner.core.records import Event, Sample
 
 REPORT_EVERY_S = 0.25
 REQUEST_TIMEOUT_S = 600.0
+# One SSE line holds the cumulative output of one request (a few KB); a server that never ends a
+# line must not grow it without bound. Error bodies are read only this far.
+MAX_SSE_LINE = 4 * 1024 * 1024
+MAX_ERROR_BODY = 64 * 1024
+
+
+class StreamTooLong(Exception):
+    """An SSE line past MAX_SSE_LINE."""
+
+
+def sse_lines(chunks: Iterable[bytes], limit: int = MAX_SSE_LINE) -> Iterator[str]:
+    """Lines of an SSE stream from raw chunks, each at most `limit` bytes (StreamTooLong otherwise)."""
+    buf = bytearray()
+    for chunk in chunks:
+        buf.extend(chunk)
+        while True:
+            nl = buf.find(b"\n")
+            if nl < 0:
+                break
+            line = bytes(buf[:nl]).rstrip(b"\r")
+            del buf[: nl + 1]
+            yield line.decode("utf-8", errors="replace")
+        if len(buf) > limit:
+            raise StreamTooLong(f"an SSE line longer than {limit // 2**20} MB")
+    if buf:
+        yield bytes(buf).decode("utf-8", errors="replace")
+
+
+def _capped_text(resp: httpx.Response, cap: int = MAX_ERROR_BODY) -> str:
+    """The first `cap` bytes of a body, never more (an error page can be endless too)."""
+    got = bytearray()
+    for chunk in resp.iter_raw():
+        got.extend(chunk)
+        if len(got) >= cap:
+            break
+    return bytes(got[:cap]).decode("utf-8", errors="replace")
 
 
 class PromptFileError(ValueError):
@@ -84,6 +120,7 @@ class LoadDriver:
         self.max_new_tokens = max_new_tokens
         self.sampling_params = {"temperature": 0.0, "ignore_eos": True, **(sampling_params or {})}
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        headers["Accept-Encoding"] = "identity"       # the stream is read raw, line by bounded line
         self._client = httpx.Client(base_url=self.url, headers=headers, trust_env=False,
                                     timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=3.0),
                                     limits=httpx.Limits(max_connections=concurrency + 2))
@@ -149,10 +186,13 @@ class LoadDriver:
             try:
                 with self._client.stream("POST", "/generate", json=self._body()) as resp:
                     if resp.status_code != 200:
-                        resp.read()
-                        err = f"/generate: HTTP {resp.status_code}: {resp.text[:120]}"
+                        err = f"/generate: HTTP {resp.status_code}: {_capped_text(resp)[:120]}"
+                    elif resp.headers.get("content-encoding", "identity").lower() != "identity":
+                        err = "/generate: a compressed event stream is not read"
                     else:
-                        err, done = self._consume(i, resp.iter_lines())
+                        err, done = self._consume(i, sse_lines(resp.iter_raw()))
+            except StreamTooLong as e:
+                err = f"/generate: {e}"
             except (httpx.HTTPError, RuntimeError) as e:
                 err = None if self._stop.is_set() else f"/generate: {type(e).__name__}: {str(e)[:120]}"
             with self._lock:

@@ -13,7 +13,15 @@ from typing import Iterable, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tuner.core.text import terminal_safe
+
 NAN = math.nan
+# The deepest draft position any server reports: the engine caps num_draft_tokens at 64, and SGLang's
+# trees are far shallower. A label k beyond it is a server's mistake (or an attack: k="20000000"
+# would size a 20-million-entry list) and is left out.
+MAX_ACCEPT_POSITION = 64
+# Where a parse error is, is looked for in this many lines only (each is parsed on its own).
+_BAD_LINE_SEARCH = 2000
 
 
 class MetricsParseError(ValueError):
@@ -86,26 +94,31 @@ def parse_metrics(text: str) -> MetricSet:
 
 
 def _first_bad_line(text: str) -> str:
-    for raw in text.splitlines():
+    for n, raw in enumerate(text.splitlines()):
+        if n >= _BAD_LINE_SEARCH:
+            break
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         try:
             list(text_string_to_metric_families(line + "\n"))
         except Exception:
-            return line[:60]
+            return terminal_safe(line[:60])
     return ""
 
 
 def tail_counts(ms: MetricSet, name: str, label: str = "k") -> list[float]:
-    """A counter family indexed by an integer label (k = 0, 1, ...) as a dense list; [] when absent."""
+    """A counter family indexed by an integer label (k = 0, 1, ...) as a dense list; [] when absent.
+
+    Labels that are not integers in 0..MAX_ACCEPT_POSITION, and values that are not finite, are left
+    out: one sample must not size an allocation."""
     by = ms.by_label(name, label)
     idx: dict[int, float] = {}
     for k, v in by.items():
-        try:
-            idx[int(k)] = v
-        except ValueError:
+        if not (k.isascii() and k.isdigit() and len(k) <= 4) or not math.isfinite(v):
             continue
+        if int(k) <= MAX_ACCEPT_POSITION:
+            idx[int(k)] = v
     if not idx:
         return []
     return [idx.get(i, 0.0) for i in range(max(idx) + 1)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from tuner.backends.base import Capabilities
-from tuner.backends.common_info import common_info
+from tuner.backends.common_info import common_info, shown
 from tuner.backends.live import LiveBackend
 
 
@@ -35,7 +35,7 @@ class RefEngineBackend(LiveBackend):
         if status == 200 and isinstance(body, list) and body and all(x is True for x in body):
             return True, ""
         if isinstance(body, dict) and isinstance(body.get("error"), dict):
-            return False, str(body["error"].get("message") or body["error"])
+            return False, shown(body["error"].get("message") or body["error"])
         if status == 200:
             return False, "refused by the server"
-        return False, f"HTTP {status}" + (f": {body}" if body is not None else "")
+        return False, f"HTTP {status}" + (f": {shown(body)}" if body is not None else "")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from tuner.backends.base import DRAFT_TOKENS, PLACEMENT, STEPS, TOPK, Capabilities
-from tuner.backends.common_info import common_info, internal_state
+from tuner.backends.common_info import common_info, internal_state, shown
 from tuner.backends.http import ServerError
 from tuner.backends.live import LiveBackend
 
@@ -66,13 +66,16 @@ class SGLangBackend(LiveBackend):
     @property
     def capabilities(self) -> Capabilities:
         info = self.info
-        version = info.get("version", "0.5.23")
+        version = shown(info.get("version", "0.5.23"), 64)
         plugin = self.plugin is not None
         adaptive = bool(info.get("adaptive"))
-        relaunch = f"SGLang {version} cannot change {{what}} live: relaunch the server with {{flag}}"
+        def relaunch(what: str, flag: str) -> str:
+            # Never str.format a template holding a server string: "{build}" in a version is data.
+            return f"SGLang {version} cannot change {what} live: relaunch the server with {flag}"
+
         reasons = {
-            TOPK: relaunch.format(what="topk", flag="--speculative-eagle-topk N"),
-            DRAFT_TOKENS: relaunch.format(what="num_draft_tokens", flag="--speculative-num-draft-tokens N"),
+            TOPK: relaunch("topk", "--speculative-eagle-topk N"),
+            DRAFT_TOKENS: relaunch("num_draft_tokens", "--speculative-num-draft-tokens N"),
             PLACEMENT: (f"SGLang {version} has no draft placement setting: the draft runs on the target's "
                         "TP group (a relaunch with attention-DP moves it)"),
         }
@@ -107,5 +110,5 @@ class SGLangBackend(LiveBackend):
             if isinstance(err, dict):
                 err = err.get("message", err)
             if err:
-                return False, f"HTTP {status}: {err}"
+                return False, f"HTTP {status}: {shown(err)}"
         return False, f"HTTP {status}"

@@ -8,7 +8,6 @@ nothing is left running when it returns.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,9 +15,10 @@ from urllib.parse import urlsplit
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from tuner.commands.keys import add_key_arguments
+
     parser.add_argument("url", metavar="URL", help="the server, e.g. http://127.0.0.1:30000")
-    parser.add_argument("--api-key", default=os.environ.get("SPECDECODE_API_KEY"),
-                        help="sent as a bearer token (default: $SPECDECODE_API_KEY)")
+    add_key_arguments(parser)
     add_load_arguments(parser)
     add_tui_tune_arguments(parser)
 
@@ -97,6 +97,8 @@ def prompts_for(args: argparse.Namespace) -> list[dict]:
 
 def run(args: argparse.Namespace) -> int:
     from tuner.backends import ServerError, connect
+    from tuner.commands.keys import ApiKeyError, api_key_of
+    from tuner.core.text import terminal_safe
 
     if args.load < 0:
         print("specdecode-tune attach: --load must be 0 or more", file=sys.stderr)
@@ -106,9 +108,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     prompts, limits = inputs
     try:
-        backend = connect(args.url, api_key=args.api_key)
-    except ServerError as e:
+        backend = connect(args.url, api_key=api_key_of(args))
+    except ApiKeyError as e:
         print(f"specdecode-tune attach: {e}", file=sys.stderr)
+        return 2
+    except ServerError as e:
+        print(terminal_safe(f"specdecode-tune attach: {e}"), file=sys.stderr)
         return 1
     return run_tui(backend, args.load, prompts, args.max_new_tokens, tune=limits)
 

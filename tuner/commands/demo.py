@@ -9,6 +9,7 @@ down on the way out, however the TUI ends: no child is left.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import tempfile
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         return 130
     try:
         try:
-            backend = connect(engine.url)
+            backend = connect(engine.url, api_key=os.environ.get("SPECDECODE_API_KEY"))
         except ServerError as e:
             print(f"specdecode-tune demo: {e}\n{engine.log_tail()}", file=sys.stderr)
             return 1

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import tempfile
@@ -23,12 +22,13 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from tuner.commands.keys import add_key_arguments
+
     parser.add_argument("--log", type=Path, default=None,
                         help="server log file (default: server.log in a new temporary directory)")
     parser.add_argument("--ready-timeout", type=float, default=1800.0, metavar="S",
                         help="seconds to wait for the server to answer /health and /model_info")
-    parser.add_argument("--api-key", default=os.environ.get("SPECDECODE_API_KEY"),
-                        help="the server's --api-key, for readiness checks and control")
+    add_key_arguments(parser)
     parser.add_argument("--pin-steps", default=None, metavar="S1,S2,…",
                         help="launch adaptive with these step tiers captured, for live pinning by the plugin")
     parser.add_argument("--try", dest="tries", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
@@ -82,9 +82,12 @@ def run(args: argparse.Namespace) -> int:
     cmd = list(args.server_command)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
+    from tuner.commands.keys import api_key_of
+
     try:
         check_command(cmd)
         tries = [parse_try(t) for t in args.tries]
+        args.api_key = api_key_of(args)        # ApiKeyError is a ValueError: one line
     except (ArgsError, ValueError) as e:
         print(f"specdecode-tune launch: {e}", file=sys.stderr)
         return 2

@@ -14,6 +14,8 @@ import sys
 import time
 from typing import Any
 
+from tuner.core.text import terminal_safe
+
 DEFAULT_PROMPTS = [
     {"text": "The quick brown fox jumps over the lazy dog. " * 4},
     {"text": "def fibonacci(n):\n    if n < 2:\n        return n\n    return"},
@@ -23,8 +25,10 @@ DEFAULT_PROMPTS = [
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from tuner.commands.keys import add_key_arguments
+
     p.add_argument("url", help="server base URL, e.g. http://127.0.0.1:30000")
-    p.add_argument("--api-key", default=None, help="sent as Authorization: Bearer KEY")
+    add_key_arguments(p)
     p.add_argument("--seconds", type=float, default=3.0, help="how long to watch (default 3)")
     p.add_argument("--set", dest="changes", action="append", default=[], metavar="KEY=VALUE",
                    help="apply a live change first, e.g. --set speculative_num_steps=2 (repeatable)")
@@ -139,21 +143,22 @@ def format_table(r: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     from tuner.backends import ServerError, connect
     from tuner.backends.load import PromptFileError, load_prompts
+    from tuner.commands.keys import api_key_of
     from tuner.core.session import Session
 
     try:
         changes = dict(_parse_change(c) for c in args.changes)
         prompts = load_prompts(args.prompts) if args.prompts else DEFAULT_PROMPTS
-        backend = connect(args.url, api_key=args.api_key)
-    except (ServerError, PromptFileError, ValueError) as e:
-        print(f"specdecode-tune once: {e}", file=sys.stderr)
+        backend = connect(args.url, api_key=api_key_of(args))
+    except (ServerError, PromptFileError, ValueError) as e:     # ApiKeyError is a ValueError
+        print(terminal_safe(f"specdecode-tune once: {e}"), file=sys.stderr)
         return 2
     rc = 0
     with Session(backend) as session:
         if changes:
             res = session.set_config(changes, by="once")
             if not res.ok:
-                print(f"specdecode-tune once: change refused: {res.reason}", file=sys.stderr)
+                print(terminal_safe(f"specdecode-tune once: change refused: {res.reason}"), file=sys.stderr)
                 rc = 1
         if args.load > 0:
             session.start_load(prompts, args.load, max_new_tokens=args.max_new_tokens)
@@ -169,9 +174,11 @@ def run(args: argparse.Namespace) -> int:
             session.tick()
             time.sleep(0.1)
         session.stop_load()
-        session.tick()
-        r = readings(session, t0)
-    if not r["server"].get("kind") or r["connection"].startswith("disconnected"):
+    # Read after close: a poll still in flight when the time was up (a slow server) has ended by
+    # then (its deadline bounds it), and what it found belongs to this look.
+    r = readings(session, t0)
+    if not r["server"].get("kind") or r["connection"].startswith(("disconnected", "degraded")):
         rc = 1
-    print(json.dumps(r, indent=1, sort_keys=True) if args.json else format_table(r))
+    # json.dumps escapes control characters; the table is made terminal-safe line by line.
+    print(json.dumps(r, indent=1, sort_keys=True) if args.json else terminal_safe(format_table(r), keep_newlines=True))
     return rc

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+from tuner.core.text import terminal_safe
+
 TICK_S = 0.1
 # The recording is the file; the store only feeds the progress line and event messages. Small rings
 # keep an hours-long recording's memory flat (the TUI's default keeps hours of every series).
@@ -80,6 +82,8 @@ def parse_set_at(text: str) -> ScheduledChange:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from tuner.commands.keys import add_key_arguments
+
     p.add_argument("url", metavar="URL", help="the server, e.g. http://127.0.0.1:30000")
     p.add_argument("--out", "-o", type=Path, required=True, metavar="FILE", help="the recording to write (SQLite)")
     p.add_argument("--duration", type=parse_duration, default=None, metavar="D",
@@ -92,8 +96,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--capture-steps", type=int, default=5, metavar="N", help="decode steps per trace (default 5)")
     p.add_argument("--set-at", type=parse_set_at, action="append", default=[], metavar="WHEN:KEY=VALUE",
                    help="change a setting WHEN after the start, e.g. 20s:speculative_num_steps=4 (repeatable)")
-    p.add_argument("--api-key", default=os.environ.get("SPECDECODE_API_KEY"),
-                   help="sent as a bearer token (default: $SPECDECODE_API_KEY)")
+    add_key_arguments(p)
     p.add_argument("--overwrite", action="store_true", help="replace FILE if it exists")
     p.add_argument("--nvml-hz", type=float, default=10.0, metavar="HZ",
                    help="NVML readings per second per GPU (default 10; 0 = none; they are most of a long "
@@ -147,6 +150,7 @@ class Progress:
         if not force and now - self._last < self.every_s:
             return
         self._last = now
+        line = terminal_safe(line)          # server strings (setting values, errors) are data
         if self.tty:
             self.stream.write("\r\x1b[2K" + line)
             self._shown = True
@@ -159,7 +163,7 @@ class Progress:
         if self.tty and self._shown:
             self.stream.write("\r\x1b[2K")
             self._shown = False
-        self.stream.write(line + "\n")
+        self.stream.write(terminal_safe(line) + "\n")
         self.stream.flush()
         self._last = -math.inf if self.tty else self._last
 
@@ -281,7 +285,8 @@ class RecordLoop:
         """Disconnects, reconnects and refusals get a line of their own."""
         from tuner.core.events import EventKind as K
 
-        events = self.session.store.events((K.DISCONNECTED, K.CONNECTED, K.CONFIG_CHANGED, K.CONFIG_REFUSED))
+        events = self.session.store.events((K.DISCONNECTED, K.CONNECTED, K.DEGRADED, K.CONFIG_CHANGED,
+                                            K.CONFIG_REFUSED))
         new, self._seen_events = events[self._seen_events:], len(events)
         if self.progress is None:
             return
@@ -289,6 +294,10 @@ class RecordLoop:
             d = e.data
             if e.kind == K.DISCONNECTED:
                 self.progress.say(f"server gone: {d.get('error', '')} (recording goes on; waiting for it)")
+            elif e.kind == K.DEGRADED:
+                self.progress.say(f"server slow: {d.get('reason', '')} (recording goes on)")
+            elif e.kind == K.CONNECTED and d.get("was") == "degraded":
+                self.progress.say("server answers in time again")
             elif e.kind == K.CONNECTED and float(d.get("after_s") or 0) > 0:
                 self.progress.say(f"server back after {float(d.get('after_s')):.1f} s")
             elif e.kind == K.CONFIG_CHANGED:
@@ -319,20 +328,11 @@ def _setting(active: Any) -> str:
 
 # -- the command ------------------------------------------------------------------------------------
 
-def _command_line(argv: list[str]) -> str:
-    out, hide = [], False
-    for a in argv:
-        if hide:
-            out.append("***")
-            hide = False
-        elif a == "--api-key":
-            out.append(a)
-            hide = True
-        elif a.startswith("--api-key="):
-            out.append("--api-key=***")
-        else:
-            out.append(a)
-    return "specdecode-tune " + " ".join(shlex.quote(a) for a in out)
+def _command_line(argv: list[str], key: str | None = None) -> str:
+    """The command line as stored in the recording: the key never, however it was spelled."""
+    from tuner.commands.keys import argv_for_record
+
+    return "specdecode-tune " + " ".join(shlex.quote(a) for a in argv_for_record(argv, key))
 
 
 class _Stopper:
@@ -360,11 +360,12 @@ class _Stopper:
 def run(args: argparse.Namespace) -> int:
     from tuner.backends import ServerError, connect
     from tuner.commands.attach import builtin_prompts, gpu_labels, start_nvml
+    from tuner.commands.keys import ApiKeyError, api_key_of
     from tuner.core.session import Session
     from tuner.recording import Recorder, RecordingError, header_for
 
     def fail(msg: str, rc: int = 1) -> int:
-        print(f"specdecode-tune record: {msg}", file=sys.stderr)
+        print(terminal_safe(f"specdecode-tune record: {msg}"), file=sys.stderr)
         return rc
 
     if args.load < 0:
@@ -381,7 +382,11 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         return fail(f"prompts: {e}", 2)
     try:
-        backend = connect(args.url, api_key=args.api_key)
+        api_key = api_key_of(args)
+    except ApiKeyError as e:
+        return fail(str(e), 2)
+    try:
+        backend = connect(args.url, api_key=api_key)
     except ServerError as e:
         return fail(str(e))
     if args.capture_trace_every and not backend.capabilities.CAN_CAPTURE_TRACE:
@@ -391,7 +396,7 @@ def run(args: argparse.Namespace) -> int:
                    "capture_trace_every_s": args.capture_trace_every, "capture_steps": args.capture_steps,
                    "set_at": [{"at_s": c.at_s, "key": c.key, "value": c.value} for c in args.set_at]}
     try:
-        recorder = Recorder(args.out, header_for(backend, command=_command_line(sys.argv[1:]), record=record_opts),
+        recorder = Recorder(args.out, header_for(backend, command=_command_line(sys.argv[1:], api_key), record=record_opts),
                             overwrite=args.overwrite)
     except RecordingError as e:
         backend.stop()

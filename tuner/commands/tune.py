@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import time
 from pathlib import Path
+
+from tuner.core.text import terminal_safe
 
 
 def parse_duration(text: str) -> float:
@@ -51,10 +52,10 @@ def _placements(text: str) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from tuner.commands.attach import add_load_arguments
+    from tuner.commands.keys import add_key_arguments
 
     parser.add_argument("url", metavar="URL", help="the server, e.g. http://127.0.0.1:30000")
-    parser.add_argument("--api-key", default=os.environ.get("SPECDECODE_API_KEY"),
-                        help="sent as a bearer token (default: $SPECDECODE_API_KEY)")
+    add_key_arguments(parser)
     parser.add_argument("--budget", default="5m", help="time the tuner may take (e.g. 90s, 5m; default 5m)")
     parser.add_argument("--apply", action="store_true",
                         help="leave the best setting applied (default: restore the starting setting)")
@@ -79,7 +80,7 @@ TUNING_KINDS = ("tuning_started", "tuning_probe", "tuning_prediction", "tuning_a
 
 
 def _say(line: str) -> None:
-    print(line, flush=True)
+    print(terminal_safe(line, keep_newlines=True), flush=True)
 
 
 def _event_line(kind: str, d: dict) -> str | None:
@@ -113,6 +114,7 @@ def _event_line(kind: str, d: dict) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from tuner.backends import ServerError, connect
     from tuner.commands.attach import prompts_for
+    from tuner.commands.keys import ApiKeyError, api_key_of
     from tuner.core.records import thaw
     from tuner.core.session import Session
     from tuner.tuning.live import InlineRunner, Tuner, TunerOptions, TuningError
@@ -132,9 +134,14 @@ def run(args: argparse.Namespace) -> int:
         print("specdecode-tune tune: trees (--topk > 1) need --draft-tokens", file=sys.stderr)
         return 2
     try:
-        backend = connect(args.url, api_key=args.api_key)
-    except ServerError as e:
+        api_key = api_key_of(args)
+    except ApiKeyError as e:
         print(f"specdecode-tune tune: {e}", file=sys.stderr)
+        return 2
+    try:
+        backend = connect(args.url, api_key=api_key)
+    except ServerError as e:
+        print(terminal_safe(f"specdecode-tune tune: {e}"), file=sys.stderr)
         return 1
     recorder = None
     if args.out is not None:

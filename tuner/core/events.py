@@ -15,8 +15,13 @@ class EventKind:
     """The server answers (again). data: url, backend, after_s (seconds it was away, 0 at first)."""
     DISCONNECTED = "disconnected"
     """The server stopped answering. data: url, since (session time), error (one line)."""
+    DEGRADED = "degraded"
+    """The server answers, but an endpoint did not answer in full before its deadline (a slow or
+    trickling server). data: url, since, endpoint, reason (one line). A later CONNECTED (after_s 0,
+    was "degraded") ends it."""
     POLL_ERROR = "poll_error"
-    """An endpoint answered with something unusable (HTML, 500, garbage). data: endpoint, error."""
+    """An endpoint answered with something unusable (HTML, 500, garbage, too large) or not in time.
+    data: endpoint, error."""
     SERVER_INFO = "server_info"
     """Server identity at connect or after a relaunch. data: kind, version, model, tp_size,
     launch (top-level /server_info args), active (internal_states[0] knobs), capabilities."""

@@ -35,18 +35,30 @@ class RecordSink(Protocol):
 
 @dataclass(frozen=True)
 class Connection:
-    """The connection state as the store knows it (works the same on replay)."""
+    """The connection state as the store knows it (works the same on replay):
+    connecting | connected | degraded (reason) | disconnected."""
 
     connected: bool
-    since: float          # session time of the last connect/disconnect, NaN before any
+    since: float          # session time of the last state change, NaN before any
     error: str = ""
+    degraded: str = ""    # why the server counts as too slow (connected stays True: it answers)
 
-    def text(self) -> str:
-        """"connecting", "connected" or "disconnected since 12:34:56 UTC (reason)"."""
+    @property
+    def state(self) -> str:
+        """"connecting", "connected", "degraded" or "disconnected"."""
         if math.isnan(self.since):
             return "connecting"
-        if self.connected:
-            return "connected"
+        if not self.connected:
+            return "disconnected"
+        return "degraded" if self.degraded else "connected"
+
+    def text(self) -> str:
+        """"connecting", "connected", "degraded (reason)" or "disconnected since 12:34:56 UTC (reason)"."""
+        state = self.state
+        if state == "degraded":
+            return f"degraded ({self.degraded})"
+        if state != "disconnected":
+            return state
         since = time.strftime("%H:%M:%S", time.gmtime(self.since))
         return f"disconnected since {since} UTC ({self.error})"
 
@@ -193,9 +205,11 @@ class Session:
         return thaw(e.data.get(key) or {})
 
     def connection(self) -> Connection:
-        e = self.store.last_event((EventKind.CONNECTED, EventKind.DISCONNECTED))
+        e = self.store.last_event((EventKind.CONNECTED, EventKind.DISCONNECTED, EventKind.DEGRADED))
         if e is None:
             return Connection(False, math.nan)
         if e.kind == EventKind.CONNECTED:
             return Connection(True, e.t)
+        if e.kind == EventKind.DEGRADED:
+            return Connection(True, e.t, degraded=str(e.data.get("reason", "") or "slow"))
         return Connection(False, float(e.data.get("since", e.t)), str(e.data.get("error", "")))

@@ -146,9 +146,11 @@ class MainScreen(Screen[None]):
             detail = replay_detail(self.session.now() - self.origin(), backend.length_s, backend.speed)
         else:
             conn = self.session.connection()
-            state = "connecting" if math.isnan(conn.since) else ("connected" if conn.connected else "disconnected")
+            state = conn.state          # connecting | connected | degraded | disconnected
             detail = ""
-            if not conn.connected and not math.isnan(conn.since):
+            if state == "degraded":
+                detail = views.short_error(conn.degraded, 60, keep_path=True)
+            elif state == "disconnected":
                 away = max(0.0, self.session.now() - conn.since)
                 detail = f"{away:.0f} s · {views.short_error(conn.error, 40)}"
         launch = info.get("launch") or {}

@@ -14,6 +14,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
+from tuner.core.text import terminal_safe
 from tuner.widgets.fmt import rel_time
 
 LEVEL_STYLE = {"info": "", "good": "#8bc34a", "warn": "#e0b040", "error": "#d96e6e", "dim": "dim"}
@@ -30,7 +31,7 @@ class LogLine:
 
 def render_line(line: LogLine) -> Text:
     text = Text(rel_time(line.t) + " ", style="dim")
-    text.append(line.text, style=LEVEL_STYLE.get(line.level, ""))
+    text.append(terminal_safe(line.text), style=LEVEL_STYLE.get(line.level, ""))   # server strings are data
     return text
 
 

@@ -6,12 +6,13 @@ shows the position in the recording instead of the connection.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from textual.content import Content
 from textual.markup import escape
 from textual.widgets import Static
 
+from tuner.core.text import terminal_safe
 from tuner.widgets.fmt import rel_time
 
 
@@ -26,7 +27,7 @@ class HeaderView:
     setting: str = ""
     """The active speculative setting, e.g. "steps 3 · topk 1 · draft 4 · sharded"."""
     connection: str = "connecting"
-    """"connected", "connecting", "disconnected", or "replay"."""
+    """"connected", "connecting", "degraded", "disconnected", or "replay"."""
     detail: str = ""
     """Extra words after the state: the error of a disconnect, the replay position."""
     notes: tuple[str, ...] = ()
@@ -36,6 +37,7 @@ class HeaderView:
 _STATE = {
     "connected": ("●", "$success"),
     "connecting": ("◌", "$warning"),
+    "degraded": ("◐", "$warning"),
     "disconnected": ("○", "$error"),
     "replay": ("▶", "$accent"),
     "paused": ("‖", "$accent"),
@@ -56,6 +58,10 @@ class ServerHeader(Static):
 
     @staticmethod
     def markup(view: HeaderView) -> Content:
+        # Server strings are data: escape Textual markup and drop terminal control sequences.
+        view = replace(view, **{k: terminal_safe(getattr(view, k)) for k in
+                                ("kind", "version", "model", "host", "setting", "connection", "detail")},
+                       notes=tuple(terminal_safe(n) for n in view.notes))
         who = escape(" ".join(x for x in (view.kind or "server", view.version) if x))
         parts = [f"[b $accent]specdecode-tune[/] [dim]▸[/] [b]{who}[/]"]
         if view.model:

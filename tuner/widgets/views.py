@@ -216,8 +216,12 @@ def event_line(e: Event, origin: float) -> LogLine | None:
     if e.kind == K.CONNECTED:
         away = d.get("after_s") or 0
         return LogLine(t, f"connected to {d.get('url', '?')}" + (f" after {away:.0f}s away" if away else ""), "good")
+    if e.kind == K.CONNECTED and d.get("was") == "degraded":
+        return LogLine(t, "answering in time again", "good")
     if e.kind == K.DISCONNECTED:
         return LogLine(t, f"disconnected: {short_error(str(d.get('error', '?')), 80)}", "error")
+    if e.kind == K.DEGRADED:
+        return LogLine(t, f"degraded: {short_error(str(d.get('reason', '?')), 80, keep_path=True)}", "warn")
     if e.kind == K.POLL_ERROR:
         return LogLine(t, f"{d.get('endpoint', '?')}: {d.get('error', '?')}", "warn")
     if e.kind == K.LOAD_STARTED:
@@ -262,11 +266,13 @@ def _tuning_line(e: Event, t: float) -> LogLine | None:
     return None
 
 
-def short_error(error: str, limit: int = 60) -> str:
-    """`cannot connect (...)` from `GET http://host/path: cannot connect (...)`: the header has one line."""
+def short_error(error: str, limit: int = 60, keep_path: bool = False) -> str:
+    """`cannot connect (...)` from `GET http://host/path: cannot connect (...)`: the header has one line.
+    keep_path: `/path: ...` instead, where which endpoint failed matters (a degraded server)."""
     head, sep, rest = error.partition(": ")
     if sep and head.split(" ", 1)[0] in ("GET", "POST", "PUT", "DELETE"):
-        error = rest
+        path = "/" + head.split("://", 1)[-1].split("/", 1)[-1] if "://" in head else head.split(" ", 1)[-1]
+        error = f"{path}: {rest}" if keep_path else rest
     return error if len(error) <= limit else error[: limit - 1] + "…"
 
 
