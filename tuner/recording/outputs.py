@@ -23,11 +23,12 @@ class OutputError(Exception):
 
 
 def same_file(a: Path, b: Path) -> bool:
-    """True when both paths name one file (inode and device; hard links and symlinks included)."""
+    """True when both paths name one file (inode and device; hard links and symlinks included), or
+    the same place when one does not exist yet (an input's -wal)."""
     try:
         return os.path.samefile(a, b)
     except OSError:
-        return False
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def check_output(path: Path, *, overwrite: bool, inputs: Iterable[Path] = (), flag: str = "--overwrite",

@@ -56,7 +56,9 @@ def not_replaceable_recording(path: Path) -> str | None:
                 return "is not a specdecode-tune recording (not an SQLite file)"
         db = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
         try:
-            row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            row = None
+            if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone():
+                row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         finally:
             db.close()
     except (OSError, sqlite3.Error):
