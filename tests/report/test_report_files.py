@@ -245,9 +245,11 @@ def test_a_crashed_recording_with_some_data_in_the_file_reads_that_and_names_the
     dest = tmp_path / "crashed.db"
     shutil.copy(live, dest)            # the -wal is lost
     r.close()
+    before = sorted(p.name for p in tmp_path.iterdir())
     with open_recording(dest) as rd:
         assert "crashed.db-wal is missing" in rd.problem
         assert [s.value for s in rd.records()] == [float(i) for i in range(20)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before      # no -wal/-shm made beside it
 
 
 def test_a_schema_version_that_is_not_a_number_is_one_line(tmp_path, capsys):
