@@ -272,11 +272,13 @@ class RecordLoop:
             self.captures += 1
             if self.progress is not None:
                 self.progress.say(f"trace captured ({analysis.get('mode') if analysis else 'not analysed'})")
-        except (CaptureError, OSError) as e:
+        except Exception as e:   # noqa: BLE001 - a bad trace or server must never end the capture thread
+            msg = str(e).splitlines()[0] if isinstance(e, (CaptureError, OSError)) and str(e) \
+                else f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
             self.capture_failures += 1
-            self.session.note(f"trace capture failed: {e}")
+            self.session.note(f"trace capture failed: {msg}")
             if self.progress is not None:
-                self.progress.say(f"trace capture failed: {e}")
+                self.progress.say(f"trace capture failed: {msg}")
 
     def _report_events(self) -> None:
         """Disconnects, reconnects and refusals get a line of their own."""
