@@ -84,100 +84,100 @@ class _Collected:
         return t
 
 
-def _key(v: Any) -> Any:
-    """A pid/tid usable as a dict key: numbers and strings as they are, anything else (a list, an
-    object from a broken exporter) by its text."""
-    if v is None or isinstance(v, (int, str, float)):
-        return v
-    return "?" + repr(v)[:80]
+_KIND_CPU, _KIND_SPAN, _KIND_KERNEL, _KIND_RUNTIME = 1, 2, 3, 4
+_CAT_KIND = {"cpu_op": _KIND_CPU, "user_annotation": _KIND_SPAN,
+             **{c: _KIND_KERNEL for c in _KERNEL_CATS}, **{c: _KIND_RUNTIME for c in _RUNTIME_CATS}}
+_INF = math.inf
 
 
 def _collect(path: Path) -> _Collected:
+    # The hot loop of the analyser (one pass over every event): the reader's TraceEvent fields are
+    # already typed (str, float, int|str ids), so only values and ranges are checked here.
     c = _Collected()
     comm_cpu: dict[str, bool] = {}
     comm_kernel: dict[str, bool] = {}
     kinds: dict[str, tuple[str | None, bool]] = {}
-    finite = math.isfinite
+    cat_kind = _CAT_KIND
+    work, comm, spans = c.work, c.comm, c.spans
+    k_ts, k_end, k_corr, k_comm = c.k_ts, c.k_end, c.k_corr, c.k_comm
     reader = TraceReader(path)
-    for ev in reader.records():
-        c.events += 1
-        pid = ev.pid
-        if isinstance(pid, str) and pid.startswith("[TP"):
-            c.merged_ranks.add(pid.split("]", 1)[0])
-        ph = ev.ph
-        if ph == "X":
-            cat = ev.cat
-            cat = cat.lower() if isinstance(cat, str) else ""
-            try:
-                ts = float(ev.ts)
-                dur = float(ev.dur if ev.dur is not None else 0.0)
-            except (TypeError, ValueError, OverflowError):
-                continue
-            if not (finite(ts) and finite(dur)) or dur < 0:
-                c.bad_times += 1       # NaN, infinite or negative: said in a warning, never summed
-                continue
-            end = ts + dur
-            name = ev.name
-            if not isinstance(name, str):
-                name = "?" + repr(name)[:80]
-            if cat == "cpu_op":
-                tid = _key(ev.tid)
-                w = c.work[tid]
-                w.append(ts)
-                w.append(end)
-                is_c = comm_cpu.get(name)
-                if is_c is None:
-                    is_c = comm_cpu[name] = is_comm_cpu(name)
-                if is_c:
-                    cm = c.comm[tid]
-                    cm.append(ts)
-                    cm.append(end)
-            elif cat == "user_annotation":
-                tid = _key(ev.tid)
-                k = kinds.get(name)
-                if k is None:
-                    k = kinds[name] = (span_kind(name), is_anchor(name))
-                if k[0] is not None:
-                    c.spans[tid].append((ts, end, k[0], k[1]))
-                elif is_comm_cpu(name):
-                    for store in (c.work[tid], c.comm[tid]):
-                        store.append(ts)
-                        store.append(end)
-            elif cat in _KERNEL_CATS:
-                corr = _corr(ev)
-                is_c = comm_kernel.get(name)
-                if is_c is None:
-                    is_c = comm_kernel[name] = is_comm_kernel(name)
-                if corr is None:
-                    c.k_unlinked[len(c.k_ts)] = (c.track((_key(pid), _key(ev.tid))), ts)
-                    corr = -1
-                c.k_ts.append(ts)
-                c.k_end.append(end)
-                c.k_corr.append(corr)
-                c.k_comm.append(1 if is_c else 0)
-            elif cat in _RUNTIME_CATS:
-                corr = _corr(ev)
-                if corr is not None:
-                    c.l_corr.append(corr)
-                    c.l_ts.append(ts)
-                    c.l_track.append(c.track(_key(ev.tid)))
-        elif (ph == "s" or ph == "f") and ev.cat == "ac2g":
-            try:
-                ts = float(ev.ts)
-                fid = int(ev.id)
-            except (TypeError, ValueError, OverflowError):
-                continue
-            if not finite(ts) or not _I64_MIN <= fid <= _I64_MAX:
-                c.bad_times += 1
-                continue
-            if ph == "s":
-                c.fs_id.append(fid)
-                c.fs_ts.append(ts)
-                c.fs_track.append(c.track(_key(ev.tid)))
-            else:
-                c.fe_id.append(fid)
-                c.fe_ts.append(ts)
-                c.fe_track.append(c.track((_key(pid), _key(ev.tid))))
+    for batch in reader.record_batches():
+        c.events += len(batch)
+        for ev in batch:
+            ph = ev.ph
+            if ph == "X":
+                kind = cat_kind.get(ev.cat)
+                if kind is None:
+                    kind = cat_kind.get(ev.cat.lower())
+                    if kind is None:
+                        continue
+                ts, dur = ev.ts, ev.dur
+                if ts is None:
+                    continue
+                if not (-_INF < ts < _INF and 0.0 <= dur < _INF):
+                    c.bad_times += 1       # NaN, infinite or negative: said in a warning, never summed
+                    continue
+                end = ts + dur
+                name = ev.name
+                if kind == _KIND_CPU:
+                    tid = ev.tid
+                    w = work[tid]
+                    w.append(ts)
+                    w.append(end)
+                    is_c = comm_cpu.get(name)
+                    if is_c is None:
+                        is_c = comm_cpu[name] = is_comm_cpu(name)
+                    if is_c:
+                        cm = comm[tid]
+                        cm.append(ts)
+                        cm.append(end)
+                elif kind == _KIND_SPAN:
+                    tid = ev.tid
+                    k = kinds.get(name)
+                    if k is None:
+                        k = kinds[name] = (span_kind(name), is_anchor(name))
+                    if k[0] is not None:
+                        spans[tid].append((ts, end, k[0], k[1]))
+                    elif is_comm_cpu(name):
+                        for store in (work[tid], comm[tid]):
+                            store.append(ts)
+                            store.append(end)
+                elif kind == _KIND_KERNEL:
+                    corr = _corr(ev)
+                    is_c = comm_kernel.get(name)
+                    if is_c is None:
+                        is_c = comm_kernel[name] = is_comm_kernel(name)
+                    if corr is None:
+                        c.k_unlinked[len(k_ts)] = (c.track((ev.pid, ev.tid)), ts)
+                        corr = -1
+                    k_ts.append(ts)
+                    k_end.append(end)
+                    k_corr.append(corr)
+                    k_comm.append(1 if is_c else 0)
+                else:
+                    corr = _corr(ev)
+                    if corr is not None:
+                        c.l_corr.append(corr)
+                        c.l_ts.append(ts)
+                        c.l_track.append(c.track(ev.tid))
+            elif (ph == "s" or ph == "f") and ev.cat == "ac2g":
+                ts, fid = ev.ts, ev.id
+                if ts is None or type(fid) is not int:
+                    continue
+                if not (-_INF < ts < _INF and _I64_MIN <= fid <= _I64_MAX):
+                    c.bad_times += 1
+                    continue
+                if ph == "s":
+                    c.fs_id.append(fid)
+                    c.fs_ts.append(ts)
+                    c.fs_track.append(c.track(ev.tid))
+                else:
+                    c.fe_id.append(fid)
+                    c.fe_ts.append(ts)
+                    c.fe_track.append(c.track((ev.pid, ev.tid)))
+            pid = ev.pid
+            if pid.__class__ is str and pid.startswith("[TP"):
+                c.merged_ranks.add(pid.split("]", 1)[0])
     c.meta = reader.meta
     return c
 

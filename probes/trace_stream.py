@@ -24,13 +24,15 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 import os
 import re
 import stat
 import zlib
 from collections.abc import Iterator
+from itertools import chain
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import msgspec
 
@@ -55,25 +57,48 @@ class _Args(msgspec.Struct, gc=False):
 
 
 class TraceEvent(msgspec.Struct, gc=False):
-    """The fields of a trace event that the analyser reads (any JSON type; it checks them)."""
+    """The fields of a trace event that the analyser reads. The decoder checks the types; an event
+    with other types goes through `of`, which keeps what fits and drops the rest, so the analyser
+    never sees a list where it expects a number or a thread id."""
 
-    ph: Any = None
-    cat: Any = None
-    name: Any = ""
-    ts: Any = None
-    dur: Any = None
-    pid: Any = None
-    tid: Any = None
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    ts: Optional[float] = None
+    dur: float = 0.0
+    pid: Union[int, str, None] = None
+    tid: Union[int, str, None] = None
     id: Any = None
     args: Optional[_Args] = None
 
     @staticmethod
     def of(d: dict) -> "TraceEvent":
-        """From a generic event dict (any types; `args` that is not an object counts as none)."""
+        """From a generic event dict of any types: wrong-typed fields become their defaults (or,
+        for pid/tid, their text), `args` that is not an object counts as none."""
         a = d.get("args")
-        corr = a.get("correlation") if isinstance(a, dict) else None
-        return TraceEvent(d.get("ph"), d.get("cat"), d.get("name", ""), d.get("ts"), d.get("dur"),
-                          d.get("pid"), d.get("tid"), d.get("id"), _Args(corr) if isinstance(a, dict) else None)
+        dur = _float(d.get("dur", 0.0))
+        return TraceEvent(_str(d.get("ph")), _str(d.get("cat")), _str(d.get("name", "")),
+                          _float(d.get("ts")), math.nan if dur is None else dur,
+                          _ident(d.get("pid")), _ident(d.get("tid")), d.get("id"),
+                          _Args(a.get("correlation")) if isinstance(a, dict) else None)
+
+
+def _str(v: Any) -> str:
+    return v if isinstance(v, str) else "" if v is None else "?" + repr(v)[:80]
+
+
+def _float(v: Any) -> float | None:
+    if isinstance(v, float):
+        return v
+    if isinstance(v, int) and not isinstance(v, bool):
+        return float(v) if -(1 << 1000) < v < (1 << 1000) else math.inf
+    return None
+
+
+def _ident(v: Any) -> int | str | None:
+    if v is None or isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)):
+        return v
+    return "?" + repr(v)[:80]
 
 
 _DICTS = msgspec.json.Decoder()
@@ -106,10 +131,14 @@ class TraceReader:
     def events(self) -> Iterator[dict]:
         """Yield every event dict of `traceEvents`; raise TraceFormatError on any malformation."""
         self._typed = False
-        return self._run()
+        return chain.from_iterable(self._run())
 
     def records(self) -> Iterator[TraceEvent]:
         """Yield every event of `traceEvents` as a TraceEvent (only the fields the analyser reads)."""
+        return chain.from_iterable(self.record_batches())
+
+    def record_batches(self) -> Iterator[list[TraceEvent]]:
+        """records() in lists of up to a chunk's worth (the analyser's loop; no generator per event)."""
         self._typed = True
         return self._run()
 
@@ -175,11 +204,11 @@ class TraceReader:
         while True:
             batch = self._fast()
             if batch is not None:
-                yield from batch
+                yield batch
             else:
                 value = self._value()
                 if isinstance(value, dict):
-                    yield TraceEvent.of(value) if self._typed else value
+                    yield [TraceEvent.of(value) if self._typed else value]
             c = self._peek()
             if c == ",":
                 self._pos += 1
