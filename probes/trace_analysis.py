@@ -15,7 +15,7 @@ times by correlation id, kernel intervals); the file's text is never held. Then:
 * CPU mode (no kernels): work is the CPU ops on the engine thread inside the segments (their union,
   so only top-level ops count); comm is `specdecode.comm.*` spans plus gloo/c10d ops.
 
-Must not print, exit or import anything outside the standard library and probes.
+Must not print, exit or import anything outside the standard library, probes and msgspec (the reader's decoder).
 """
 
 from __future__ import annotations
