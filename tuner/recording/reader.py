@@ -30,6 +30,8 @@ from tuner.recording.schema import (
 )
 
 CHUNK = 5000
+# Damaged stretches skipped per table before giving up (a file damaged all over reads no further).
+MAX_SKIPS = 1000
 
 
 def open_recording(path: str | Path) -> "RecordingReader":
@@ -213,6 +215,7 @@ class RecordingReader:
         if table not in self._tables:
             return
         last = -1
+        skips = 0
         while True:
             try:
                 rows = self.db.execute(f"SELECT seq, {cols} FROM {table} WHERE seq > ? AND {where} "
@@ -223,6 +226,8 @@ class RecordingReader:
                     cur = self.db.execute(f"SELECT seq, {cols} FROM {table} WHERE seq > ? AND {where} "
                                           "ORDER BY seq", (last, *args))
                     for row in cur:
+                        if not isinstance(row[0], int) or row[0] <= last:
+                            break          # out of order: damaged; skip past it below
                         yield row
                         last = row[0]
                 except sqlite3.DatabaseError:
@@ -230,16 +235,19 @@ class RecordingReader:
                 nxt = self._next_readable(table, last)
                 self._warn(f"{self.path.name} is truncated or corrupt: {table} after seq {last} unreadable"
                            + (f" up to seq {nxt}" if nxt is not None else "") + f" ({_line(e)})")
-                if nxt is None or nxt <= last:
+                skips += 1
+                if nxt is None or nxt <= last or skips > MAX_SKIPS:
                     return
                 last = nxt - 1
                 continue
             if not rows:
                 return
             yield from rows
-            last = rows[-1][0]
-            if not isinstance(last, int):
+            if not isinstance(rows[-1][0], int) or rows[-1][0] <= last:
+                # A damaged b-tree can hand back rows out of order or in a cycle: stop, do not loop.
+                self._warn(f"{self.path.name} is corrupt: {table} rows out of order after seq {last}")
                 return
+            last = rows[-1][0]
 
     def _next_readable(self, table: str, last: int) -> int | None:
         """The first seq past a damaged stretch whose row can be read (None when none is found)."""
