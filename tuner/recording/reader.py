@@ -97,6 +97,8 @@ class RecordingReader:
                 # one file; the input is untouched.
                 db = sqlite3.connect(str(source))
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            # Damaged text (invalid UTF-8) must read as text with replacement characters, not raise.
+            db.text_factory = _text
             # On a truncated file SQLite refuses everything unless told to tolerate a database shorter
             # than its header says; reads then fail only on the pages that are really gone.
             db.execute("PRAGMA writable_schema=ON")
@@ -347,6 +349,10 @@ class RecordingReader:
 
 
 _BAD = object()
+
+
+def _text(b: bytes) -> str:
+    return b.decode("utf-8", "replace")
 
 
 def _json(value: Any, bad: Any) -> Any:

@@ -61,7 +61,7 @@ def not_replaceable_recording(path: Path) -> str | None:
                 row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         finally:
             db.close()
-    except (OSError, sqlite3.Error):
+    except (OSError, sqlite3.Error, ValueError):     # ValueError: damaged text (not UTF-8)
         return "is not a readable specdecode-tune recording"
     if row is None:
         return "is an SQLite file but not a specdecode-tune recording"
