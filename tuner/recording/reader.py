@@ -30,6 +30,9 @@ from tuner.recording.schema import (
 )
 
 CHUNK = 5000
+# What reading a damaged file can raise: SQLite's errors, and names in a damaged schema that are
+# not UTF-8 (the sqlite3 module decodes column names itself).
+_DB_ERRORS = (sqlite3.DatabaseError, ValueError)
 # Damaged stretches skipped per table before giving up (a file damaged all over reads no further).
 MAX_SKIPS = 1000
 
@@ -159,7 +162,7 @@ class RecordingReader:
         try:
             app_id = self.db.execute("PRAGMA application_id").fetchone()[0]
             tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        except sqlite3.DatabaseError as e:
+        except _DB_ERRORS as e:
             raise RecordingError(f"{self.path} is damaged beyond reading: {_line(e)}") from None
         if "meta" not in tables:
             if self._warn_later and "not closed cleanly and its" in self._warn_later:
@@ -174,7 +177,7 @@ class RecordingReader:
                 if not isinstance(key, str):
                     continue
                 header[key] = _json(value, value)
-        except sqlite3.DatabaseError as e:
+        except _DB_ERRORS as e:
             self._warn(f"{self.path.name}: header partly unreadable ({e})")
         if "schema_version" not in header:
             raise RecordingError(f"{self.path} has no schema version: not a specdecode-tune recording")
@@ -189,7 +192,7 @@ class RecordingReader:
     def _read_series(self) -> dict[int, str]:
         try:
             return {i: str(n) for i, n in self.db.execute("SELECT id, name FROM series") if isinstance(i, int)}
-        except sqlite3.DatabaseError as e:
+        except _DB_ERRORS as e:
             self._warn(f"{self.path.name} is truncated or corrupt: series names unreadable ({_line(e)})")
             return {}
 
@@ -200,7 +203,7 @@ class RecordingReader:
                 continue
             try:
                 a, b = self.db.execute(f"SELECT min(t), max(t) FROM {table}").fetchone()
-            except sqlite3.DatabaseError as e:
+            except _DB_ERRORS as e:
                 self._warn(f"{self.path.name} is truncated or corrupt ({table}: {_line(e)})")
                 continue
             if _is_time(a) and _is_time(b):
@@ -222,7 +225,7 @@ class RecordingReader:
             try:
                 rows = self.db.execute(f"SELECT seq, {cols} FROM {table} WHERE seq > ? AND {where} "
                                        f"ORDER BY seq LIMIT {CHUNK}", (last, *args)).fetchall()
-            except sqlite3.DatabaseError as e:
+            except _DB_ERRORS as e:
                 # A damaged page: read row by row up to it, then look for readable rows past it.
                 try:
                     cur = self.db.execute(f"SELECT seq, {cols} FROM {table} WHERE seq > ? AND {where} "
@@ -232,7 +235,7 @@ class RecordingReader:
                             break          # out of order: damaged; skip past it below
                         yield row
                         last = row[0]
-                except sqlite3.DatabaseError:
+                except _DB_ERRORS:
                     pass   # the damaged page itself (or the plan reading it): skip past it below
                 nxt = self._next_readable(table, last)
                 self._warn(f"{self.path.name} is truncated or corrupt: {table} after seq {last} unreadable"
@@ -262,7 +265,7 @@ class RecordingReader:
                     return None
                 self.db.execute(f"SELECT * FROM {table} WHERE seq = ?", (row[0],)).fetchone()
                 return int(row[0])
-            except sqlite3.DatabaseError:
+            except _DB_ERRORS:
                 step *= 4
         return None
 
@@ -331,7 +334,7 @@ class RecordingReader:
                 continue
             try:
                 row = self.db.execute(f"SELECT seq FROM {table} WHERE t >= ? ORDER BY t LIMIT 1", (_f(t),)).fetchone()
-            except sqlite3.DatabaseError:
+            except _DB_ERRORS:
                 continue
             if row is not None:
                 best = row[0] if best is None else min(best, row[0])
