@@ -14,10 +14,11 @@ Generates a synthetic SGLang-shaped GPU trace (kineto's layout and argument sets
 With --traces DIR the same comparison runs on real rank files instead (e.g. a capture made on GPUs:
 `specdecode-tune record --capture-trace-every` keeps them; extract them with --from-recording).
 
-Usage: python benchmarks/analyzer_bench.py [--mb 100] [--ranks 1] [--eager] [--hta] [--hta-python PY] [--keep DIR]
-       python benchmarks/analyzer_bench.py --traces DIR [--hta --hta-python PY]
+Usage: python benchmarks/analyzer_bench.py [--mb 100] [--ranks 1] [--eager] [--hta] [--hta-python PY] [--keep DIR] [--repeat N]
+       python benchmarks/analyzer_bench.py --traces DIR [--hta --hta-python PY] [--repeat 3]
        python benchmarks/analyzer_bench.py --from-recording REC.sqlite --traces DIR   (writes the largest capture's files)
-Prints one line per tool and the ratios against ours. Not a test: nothing here asserts a speed.
+Prints one line per tool (the median of --repeat interleaved runs) and the ratios against ours.
+Not a test: nothing here asserts a speed.
 """
 
 from __future__ import annotations
@@ -198,6 +199,8 @@ def main() -> int:
     ap.add_argument("--hta", action="store_true", help="also run HolisticTraceAnalysis on the same files")
     ap.add_argument("--hta-python", default=sys.executable, help="interpreter with HolisticTraceAnalysis installed")
     ap.add_argument("--no-json", action="store_true", help="skip the json.load baseline")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run every tool N times, interleaved, and compare the medians (default 1)")
     ap.add_argument("--keep", type=Path, help="write the traces here and keep them")
     ap.add_argument("--traces", type=Path, help="measure these real rank files (*.trace.json.gz in DIR) instead")
     ap.add_argument("--from-recording", type=Path, help="first write the largest capture of this recording into --traces")
@@ -259,18 +262,29 @@ def extract_capture(rec: Path, dest: Path) -> None:
 
 
 def compare(args, paths: list[Path], total: int) -> int:
+    import statistics
+
     per100 = 100e6 / total
     modes = ["ours"] + ([] if args.no_json else ["json"]) + (["hta"] if args.hta else [])
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
+    for _ in range(max(1, args.repeat)):
+        for mode in modes:     # interleaved, so a busy moment on the machine hits every tool alike
+            runs[mode].append(measure(args.hta_python if mode == "hta" else sys.executable, mode, paths))
     results = {}
     for mode in modes:
-        res = measure(args.hta_python if mode == "hta" else sys.executable, mode, paths)
-        results[mode] = res
-        if "error" in res:
-            print(f"{mode:>5}: failed: {res['error']}")
+        ok = [r for r in runs[mode] if "error" not in r]
+        if not ok:
+            print(f"{mode:>5}: failed: {runs[mode][0]['error']}")
+            results[mode] = runs[mode][0]
             continue
+        secs = [r["seconds"] for r in ok]
+        res = dict(ok[0], seconds=statistics.median(secs),
+                   peak_mb=statistics.median(r["peak_mb"] for r in ok), base_mb=statistics.median(r["base_mb"] for r in ok))
+        results[mode] = res
         used = res["peak_mb"] - res["base_mb"]
-        print(f"{mode:>5}: {res['seconds'] * per100:7.1f} s per 100 MB   peak +{used * per100:7.1f} MB per 100 MB"
-              f"   ({res['seconds']:.1f} s, +{used:.0f} MB)   {json.dumps(res['summary'])[:160]}")
+        runs_txt = ", ".join(f"{x:.2f}" for x in secs)
+        print(f"{mode:>5}: {res['seconds'] * per100:7.2f} s per 100 MB   peak +{used * per100:7.1f} MB per 100 MB"
+              f"   (median {res['seconds']:.2f} s of [{runs_txt}], +{used:.0f} MB)   {json.dumps(res['summary'])[:120]}")
     ours = results["ours"]
     if "error" not in ours:
         for mode, res in results.items():

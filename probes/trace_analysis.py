@@ -15,7 +15,7 @@ times by correlation id, kernel intervals); the file's text is never held. Then:
 * CPU mode (no kernels): work is the CPU ops on the engine thread inside the segments (their union,
   so only top-level ops count); comm is `specdecode.comm.*` spans plus gloo/c10d ops.
 
-Must not print, exit or import anything outside the standard library and probes.
+Must not print, exit or import anything outside the standard library, probes and msgspec (the reader's decoder).
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ class _Collected:
         self.k_unlinked: dict[int, tuple[int, float]] = {}  # kernel index -> (track, ts) of its flow end
         self.meta: dict[str, Any] = {}
         self.merged_ranks: set[str] = set()  # SGLang's merge_profiles renames pids "[TP00] 1234"
+        self.bad_times = 0                    # events skipped for a NaN, infinite or negative ts/dur
 
     def track(self, key: Any) -> int:
         t = self.tracks.get(key)
@@ -83,88 +84,114 @@ class _Collected:
         return t
 
 
+_KIND_CPU, _KIND_SPAN, _KIND_KERNEL, _KIND_RUNTIME = 1, 2, 3, 4
+_CAT_KIND = {"cpu_op": _KIND_CPU, "user_annotation": _KIND_SPAN,
+             **{c: _KIND_KERNEL for c in _KERNEL_CATS}, **{c: _KIND_RUNTIME for c in _RUNTIME_CATS}}
+_INF = math.inf
+
+
 def _collect(path: Path) -> _Collected:
+    # The hot loop of the analyser (one pass over every event): the reader's TraceEvent fields are
+    # already typed (str, float, int|str ids), so only values and ranges are checked here.
     c = _Collected()
     comm_cpu: dict[str, bool] = {}
     comm_kernel: dict[str, bool] = {}
     kinds: dict[str, tuple[str | None, bool]] = {}
+    cat_kind = _CAT_KIND
+    work, comm, spans = c.work, c.comm, c.spans
+    k_ts, k_end, k_corr, k_comm = c.k_ts, c.k_end, c.k_corr, c.k_comm
     reader = TraceReader(path)
-    for ev in reader.events():
-        c.events += 1
-        pid = ev.get("pid")
-        if isinstance(pid, str) and pid.startswith("[TP"):
-            c.merged_ranks.add(pid.split("]", 1)[0])
-        ph = ev.get("ph")
-        if ph == "X":
-            cat = ev.get("cat")
-            cat = cat.lower() if isinstance(cat, str) else ""
-            try:
-                ts = float(ev["ts"])
-                end = ts + float(ev.get("dur", 0.0))
-            except (KeyError, TypeError, ValueError):
-                continue
-            name = ev.get("name", "")
-            if not isinstance(name, str):
-                name = str(name)
-            args = ev.get("args")
-            if cat == "cpu_op":
-                tid = ev.get("tid")
-                w = c.work[tid]
-                w.append(ts)
-                w.append(end)
-                is_c = comm_cpu.get(name)
-                if is_c is None:
-                    is_c = comm_cpu[name] = is_comm_cpu(name)
-                if is_c:
-                    cm = c.comm[tid]
-                    cm.append(ts)
-                    cm.append(end)
-            elif cat == "user_annotation":
-                tid = ev.get("tid")
-                k = kinds.get(name)
-                if k is None:
-                    k = kinds[name] = (span_kind(name), is_anchor(name))
-                if k[0] is not None:
-                    c.spans[tid].append((ts, end, k[0], k[1]))
-                elif is_comm_cpu(name):
-                    for store in (c.work[tid], c.comm[tid]):
-                        store.append(ts)
-                        store.append(end)
-            elif cat in _KERNEL_CATS:
-                corr = args.get("correlation") if isinstance(args, dict) else None
-                is_c = comm_kernel.get(name)
-                if is_c is None:
-                    is_c = comm_kernel[name] = is_comm_kernel(name)
-                if not isinstance(corr, int):
-                    c.k_unlinked[len(c.k_ts)] = (c.track((ev.get("pid"), ev.get("tid"))), ts)
-                    corr = -1
-                c.k_ts.append(ts)
-                c.k_end.append(end)
-                c.k_corr.append(corr)
-                c.k_comm.append(1 if is_c else 0)
-            elif cat in _RUNTIME_CATS:
-                corr = args.get("correlation") if isinstance(args, dict) else None
-                if isinstance(corr, int):
-                    c.l_corr.append(corr)
-                    c.l_ts.append(ts)
-                    c.l_track.append(c.track(ev.get("tid")))
-        elif (ph == "s" or ph == "f") and ev.get("cat") == "ac2g":
-            fid = ev.get("id")
-            try:
-                ts = float(ev["ts"])
-                fid = int(fid)
-            except (KeyError, TypeError, ValueError):
-                continue
-            if ph == "s":
-                c.fs_id.append(fid)
-                c.fs_ts.append(ts)
-                c.fs_track.append(c.track(ev.get("tid")))
-            else:
-                c.fe_id.append(fid)
-                c.fe_ts.append(ts)
-                c.fe_track.append(c.track((ev.get("pid"), ev.get("tid"))))
+    for batch in reader.record_batches():
+        c.events += len(batch)
+        for ev in batch:
+            ph = ev.ph
+            if ph == "X":
+                kind = cat_kind.get(ev.cat)
+                if kind is None:
+                    kind = cat_kind.get(ev.cat.lower())
+                    if kind is None:
+                        continue
+                ts, dur = ev.ts, ev.dur
+                if ts is None:
+                    continue
+                if not (-_INF < ts < _INF and 0.0 <= dur < _INF):
+                    c.bad_times += 1       # NaN, infinite or negative: said in a warning, never summed
+                    continue
+                end = ts + dur
+                name = ev.name
+                if kind == _KIND_CPU:
+                    tid = ev.tid
+                    w = work[tid]
+                    w.append(ts)
+                    w.append(end)
+                    is_c = comm_cpu.get(name)
+                    if is_c is None:
+                        is_c = comm_cpu[name] = is_comm_cpu(name)
+                    if is_c:
+                        cm = comm[tid]
+                        cm.append(ts)
+                        cm.append(end)
+                elif kind == _KIND_SPAN:
+                    tid = ev.tid
+                    k = kinds.get(name)
+                    if k is None:
+                        k = kinds[name] = (span_kind(name), is_anchor(name))
+                    if k[0] is not None:
+                        spans[tid].append((ts, end, k[0], k[1]))
+                    elif is_comm_cpu(name):
+                        for store in (work[tid], comm[tid]):
+                            store.append(ts)
+                            store.append(end)
+                elif kind == _KIND_KERNEL:
+                    corr = _corr(ev)
+                    is_c = comm_kernel.get(name)
+                    if is_c is None:
+                        is_c = comm_kernel[name] = is_comm_kernel(name)
+                    if corr is None:
+                        c.k_unlinked[len(k_ts)] = (c.track((ev.pid, ev.tid)), ts)
+                        corr = -1
+                    k_ts.append(ts)
+                    k_end.append(end)
+                    k_corr.append(corr)
+                    k_comm.append(1 if is_c else 0)
+                else:
+                    corr = _corr(ev)
+                    if corr is not None:
+                        c.l_corr.append(corr)
+                        c.l_ts.append(ts)
+                        c.l_track.append(c.track(ev.tid))
+            elif (ph == "s" or ph == "f") and ev.cat == "ac2g":
+                ts, fid = ev.ts, ev.id
+                if ts is None or type(fid) is not int:
+                    continue
+                if not (-_INF < ts < _INF and _I64_MIN <= fid <= _I64_MAX):
+                    c.bad_times += 1
+                    continue
+                if ph == "s":
+                    c.fs_id.append(fid)
+                    c.fs_ts.append(ts)
+                    c.fs_track.append(c.track(ev.tid))
+                else:
+                    c.fe_id.append(fid)
+                    c.fe_ts.append(ts)
+                    c.fe_track.append(c.track((ev.pid, ev.tid)))
+            pid = ev.pid
+            if pid.__class__ is str and pid.startswith("[TP"):
+                c.merged_ranks.add(pid.split("]", 1)[0])
     c.meta = reader.meta
     return c
+
+
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _corr(ev: Any) -> int | None:
+    """The event's correlation id when it is a plain integer that fits the arrays, else None."""
+    a = ev.args
+    corr = a.correlation if a is not None else None
+    if type(corr) is int and _I64_MIN <= corr <= _I64_MAX:
+        return corr
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,7 +395,8 @@ def analyze_file(path: str | Path, rank: int | None = None) -> RankAnalysis:
     result = RankAnalysis(rank=rank, file=path.name, mode=mode, thread=str(thread),
                           events=c.events, kernels=n_kernels,
                           phase_spans=phase_threads.get(thread, 0), derived_verify=derive,
-                          base_time_ns=_int_or_none(c.meta.get("baseTimeNanoseconds")))
+                          base_time_ns=_int_or_none(c.meta.get("baseTimeNanoseconds")),
+                          world_size=_world_size(c.meta), bad_times=c.bad_times)
     iters = [IterationTimes(index=i, start_us=w[0]) for i, w in enumerate(windows)]
     _span_times(timeline, iters)
     if mode == "cpu":
@@ -475,6 +503,12 @@ def _gpu_work(c: _Collected, thread: Any, tl: _Timeline, iters: list[IterationTi
         iters[it].comm_ms = all_comm[it].length() / _US_PER_MS
 
 
+def _world_size(meta: dict[str, Any]) -> int | None:
+    info = meta.get("distributedInfo")
+    ws = info.get("world_size") if isinstance(info, dict) else None
+    return ws if isinstance(ws, int) and not isinstance(ws, bool) and ws > 0 else None
+
+
 def _int_or_none(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
@@ -525,7 +559,7 @@ def _rank_of(path: Path, meta: dict[str, Any]) -> int:
     if m:
         return int(m.group(1))
     info = meta.get("distributedInfo")
-    if isinstance(info, dict) and isinstance(info.get("rank"), int):
+    if isinstance(info, dict) and type(info.get("rank")) is int:
         return info["rank"]
     return 0
 
@@ -578,6 +612,10 @@ def analyze_paths(paths: list[Path], progress: Callable[[str], None] | None = No
                             f"({r.unattributed_ms:.3f} ms) have no launching call in the trace")
         if not r.iterations or (r.phase_spans == 0):
             warnings.append(f"rank {r.rank}: no phase spans; all time is reported as `other`")
+        if r.bad_times:
+            warnings.append(f"rank {r.rank}: {r.bad_times} events with a NaN, infinite or negative ts/dur "
+                            "were left out")
+    warnings += _capture_checks(ranks)
     counts = {r.rank: len(r.iterations) for r in ranks}
     if len(set(counts.values())) > 1:
         warnings.append(f"ranks have different iteration counts {counts}; "
@@ -587,6 +625,33 @@ def analyze_paths(paths: list[Path], progress: Callable[[str], None] | None = No
     return TraceAnalysis(ranks=ranks, warnings=warnings)
 
 
+# Ranks of one capture start their profilers within seconds of each other; files whose clocks are
+# further apart than this come from different captures.
+SAME_CAPTURE_S = 600.0
+
+
+def _capture_checks(ranks: list[RankAnalysis]) -> list[str]:
+    """Warnings when the rank files do not look like one capture: different world sizes, ranks
+    outside the world or missing from it, profiler clocks far apart (baseTimeNanoseconds)."""
+    out: list[str] = []
+    sizes = {r.world_size for r in ranks if r.world_size is not None}
+    if len(sizes) > 1:
+        out.append(f"the files disagree on the world size ({sorted(sizes)}): they are not one capture")
+    elif sizes:
+        ws = sizes.pop()
+        outside = [r.rank for r in ranks if not 0 <= r.rank < ws]
+        if outside:
+            out.append(f"ranks {outside} are outside the world size {ws} the files state: not one capture")
+        elif len(ranks) > 1 and len(ranks) < ws:
+            missing = sorted(set(range(ws)) - {r.rank for r in ranks})
+            out.append(f"ranks {missing} of a world of {ws} are missing; compared the {len(ranks)} present")
+    bases = [r.base_time_ns for r in ranks if r.base_time_ns is not None]
+    if len(bases) > 1 and (max(bases) - min(bases)) / 1e9 > SAME_CAPTURE_S:
+        out.append(f"the files' profiler clocks (baseTimeNanoseconds) are {(max(bases) - min(bases)) / 1e9:.0f} s "
+                   "apart: they look like different captures")
+    return out
+
+
 def analyze_path(path: str | Path, progress: Callable[[str], None] | None = None) -> TraceAnalysis:
     """Analyse a trace file or a directory of one capture's rank files."""
     path = Path(path)
@@ -594,6 +659,9 @@ def analyze_path(path: str | Path, progress: Callable[[str], None] | None = None
         return analyze_paths(find_rank_files(path), progress)
     if not path.exists():
         raise TraceAnalysisError(f"{path}: no such file or directory")
+    if not path.is_file():
+        # A FIFO would block open() for ever, a device never end: refuse before opening.
+        raise TraceAnalysisError(f"{path}: not a regular file (a FIFO, device or socket), not a trace")
     return analyze_paths([path], progress)
 
 

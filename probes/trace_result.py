@@ -131,6 +131,10 @@ class RankAnalysis:
     base_time_ns: int | None = None
     """Kineto's `baseTimeNanoseconds`: epoch ns of ts 0, so start_us maps to wall-clock time."""
     iterations: list[IterationTimes] = field(default_factory=list)
+    world_size: int | None = None
+    """`distributedInfo.world_size` of the file, when it says."""
+    bad_times: int = 0
+    """Events skipped because their ts/dur was NaN, infinite or negative."""
 
     @property
     def total(self) -> IterationTimes:

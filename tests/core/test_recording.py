@@ -126,12 +126,14 @@ def test_sigkill_loses_at_most_the_last_second(tmp_path):
         p.send_signal(signal.SIGKILL)
         p.wait()
     assert Path(str(path) + "-wal").exists()
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     r = open_recording(path)
-    assert "not closed cleanly" in r.problem
+    assert "not closed cleanly" in r.problem and "private copy" in r.problem
     xs = [s.value for s in r.records()]
     assert len(xs) > 1000 and xs == [float(i) for i in range(len(xs))]     # a prefix, nothing torn
     r.close()
-    assert not Path(str(path) + "-wal").exists()                          # recovered into one file
+    # Recovered in a private copy: the input and its -wal are as the killed writer left them.
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
 def test_not_a_recording_newer_schema_and_truncated(tmp_path):

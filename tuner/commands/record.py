@@ -97,7 +97,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set-at", type=parse_set_at, action="append", default=[], metavar="WHEN:KEY=VALUE",
                    help="change a setting WHEN after the start, e.g. 20s:speculative_num_steps=4 (repeatable)")
     add_key_arguments(p)
-    p.add_argument("--overwrite", action="store_true", help="replace FILE if it exists")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace FILE if it is an existing recording or an empty file (nothing else)")
     p.add_argument("--nvml-hz", type=float, default=10.0, metavar="HZ",
                    help="NVML readings per second per GPU (default 10; 0 = none; they are most of a long "
                         "recording's size)")
@@ -275,11 +276,13 @@ class RecordLoop:
             self.captures += 1
             if self.progress is not None:
                 self.progress.say(f"trace captured ({analysis.get('mode') if analysis else 'not analysed'})")
-        except (CaptureError, OSError) as e:
+        except Exception as e:   # noqa: BLE001 - a bad trace or server must never end the capture thread
+            msg = str(e).splitlines()[0] if isinstance(e, (CaptureError, OSError)) and str(e) \
+                else f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
             self.capture_failures += 1
-            self.session.note(f"trace capture failed: {e}")
+            self.session.note(f"trace capture failed: {msg}")
             if self.progress is not None:
-                self.progress.say(f"trace capture failed: {e}")
+                self.progress.say(f"trace capture failed: {msg}")
 
     def _report_events(self) -> None:
         """Disconnects, reconnects and refusals get a line of their own."""
@@ -374,8 +377,12 @@ def run(args: argparse.Namespace) -> int:
         return fail("--capture-steps must be 1 or more", 2)
     if not (args.nvml_hz == 0 or 0.1 <= args.nvml_hz <= 100):
         return fail("--nvml-hz must be 0 (no NVML) or between 0.1 and 100", 2)
-    if args.out.exists() and not args.overwrite:
-        return fail(f"{args.out} exists (choose another --out, or add --overwrite)", 2)
+    from tuner.recording.outputs import OutputError, check_output
+    from tuner.recording.recorder import not_replaceable_recording
+    try:   # before connecting: a refused --out costs the operator nothing
+        check_output(args.out, overwrite=args.overwrite, may_replace=not_replaceable_recording)
+    except OutputError as e:
+        return fail(str(e), 2)
     try:
         from tuner.backends.load import load_prompts
         prompts = load_prompts(args.prompts) if args.prompts else builtin_prompts()

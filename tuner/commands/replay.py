@@ -7,6 +7,7 @@ A file that is not a readable recording is one line on stderr; what is readable 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -35,8 +36,12 @@ def open_replay(path: Path, start: float = 0.0, speed: float = 1.0, paused: bool
 def run(args: argparse.Namespace) -> int:
     from tuner.recording import RecordingError
 
-    if args.speed <= 0:
-        print("specdecode-tune replay: --speed must be above 0", file=sys.stderr)
+    # `not x > 0` also refuses NaN, which passes every comparison-based `<= 0` check.
+    if not (math.isfinite(args.speed) and args.speed > 0):
+        print("specdecode-tune replay: --speed must be a number above 0", file=sys.stderr)
+        return 2
+    if not (math.isfinite(args.start) and args.start >= 0):
+        print("specdecode-tune replay: --start must be a number of seconds, 0 or more", file=sys.stderr)
         return 2
     if not args.file.exists():
         print(f"specdecode-tune replay: {args.file}: no such file", file=sys.stderr)

@@ -3,7 +3,9 @@
 `--out` picks the format by extension (.html, .md, .json) unless `--format` says; `--perfetto
 trace.json` writes a trace for ui.perfetto.dev; `--csv DIR` writes the series for pandas. A file
 that is not a readable recording is one line on stderr and status 1; a damaged one gives one line
-per problem on stderr and a report of what is readable (status 0, the report says so too).
+per problem on stderr and a report of what is readable (status 0, the report says so too). Outputs
+are checked first: an existing one is refused without --overwrite (status 2), the recording itself
+is never written over, and a write that fails is one line (status 1).
 Reads only the file; never imports textual.
 """
 
@@ -13,6 +15,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+from tuner.recording.outputs import OutputError
 
 FORMATS = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md", ".json": "json"}
 
@@ -26,6 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write a Perfetto/Chrome trace (captured kernels and phase spans, series as counters)")
     p.add_argument("--csv", type=Path, default=None, metavar="DIR",
                    help="also write samples.csv (long format), events.csv and settings.csv into DIR")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace existing output files (never the recording itself, nor anything but a regular file)")
 
 
 def render(summary, fmt: str) -> str:
@@ -40,6 +46,7 @@ def render(summary, fmt: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from tuner.recording import RecordingError
+    from tuner.recording.outputs import check_output, write_text
     from tuner.report import load, summarize
 
     def say(msg: str) -> None:
@@ -57,6 +64,14 @@ def run(args: argparse.Namespace) -> int:
     if not args.file.exists():
         say(f"{args.file}: no such file")
         return 1
+    # Every output is checked before the recording is read: an existing file is refused without
+    # --overwrite, the input is never written over, and an unwritable place is one line, not a traceback.
+    try:
+        for target in _targets(out, args.perfetto, args.csv):
+            check_output(target, overwrite=args.overwrite, inputs=_inputs(args.file))
+    except OutputError as e:
+        say(str(e))
+        return 2
     try:
         data = load(args.file)
     except RecordingError as e:
@@ -66,25 +81,52 @@ def run(args: argparse.Namespace) -> int:
     for p in data.problems:
         say(f"{p} (the report covers what is readable)")
     wrote = []
-    if out is not None:
-        text = render(summary, fmt)
-        if str(out) == "-":
-            sys.stdout.write(text)
-        else:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(text, encoding="utf-8")
-            wrote.append(str(out))
-    if args.perfetto is not None:
-        from tuner.report.exports import write_perfetto
-        args.perfetto.parent.mkdir(parents=True, exist_ok=True)
-        for p in write_perfetto(summary, args.perfetto):
-            say(p)
-        wrote.append(f"{args.perfetto} (open in ui.perfetto.dev)")
-    if args.csv is not None:
-        from tuner.report.exports import write_csv
-        wrote += [str(p) for p in write_csv(summary, args.csv)]
+    try:
+        if out is not None:
+            text = render(summary, fmt)
+            if str(out) == "-":
+                sys.stdout.write(text)
+            else:
+                write_text(out, text)
+                wrote.append(str(out))
+        if args.perfetto is not None:
+            from tuner.report.exports import write_perfetto
+            for p in write_perfetto(summary, args.perfetto):
+                say(p)
+            wrote.append(f"{args.perfetto} (open in ui.perfetto.dev)")
+        if args.csv is not None:
+            from tuner.report.exports import write_csv
+            wrote += [str(p) for p in write_csv(summary, args.csv)]
+    except OutputError as e:
+        say(str(e))
+        if wrote:
+            say("wrote " + ", ".join(wrote))
+        return 1
     if summary.verdict:
         say(summary.verdict.sentences[0])
     if wrote:
         say("wrote " + ", ".join(wrote))
     return 0
+
+
+def _inputs(path: Path) -> list[Path]:
+    """The recording and the SQLite files that belong to it: none of them is ever an output."""
+    return [path, Path(str(path) + "-wal"), Path(str(path) + "-shm")]
+
+
+def _targets(out: Path | None, perfetto: Path | None, csv_dir: Path | None) -> list[Path]:
+    """The files this run would write (the CSV directory is made here when it is missing)."""
+    from tuner.report.exports import CSV_FILES
+
+    targets = [p for p in (out, perfetto) if p is not None and str(p) != "-"]
+    if len(set(map(str, targets))) < len(targets):
+        raise OutputError(f"--out and --perfetto name the same file {out}")
+    if csv_dir is not None:
+        if csv_dir.exists() and not csv_dir.is_dir():
+            raise OutputError(f"--csv {csv_dir} is not a directory")
+        try:
+            csv_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OutputError(f"cannot make {csv_dir}: {e.strerror or e}") from None
+        targets += [csv_dir / name for name in CSV_FILES]
+    return targets

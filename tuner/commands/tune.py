@@ -133,6 +133,13 @@ def run(args: argparse.Namespace) -> int:
     if any(k > 1 for k in args.topk) and not args.draft_tokens:
         print("specdecode-tune tune: trees (--topk > 1) need --draft-tokens", file=sys.stderr)
         return 2
+    if args.json_out is not None:
+        from tuner.recording.outputs import OutputError, check_output
+        try:   # before tuning: a result that cannot be written must not cost the whole budget
+            check_output(args.json_out, overwrite=True, flag="")
+        except OutputError as e:
+            print(f"specdecode-tune tune: --json: {e}", file=sys.stderr)
+            return 2
     try:
         api_key = api_key_of(args)
     except ApiKeyError as e:
@@ -200,8 +207,13 @@ def run(args: argparse.Namespace) -> int:
         for line in summary(doc):
             _say(line)
         if args.json_out is not None:
-            args.json_out.write_text(json.dumps(doc, indent=1) + "\n")
-            _say(f"result written to {args.json_out}")
+            from tuner.recording.outputs import OutputError, write_text
+            try:
+                write_text(args.json_out, json.dumps(doc, indent=1) + "\n")
+                _say(f"result written to {args.json_out}")
+            except OutputError as e:
+                print(f"specdecode-tune tune: --json: {e}", file=sys.stderr)
+                return 1
         if args.out is not None:
             _say(f"recorded to {args.out}")
         return 0

@@ -61,6 +61,8 @@ def capture_into(session: Any, num_steps: int = 5, timeout_s: float = 120.0,
             analysis = analyze_paths(result.files).to_dict()
         except (TraceAnalysisError, OSError, ValueError) as e:
             error = str(e).splitlines()[0] if str(e) else type(e).__name__
+        except Exception as e:   # noqa: BLE001 - a server's trace is data: a bug it trips is an analysis error
+            error = f"analysis failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
         now = session.now()
         for rank, path in enumerate(result.files):
             session.put(Trace(now, result.profile_id, rank, path.name, path.read_bytes(),

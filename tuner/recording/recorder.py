@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from tuner import __version__
 from tuner.core.records import Event, Record, Sample, Trace, thaw
+from tuner.recording.outputs import OutputError, check_output
 from tuner.recording.schema import (
     APPLICATION_ID, DDL, SCHEMA_VERSION, RecordingError, dumps, pack_trace, value_in,
 )
@@ -44,13 +45,37 @@ def header_for(backend: Any, **extra: Any) -> dict[str, Any]:
     }
 
 
+def not_replaceable_recording(path: Path) -> str | None:
+    """None when `path` is an empty file or a specdecode-tune recording (`record --overwrite` may
+    replace it); else why not. Opened read-only and immutable: the check writes nothing."""
+    try:
+        if path.stat().st_size == 0:
+            return None
+        with open(path, "rb") as f:
+            if not f.read(16).startswith(b"SQLite format 3\0"):
+                return "is not a specdecode-tune recording (not an SQLite file)"
+        db = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+        try:
+            row = None
+            if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone():
+                row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        finally:
+            db.close()
+    except (OSError, sqlite3.Error, ValueError):     # ValueError: damaged text (not UTF-8)
+        return "is not a readable specdecode-tune recording"
+    if row is None:
+        return "is an SQLite file but not a specdecode-tune recording"
+    return None
+
+
 class Recorder:
     """Append-only writer of one recording.
 
     Args:
         path: the file to create (an existing file is refused unless overwrite=True).
+        overwrite: replace an existing recording or empty file; anything else (a directory, a device,
+            a file of another kind) is still refused.
         header: what the recording is of: backend, url, server_info, launch, active, gpus, ... (JSON).
-        overwrite: replace an existing file.
         commit_every_s: the most a SIGKILL can lose.
         monotonic: the clock commits are paced by (injected in tests).
     """
@@ -58,9 +83,12 @@ class Recorder:
     def __init__(self, path: str | Path, header: dict[str, Any] | None = None, *, overwrite: bool = False,
                  commit_every_s: float = COMMIT_EVERY_S, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.path = Path(path)
-        if self.path.exists():
-            if not overwrite:
-                raise RecordingError(f"{self.path} exists (choose another --out, or remove it)")
+        try:
+            check_output(self.path, overwrite=overwrite, may_replace=not_replaceable_recording)
+        except OutputError as e:
+            raise RecordingError(str(e).replace("cannot write ", "cannot create recording ", 1)) from None
+        if overwrite and self.path.exists():
+            # Only a recording or an empty regular file gets here (checked above).
             for suffix in ("", "-wal", "-shm"):
                 Path(str(self.path) + suffix).unlink(missing_ok=True)
         self.commit_every_s = commit_every_s

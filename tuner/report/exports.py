@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 from probes.trace_stream import TraceFormatError, TraceReader
 from tuner.core.records import thaw
+from tuner.recording.outputs import write_atomic
 from tuner.recording.schema import dumps
 from tuner.report.data import RecordingData, trace_bytes
 from tuner.report.summary import Summary, setting_label
@@ -24,6 +25,7 @@ from tuner.report.summary import Summary, setting_label
 SESSION_PID = 1
 SERIES_PID = 2
 FIRST_TRACE_PID = 100
+CSV_FILES = ("samples.csv", "events.csv", "settings.csv")
 
 
 def _us(s: Summary, t: float) -> float:
@@ -108,30 +110,32 @@ def trace_file_events(s: Summary, pid: int, trace: Any, problems: list[str]) -> 
 
 
 def write_perfetto(s: Summary, out: Path) -> list[str]:
-    """Write the trace; returns problems met (unreadable stored traces), one line each."""
+    """Write the trace (through a temporary file renamed over `out`); returns problems met
+    (unreadable stored traces), one line each. Raises OutputError (one line) when it cannot write."""
     problems: list[str] = []
-    pids: dict[tuple[str, int], int] = {}
-    tmp = out.with_name(out.name + ".part")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write('{"displayTimeUnit":"ms","otherData":{"generator":"specdecode-tune report","recording":')
-        f.write(json.dumps(s.data.path.name) + ',"t_first_epoch_s":' + json.dumps(s.data.t_first
-                if math.isfinite(s.data.t_first) else None) + '},"traceEvents":[\n')
-        first = True
-
-        def emit(ev: dict[str, Any]) -> None:
-            nonlocal first
-            f.write(("" if first else ",\n") + json.dumps(ev, allow_nan=False, default=str))
-            first = False
-
-        for ev in perfetto_events(s):
-            emit(ev)
-        for trace in trace_bytes(s.data.path):
-            pid = pids.setdefault((trace.trace_id, trace.rank), FIRST_TRACE_PID + len(pids))
-            for ev in trace_file_events(s, pid, trace, problems):
-                emit(_finite(ev))
-        f.write("\n]}\n")
-    tmp.replace(out)
+    write_atomic(out, lambda f: _perfetto_to(s, f, problems))
     return problems
+
+
+def _perfetto_to(s: Summary, f: Any, problems: list[str]) -> None:
+    pids: dict[tuple[str, int], int] = {}
+    f.write('{"displayTimeUnit":"ms","otherData":{"generator":"specdecode-tune report","recording":')
+    f.write(json.dumps(s.data.path.name) + ',"t_first_epoch_s":' + json.dumps(s.data.t_first
+            if math.isfinite(s.data.t_first) else None) + '},"traceEvents":[\n')
+    first = True
+
+    def emit(ev: dict[str, Any]) -> None:
+        nonlocal first
+        f.write(("" if first else ",\n") + json.dumps(ev, allow_nan=False, default=str))
+        first = False
+
+    for ev in perfetto_events(s):
+        emit(ev)
+    for trace in trace_bytes(s.data.path):
+        pid = pids.setdefault((trace.trace_id, trace.rank), FIRST_TRACE_PID + len(pids))
+        for ev in trace_file_events(s, pid, trace, problems):
+            emit(_finite(ev))
+    f.write("\n]}\n")
 
 
 def _finite(ev: dict[str, Any]) -> dict[str, Any]:
@@ -144,12 +148,13 @@ def _finite(ev: dict[str, Any]) -> dict[str, Any]:
 
 def write_csv(s: Summary, out_dir: Path) -> list[Path]:
     """samples.csv (long format: t, t_rel_s, series, value; empty = not available), events.csv,
-    settings.csv. `pd.read_csv("samples.csv").pivot_table(index="t", columns="series")` goes wide."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    settings.csv. `pd.read_csv("samples.csv").pivot_table(index="t", columns="series")` goes wide.
+    The caller checks `out_dir` (CSV_FILES) first; a failed write raises OutputError (one line)."""
     d: RecordingData = s.data
     paths = []
     p = out_dir / "samples.csv"
-    with open(p, "w", newline="", encoding="utf-8") as f:
+
+    def samples(f: Any) -> None:
         w = csv.writer(f)
         w.writerow(["t", "t_rel_s", "series", "value"])
         rows = []
@@ -159,23 +164,28 @@ def write_csv(s: Summary, out_dir: Path) -> list[Path]:
         rows.sort(key=lambda r: r[0])
         for t, name, v in rows:
             w.writerow([repr(t), f"{t - d.t_first:.6f}", name, "" if math.isnan(v) else repr(v)])
+    write_atomic(p, samples)
     paths.append(p)
     p = out_dir / "events.csv"
-    with open(p, "w", newline="", encoding="utf-8") as f:
+
+    def events(f: Any) -> None:
         w = csv.writer(f)
         w.writerow(["t", "t_rel_s", "kind", "data"])
         for e in d.events:
             w.writerow([repr(e.t), f"{e.t - d.t_first:.6f}", e.kind, dumps(thaw(e.data))])
+    write_atomic(p, events)
     paths.append(p)
     p = out_dir / "settings.csv"
     rows_json = [r.to_json() for r in s.rows]
-    with open(p, "w", newline="", encoding="utf-8") as f:
+
+    def settings(f: Any) -> None:
         w = csv.writer(f)
         flat = [_flatten(r) for r in rows_json]
         cols = list(dict.fromkeys(k for r in flat for k in r))
         w.writerow(cols)
         for r in flat:
             w.writerow(["" if r.get(c) is None else r.get(c) for c in cols])
+    write_atomic(p, settings)
     paths.append(p)
     return paths
 

@@ -7,6 +7,7 @@ compute figures (summary.py does) or read files.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from tuner import __version__
@@ -23,8 +24,37 @@ def _n(x: Any, fmt: str = "{:.1f}") -> str:
     return "n/a"
 
 
+class Md(str):
+    """Text that is already Markdown (built here from escaped parts): not escaped again."""
+
+
+# Markdown's inline markup; `_` only where it could start or end emphasis (not inside draft_tokens).
+_MD_SPECIAL = re.compile(r"([\\`*\[\]|~]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z]))")
+
+
+def _esc(x: Any) -> str:
+    """A string from the server or the file as plain text: no HTML (as the HTML report escapes it),
+    no Markdown markup, one line. Control characters go too (they are terminal or HTML control)."""
+    if isinstance(x, Md):
+        return str(x)
+    text = _CONTROL.sub(" ", str(x))
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MD_SPECIAL.sub(r"\\\1", text)
+
+
+def _code(x: Any) -> Md:
+    """Inline code of any text: a backtick fence longer than any run inside (HTML in code is inert)."""
+    text = _CONTROL.sub(" ", str(x))
+    fence = "`" * (max((len(r) for r in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return Md(f"{fence}{pad}{text}{pad}{fence}")
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
 def _cell(x: Any) -> str:
-    return str(x).replace("|", "\\|").replace("\n", " ")
+    return _esc(x)
 
 
 def _table(head: list[str], rows: list[list[Any]]) -> str:
@@ -36,17 +66,19 @@ def _table(head: list[str], rows: list[list[Any]]) -> str:
 def render(s: Summary) -> str:
     d, h = s.data, s.data.header
     info = d.server_info()
-    out = [f"# specdecode-tune report — {d.path.name}", "",
-           f"{h.get('backend', '?')} {info.get('version') or ''} · model {info.get('model') or '?'} · "
-           f"TP {info.get('tp_size') or '?'} · {h.get('url') or ''}  ",
+    e = _esc
+    out = [f"# specdecode-tune report — {e(d.path.name)}", "",
+           f"{e(h.get('backend', '?'))} {e(info.get('version') or '')} · model {e(info.get('model') or '?')} · "
+           f"TP {e(info.get('tp_size') or '?')} · {e(h.get('url') or '')}  ",
            f"recorded {_when(h.get('created_at'))} for {fmt_clock(d.length_s)} (m:ss) by specdecode-tune "
-           f"{h.get('tool_version') or '?'} (schema {h.get('schema_version')}); report by specdecode-tune {__version__}", ""]
+           f"{e(h.get('tool_version') or '?')} (schema {e(h.get('schema_version'))}); "
+           f"report by specdecode-tune {__version__}", ""]
     for p in d.problems:
-        out += [f"> **Recording problem:** {p}", ""]
+        out += [f"> **Recording problem:** {e(p)}", ""]
     for f in s.flags:
-        out += [f"> **{f}**", ""]
+        out += [f"> **{e(f)}**", ""]
     out += ["## Fastest setting", ""]
-    out += ([x for x in s.verdict.sentences for x in (x, "")] if s.verdict
+    out += ([e(x) for x in s.verdict.sentences for x in (x, "")] if s.verdict
             else ["No tok/s readings while a setting was settled: nothing to rank.", ""])
     out += ["## Settings tried", ""]
     if s.rows:
@@ -56,14 +88,14 @@ def render(s: Summary) -> str:
                 "batch"] + [f"{p} ms (comm)" for p in phases] + ["wall ms", "comm share draft", "comm share verify"]
         rows = []
         for r in s.rows:
-            rows.append([("**" + r.label + "**") if r.key == best else r.label, _n(r.seconds, "{:.0f}"), len(r.windows),
+            rows.append([Md("**" + e(r.label) + "**") if r.key == best else r.label, _n(r.seconds, "{:.0f}"), len(r.windows),
                          _n(r.tok_s), _n(r.server_tok_s), _n(r.client_tok_s), _n(r.accept_len, "{:.2f}"),
                          _n(r.batch, "{:.2f}")]
                         + [f"{_n(r.phase_ms.get(p), '{:.2f}')} ({_n(r.comm_ms.get(p), '{:.2f}')})" for p in phases]
                         + [_n(r.wall_ms, "{:.2f}"), _n(r.comm_share("draft") * 100, "{:.0f} %"),
                            _n(r.comm_share("verify") * 100, "{:.0f} %")])
         out += [_table(head, rows), "",
-                f"tok/s median: 1-s windows of `{s.ranking_series}` after settling (2 s / 20 iterations), "
+                f"tok/s median: 1-s windows of {_code(s.ranking_series)} after settling (2 s / 20 iterations), "
                 "without server gaps and profiler captures. Phase ms: inclusive per iteration on rank 0; "
                 "the collective part in brackets is inside it, not added.", ""]
         ks = sorted({k for r in s.rows for k in r.accept_pos})
@@ -83,13 +115,14 @@ def render(s: Summary) -> str:
     out += ["## Trace captures", ""]
     if s.captures:
         for c in s.captures:
-            out.append(f"**{c['trace_id']}** at {_rel(s, c['t'])}: {c['ranks']} rank file(s), mode {c['mode'] or 'none'}, "
+            out.append(f"**{e(c['trace_id'])}** at {_rel(s, c['t'])}: {e(c['ranks'])} rank file(s), "
+                       f"mode {e(c['mode'] or 'none')}, "
                        f"wall {_n(c['wall_ms'], '{:.2f}')} ms, skew {_n(c['skew_ms'], '{:.2f}')} ms")
             if c["phases"]:
                 out += ["", _table(["phase (rank 0 mean)", "work ms", "collective ms"],
                                    [[p, _n(v.get("ms"), "{:.3f}"), _n(v.get("comm_ms"), "{:.3f}")]
                                     for p, v in c["phases"].items()])]
-            out += [f"> {w}" for w in c["warnings"]] + [""]
+            out += [f"> {e(w)}" for w in c["warnings"]] + [""]
     else:
         out += ["None.", ""]
     if s.tuning:
@@ -107,11 +140,11 @@ def render(s: Summary) -> str:
     start = info.get("active") or h.get("active") or {}
     launch = redact(info.get("launch") or h.get("launch") or {})
     out += ["## Server configuration", "", "Active at start: " +
-            ", ".join(f"`{k}={start.get(k)}`" for k in KNOBS if k in start), "",
+            ", ".join(_code(f"{k}={start.get(k)}") for k in KNOBS if k in start), "",
             "<details><summary>Launch arguments</summary>", "",
             _table(["argument", "value"], [[k, v] for k, v in sorted(launch.items())]), "", "</details>", ""]
     if h.get("command"):
-        out += [f"Recorded with `{h.get('command')}`.", ""]
+        out += [f"Recorded with {_code(h.get('command'))}.", ""]
     return "\n".join(out)
 
 
