@@ -7,13 +7,14 @@ Every forward takes fixed-shape inputs plus masks (no Python loop over tokens), 
 capture CUDA graphs over them.
 
 Kernel count is the cost that matters at decode shapes (batch 1, a few tokens: every matmul is a
-weight stream and every elementwise op a few-µs launch, ~30 per layer times 32 layers even inside
-a CUDA graph), so the forward keeps it low without custom kernels: `fuse_projections` joins q/k/v
-and gate/up into one matmul each (the separate weights become views of the joined one, so names,
-loading and TP are unchanged and no memory is added); RoPE's cos/sin and the additive mask are
-computed once per forward (cached on the AttnMeta), RoPE as one batched matmul per layer rotating q
-and k together; GQA attention is two batched matmuls over grouped query heads (no repeat of K/V);
-RMSNorm is torch's fused op.
+weight stream and every elementwise op a few-µs launch, even inside a CUDA graph). `fuse_projections`
+joins q/k/v and gate/up into one matmul each (the separate weights become views of the joined one, so
+names, loading and TP are unchanged and no memory is added); attention is one op
+(refengine.models.attend: a Triton kernel on CUDA); eagerly, RoPE is one batched matmul per layer
+rotating q and k together (rotation matrix cached on the AttnMeta once per forward). Under
+torch.compile (refengine.compiled) the traced path is plain elementwise RoPE and no cache, so Inductor
+fuses it with the KV write, and a layer passes the residual stream on as (delta, residual) so the add
+joins the next norm's kernel. Nothing here may graph-break under torch.compile (tests check it).
 """
 
 from __future__ import annotations
