@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -19,6 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cuda_timing import graph_us  # noqa: E402
 from refengine.models import triton_attend  # noqa: E402
 from refengine.models.attend import attend, attend_reference  # noqa: E402
 
@@ -50,27 +52,6 @@ def inputs(b, t, hq, hk, d, c, tree, dtype, gen):
         mask &= torch.rand(b, t, c, device="cuda", generator=gen) < 0.8
         mask.scatter_(2, pos[:, :, None], True)
     return q, kc, vc, rows, mask
-
-
-def graph_us(fn, reps: int = 200) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(times[10:])
 
 
 def main(argv=None) -> int:

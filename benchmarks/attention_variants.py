@@ -1,6 +1,6 @@
 """Where a target forward's time goes inside one CUDA graph, side by side in one process: the
-8B-shaped preset (TP1, bf16, random weights) replayed as a graph at 1 and 4 tokens, with each
-attention implementation of refengine.models.layers.ATTENTION, next to the same graph with the
+8B-shaped preset (TP1, bf16, random weights) replayed as a graph at 1 and 4 tokens, with the
+attention op's CUDA kernel (Triton) and with its torch reference, next to the same graph with the
 attention and every elementwise op left out (the matmul-only floor: weights streamed once). The
 gap between the floor and the full forward is the per-layer kernel overhead that keeps the verify
 phase above the weight-streaming cost proxy.
@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -25,38 +23,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cuda_timing import graph_us  # noqa: E402
 from refengine.models import layers  # noqa: E402
+from refengine.models.attend import attend, attend_reference  # noqa: E402
 from refengine.models.layers import causal_meta, fuse_projections  # noqa: E402
 from refengine.presets import build_target  # noqa: E402
 
 
 def timed(fn, device: str, reps: int) -> float:
     """Median µs of `fn` replayed as a CUDA graph (or called, on CPU)."""
-    if device == "cuda":
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        out = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b) * 1e3)
-        return statistics.median(out)
-    out = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t) * 1e6)
-    return statistics.median(out)
+    return graph_us(fn, reps, device, skip=0)
 
 
 def matmul_floor(model, x: torch.Tensor) -> torch.Tensor:
@@ -86,7 +64,7 @@ def main(argv=None) -> int:
     report: dict = {"model": a.model_path, "device": a.device, "ctx": a.ctx, "rows": []}
     print(f"# attention_variants: {a.model_path} {dtype} TP1 on {a.device}; context {a.ctx}; median of {a.reps} "
           f"{'graph replays' if a.device == 'cuda' else 'calls'} (µs)")
-    print("   tokens   floor (matmuls only)   " + "   ".join(f"{v:>9}" for v in ("grouped", "sdpa")) + "   grouped/floor")
+    print("   tokens   floor (matmuls only)   " + "   ".join(f"{v:>9}" for v in ("triton", "torch")) + "   triton/floor")
     with torch.no_grad():
         for t in (1, 4):
             ids = torch.randint(0, model.config.vocab_size, (1, t), device=a.device)
@@ -95,20 +73,20 @@ def main(argv=None) -> int:
             x = torch.randn(1, t, model.config.hidden_size, device=a.device, dtype=dtype)
             floor = timed(lambda: matmul_floor(model, x), a.device, a.reps)
             res, logits = {}, {}
-            for impl in ("grouped", "sdpa"):
-                layers.ATTENTION = impl
+            for impl, op in (("triton", attend), ("torch", attend_reference)):
+                layers.attend = op           # what Attention.forward calls
                 try:
                     logits[impl] = model.logits(model(ids, meta, kv)[0]).float()
                     res[impl] = timed(lambda: model.logits(model(ids, meta, kv)[0]), a.device, a.reps)
                 except Exception as e:  # one variant may not capture: say so and go on
                     res[impl] = float("nan")
                     print(f"   {impl}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
-            layers.ATTENTION = "grouped"
+            layers.attend = attend
             if len(logits) == 2:   # the same function: the two must agree to rounding
-                diff = (logits["grouped"] - logits["sdpa"]).abs().max().item()
-                print(f"   (tokens {t}: max |logit difference| grouped vs sdpa {diff:.3g})")
+                diff = (logits["triton"] - logits["torch"]).abs().max().item()
+                print(f"   (tokens {t}: max |logit difference| triton vs torch {diff:.3g})")
             report["rows"].append({"tokens": t, "floor_us": floor, **{f"{k}_us": v for k, v in res.items()}})
-            print(f"   {t:>6}   {floor:20.1f}   {res['grouped']:9.1f}   {res['sdpa']:9.1f}   {res['grouped'] / floor:12.2f}")
+            print(f"   {t:>6}   {floor:20.1f}   {res['triton']:9.1f}   {res['torch']:9.1f}   {res['triton'] / floor:12.2f}")
     if a.out:
         Path(a.out).write_text(json.dumps(report, indent=1))
     return 0

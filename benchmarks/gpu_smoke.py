@@ -45,6 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from cuda_timing import graph_us  # noqa: E402
 from engine_runs import PROXY_US, base_env, describe_gpus, fmt  # noqa: E402
 from tuner.engine_process import EngineProcess, EngineStartError  # noqa: E402
 
@@ -295,26 +296,8 @@ def phase_proxy_us(model: str, tokens: int, reps: int = 100) -> dict[str, float]
         return lambda: ((torch.matmul(xs[fc.shape[1]], fc.t()) if with_fc else None), stream(mid, xs),
                         torch.matmul(xs[h.hidden_size], d_head.t()))
 
-    def graph_us(fn) -> float:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        gr = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(gr):
-            fn()
-        times = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            gr.replay()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) * 1e3)
-        return statistics.median(times[5:])
-    out = {"decode": graph_us(run_target(1)), "verify4": graph_us(run_target(tokens)),
-           "draft_step": graph_us(run_head(1, False)), "draft_extend4": graph_us(run_head(tokens, True))}
+    out = {"decode": graph_us(run_target(1), reps), "verify4": graph_us(run_target(tokens), reps),
+           "draft_step": graph_us(run_head(1, False), reps), "draft_extend4": graph_us(run_head(tokens, True), reps)}
     del target, lm_head, mid, fc, d_head
     torch.cuda.empty_cache()
     return out
