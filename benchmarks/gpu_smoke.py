@@ -175,6 +175,13 @@ def run_part(part: Part, a, report: dict) -> bool:
             out["decode_log"] = log[-1]
         captures = [line for line in lines if "refengine: graph" in line]
         out["captures_logged"] = len(captures)
+        # No silent fallbacks: a capture that failed (a graph break under fullgraph compile, an
+        # uncapturable op) runs eagerly from then on and would still pass the identity checks.
+        failed = [line for line in captures if "capture FAILED" in line]
+        out["captures_failed"] = len(failed)
+        if failed:
+            ok = False
+            print(f"  CAPTURE FAILED {len(failed)}x, e.g. {failed[0].split('refengine: ')[1]}")
         print(f"  graph captures logged by rank 0: {len(captures)}"
               + (f" (e.g. {captures[0].split('refengine: ')[1]})" if captures else ""))
         http.close()
