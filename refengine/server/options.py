@@ -12,7 +12,8 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-PLACEMENTS = ("sharded", "replicated", "rank0")
+from probes.names import PLACEMENTS, SHARDED
+
 ALGORITHMS = ("EAGLE3", "NONE")
 DTYPES = ("auto", "float32", "float", "float16", "half", "bfloat16", "float64")
 SECRET_FLAGS = ("--api-key",)
@@ -32,7 +33,7 @@ class ServerOptions:
     speculative_num_steps: int | None = None
     speculative_eagle_topk: int | None = None
     speculative_num_draft_tokens: int | None = None
-    speculative_draft_placement: str = "sharded"
+    speculative_draft_placement: str = SHARDED
     speculative_simulate_accept: str | None = None
     tp_size: int = 1
     device: str = "cpu"
@@ -127,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--speculative-num-steps", type=_nonneg_int, default=None)
     s.add_argument("--speculative-eagle-topk", type=_positive_int, default=None)
     s.add_argument("--speculative-num-draft-tokens", type=_positive_int, default=None)
-    s.add_argument("--speculative-draft-placement", default="sharded", choices=PLACEMENTS,
+    s.add_argument("--speculative-draft-placement", default=SHARDED, choices=PLACEMENTS,
                    help="where the draft runs: on the target's TP group, on every rank, or on rank 0")
     s.add_argument("--speculative-simulate-accept", default=None,
                    help="force acceptance (the engine's simulator); off by default")

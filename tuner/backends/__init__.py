@@ -6,6 +6,7 @@ Everything goes over HTTP (or the recording file); never imports torch, refengin
 
 from __future__ import annotations
 
+from probes.names import PLACEMENT
 from tuner.backends.base import Backend, Capabilities, ControlResult
 from tuner.backends.http import BadAnswer, ServerError, ServerUnreachable
 
@@ -18,7 +19,7 @@ def detect_kind(server_info: dict, metric_names: list[str] | None = None) -> str
     if server_info.get("engine") == "refengine":
         return "refengine"
     if metric_names and any(n.startswith("specdecode:") for n in metric_names) and \
-            "speculative_draft_placement" in (server_info.get("internal_states") or [{}])[0]:
+            PLACEMENT in (server_info.get("internal_states") or [{}])[0]:
         return "refengine"
     if "internal_states" in server_info and "version" in server_info:
         return "sglang"

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+from probes.names import DRAFT_TOKENS, PLACEMENT, STEPS, TOPK
+
 TICK_S = 0.1
 # The recording is the file; the store only feeds the progress line and event messages. Small rings
 # keep an hours-long recording's memory flat (the TUI's default keeps hours of every series).
@@ -312,8 +314,8 @@ class RecordLoop:
 
 
 def _setting(active: Any) -> str:
-    short = {"speculative_num_steps": "steps", "speculative_eagle_topk": "topk",
-             "speculative_num_draft_tokens": "draft_tokens", "speculative_draft_placement": "placement"}
+    short = {STEPS: "steps", TOPK: "topk",
+             DRAFT_TOKENS: "draft_tokens", PLACEMENT: "placement"}
     return " ".join(f"{v}={active[k]}" for k, v in short.items() if k in active)
 
 

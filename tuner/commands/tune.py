@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from probes.names import PLACEMENT, SHARDED
+
 
 def parse_duration(text: str) -> float:
     """'300', '90s', '5m', '1h' -> seconds; ValueError (one line) otherwise."""
@@ -145,8 +147,8 @@ def run(args: argparse.Namespace) -> int:
             return 2
     session = Session(backend, recorder=recorder)
     session.start()
-    placements = args.placements or [p for p in PLACEMENTS if p == "sharded"
-                                     or backend.capabilities.can_set("speculative_draft_placement")]
+    placements = args.placements or [p for p in PLACEMENTS if p == SHARDED
+                                     or backend.capabilities.can_set(PLACEMENT)]
     space = settings_space(args.max_steps, args.topk, args.draft_tokens, placements,
                            include_off=not args.no_off)
     tuner = None
