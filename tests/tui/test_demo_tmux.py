@@ -12,10 +12,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
+
+from harness import wait_until
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
@@ -46,13 +47,10 @@ class Pane:
         return int(self.tmux("display-message", "-p", "-t", "e2e", "#{pane_pid}").strip())
 
     def wait(self, pattern: str, timeout: float, why: str) -> re.Match:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            m = re.search(pattern, self.text())
-            if m:
-                return m
-            time.sleep(0.5)
-        raise AssertionError(f"{why}: no /{pattern}/ within {timeout:.0f} s; the pane shows:\n{self.text()}")
+        try:
+            return wait_until(lambda: re.search(pattern, self.text()), timeout, why, interval=0.5)
+        except AssertionError:
+            raise AssertionError(f"{why}: no /{pattern}/ within {timeout:.0f} s; the pane shows:\n{self.text()}") from None
 
     def close(self) -> None:
         subprocess.run(["tmux", "-S", self.socket, "kill-server"], capture_output=True)
@@ -112,17 +110,15 @@ def test_demo_in_tmux_as_a_person_uses_it():
         pane.keys("Escape")
         # A terminal cannot tell Esc from the start of an escape sequence at once: wait for the
         # screen to close before the next key, or Esc + q would read as alt+q.
-        end = time.monotonic() + 10
-        while "help · esc to close" in pane.text() and time.monotonic() < end:
-            time.sleep(0.3)
-        assert "help · esc to close" not in pane.text()
+        wait_until(lambda: "help · esc to close" not in pane.text(), 10, "esc to close the help", interval=0.3)
         children = {p for p in descendants(pane.pid()) if alive(p)}
 
         pane.keys("q")
         pane.wait(r"DEMO-EXIT=0", 60, "q quits the demo cleanly")
-        end = time.monotonic() + 20
-        while time.monotonic() < end and any(alive(p) for p in children - {pane.pid()}):
-            time.sleep(0.5)
+        try:
+            wait_until(lambda: not any(alive(p) for p in children - {pane.pid()}), 20, "the demo's children to end")
+        except AssertionError:
+            pass   # the assertion below names what was left
         left = [p for p in children if alive(p) and p != pane.pid()
                 and "sleep" not in open(f"/proc/{p}/cmdline").read()]
         assert left == [], f"the demo left processes behind: {left}"
@@ -140,7 +136,8 @@ def test_closing_the_terminal_takes_the_engine_with_it():
         assert any("refengine" in open(f"/proc/{p}/cmdline").read() for p in everything if alive(p))
     finally:
         pane.close()                    # kills the tmux server: the demo's terminal hangs up
-    end = time.monotonic() + 30
-    while time.monotonic() < end and any(alive(p) for p in everything):
-        time.sleep(0.5)
+    try:
+        wait_until(lambda: not any(alive(p) for p in everything), 30, "every process to end")
+    except AssertionError:
+        pass   # the assertion below names what was left
     assert [p for p in everything if alive(p)] == [], "processes outlived their terminal"
