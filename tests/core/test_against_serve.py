@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 
 def wait_for(session, cond, timeout=60.0):
     """Tick the session until `cond()` holds."""
-    return wait_until(lambda: session.tick() or cond(), timeout, "the session's readings", interval=0.1)
+    return wait_until(lambda: (session.tick(), cond())[-1], timeout, "the session's readings", interval=0.1)
 
 
 def test_once_prints_the_readings(serve_tp2):
