@@ -30,7 +30,8 @@ def test_idle_broadcasts_do_not_leak_into_the_next_iteration(pool2):
     # collectives, then change the config while idle (a broadcast and a re-place) and idle across
     # one more heartbeat.
     base = _rank0_collectives(pool2)
-    wait_until(lambda: _rank0_collectives(pool2) >= base + 4, 60, "idle heartbeats on rank 0")
+    wait_until(lambda: _rank0_collectives(pool2) >= base + 4, 60,
+               "idle heartbeats on rank 0 (counted when the idle time is dropped, as it must be)")
     pool2.set_config({"speculative_num_steps": 3})
     pool2.set_config({"speculative_num_steps": 2})
     base = _rank0_collectives(pool2)
