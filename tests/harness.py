@@ -58,6 +58,17 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str, interval: 
         time.sleep(interval)
 
 
+def read_only_query(path, sql: str, *params) -> tuple:
+    """One row of `sql` on an SQLite file another process is writing, through a read-only
+    connection that is closed at once (a lingering reader would keep the writer from closing)."""
+    import sqlite3
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return con.execute(sql, params).fetchone()
+    finally:
+        con.close()
+
+
 def start_server(args: list[str], env: dict[str, str] | None = None,
                  timeout_s: float = START_TIMEOUT_S) -> EngineProcess:
     """A ready `serve ARGS` (plus SPECDECODE_SERVE_ARGS), its group ended if this process dies."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import wait_until
+from harness import read_only_query, wait_until
 from tuner.core.clock import ManualClock
 from tuner.core.events import EventKind
 from tuner.core.records import Event, Sample, Trace
@@ -82,7 +82,7 @@ def test_commits_about_every_second(tmp_path):
     rec = Recorder(path, {}, monotonic=lambda: now[0])
     rec.write(some_records(4))
     rec.flush()
-    count = lambda: sqlite3.connect(f"file:{path}?mode=ro", uri=True).execute("SELECT count(*) FROM samples").fetchone()[0]
+    count = lambda: read_only_query(path, "SELECT count(*) FROM samples")[0]
     assert count() == 8
     rec.write([Sample(200.0, "x", 1.0)])
     rec.write([Sample(200.5, "x", 1.0)])      # nudges the writer: less than a second has passed
@@ -116,8 +116,7 @@ def test_sigkill_loses_at_most_the_last_second(tmp_path):
     path = tmp_path / "killed.db"
     p = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(path)], cwd=ROOT, stdout=subprocess.PIPE,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True)
-    committed = lambda: sqlite3.connect(f"file:{path}?mode=ro", uri=True).execute(
-        "SELECT count(*) FROM samples").fetchone()[0]
+    committed = lambda: read_only_query(path, "SELECT count(*) FROM samples")[0]
     try:
         assert p.stdout.readline().strip() == "running"
         # Let it commit a few times (a real process writing a real file): the count a reader sees

@@ -9,12 +9,11 @@ import argparse
 import io
 import math
 import signal
-import sqlite3
 import time
 
 import pytest
 
-from harness import wait_until
+from harness import read_only_query, wait_until
 from report_helpers import Recording, free_port, start_engine
 from tuner.backends import connect
 from tuner.cli import main
@@ -153,8 +152,7 @@ def test_sigkill_leaves_a_file_that_opens_with_at_most_about_a_second_missing(en
     rec.wait_started()
     # What a reader sees moves only at commits (about every second of readings): wait for phase
     # readings to be committed, then for one more commit, and kill between two commits.
-    newest = lambda: sqlite3.connect(f"file:{out}?mode=ro", uri=True).execute(
-        "SELECT count(*), max(t) FROM samples").fetchone()
+    newest = lambda: read_only_query(out, "SELECT count(*), max(t) FROM samples")
     first = wait_until(lambda: (c := newest())[0] > 50 and c, 120, "readings committed to the file")
     seen = wait_until(lambda: (c := newest())[0] > first[0] and c, 60, "one more commit")
     rec.signal(signal.SIGKILL)
@@ -177,8 +175,7 @@ def test_a_server_that_goes_away_leaves_a_marked_gap_and_recording_resumes(tmp_p
     url = server.url
     out = tmp_path / "gap.db"
     rec = Recording(url, out, "--load", "1", "--max-new-tokens", "24", "--progress-every", "1")
-    committed_since = lambda t: sqlite3.connect(f"file:{out}?mode=ro", uri=True).execute(
-        "SELECT count(*) FROM samples WHERE t >= ?", (t,)).fetchone()[0]
+    committed_since = lambda t: read_only_query(out, "SELECT count(*) FROM samples WHERE t >= ?", t)[0]
     try:
         rec.wait_started()
         wait_until(lambda: committed_since(0.0) > 20, 120, "readings from the first server")
