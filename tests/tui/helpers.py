@@ -10,7 +10,8 @@ import signal
 import time
 from typing import Callable
 
-from harness import start_server
+# `tests.harness`, not `harness`: the fixture scripts import this as `python -m tests.tui.make_fixture`.
+from tests.harness import ROOT, start_server  # noqa: F401  (ROOT: for the fixture scripts)
 
 # The agreeing random-weight preset: acceptance is real (tau > 1) without the trained model.
 MODEL_ARGS = ["--model-path", "tiny-agreeing", "--load-format", "dummy"]
