@@ -82,6 +82,14 @@ def alive(pid: int) -> bool:
         return False
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline") as f:
+            return f.read().replace("\0", " ").strip()
+    except OSError:
+        return "?"
+
+
 def test_demo_in_tmux_as_a_person_uses_it():
     # The terminal's own size: a COLUMNS/LINES left in the environment (pytest plugins set them for
     # their own consoles) would override the pane's.
@@ -140,4 +148,5 @@ def test_closing_the_terminal_takes_the_engine_with_it():
         wait_until(lambda: not any(alive(p) for p in everything), 30, "every process to end")
     except AssertionError:
         pass   # the assertion below names what was left
-    assert [p for p in everything if alive(p)] == [], "processes outlived their terminal"
+    left = {p: _cmdline(p) for p in everything if alive(p)}
+    assert left == {}, f"processes outlived their terminal: {left}"
