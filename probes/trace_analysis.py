@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from probes.names import DRAFT, DRAFT_EXTEND, OTHER, VERIFY, VERIFY_SAMPLE
 from probes.trace_names import (
     CONTAINER, INHERIT, PHASES, is_anchor, is_comm_cpu, is_comm_kernel, span_kind,
 )
@@ -309,18 +310,18 @@ def _label_window(w0: float, w1: float, segs: list[tuple[float, float, str]], de
     if cursor < w1:
         parts.append((cursor, w1, _GAP))
     if not derive:
-        return [(a, b, "other" if lab == _GAP else lab) for a, b, lab in parts]
+        return [(a, b, OTHER if lab == _GAP else lab) for a, b, lab in parts]
     # SGLang: verify runs from the end of draft to draft_extend; step[VERIFY is its target forward,
     # what follows it (eagle_sample, commit) is verify_sample.
-    d_end = next((b for a, b, lab in reversed(parts) if lab == "draft"), None)
-    x_start = next((a for a, b, lab in parts if lab == "draft_extend" and (d_end is None or a >= d_end)), w1)
-    v = [(a, b) for a, b, lab in parts if lab == "verify" and d_end is not None and a >= d_end and b <= x_start]
+    d_end = next((b for a, b, lab in reversed(parts) if lab == DRAFT), None)
+    x_start = next((a for a, b, lab in parts if lab == DRAFT_EXTEND and (d_end is None or a >= d_end)), w1)
+    v = [(a, b) for a, b, lab in parts if lab == VERIFY and d_end is not None and a >= d_end and b <= x_start]
     out = []
     for a, b, lab in parts:
         if lab == _GAP:
-            lab = "other"
+            lab = OTHER
             if d_end is not None and a >= d_end and b <= x_start:
-                lab = "verify" if not v or b <= v[0][0] else ("verify_sample" if a >= v[-1][1] else "verify")
+                lab = VERIFY if not v or b <= v[0][0] else (VERIFY_SAMPLE if a >= v[-1][1] else VERIFY)
         out.append((a, b, lab))
     return out
 
@@ -383,7 +384,7 @@ def analyze_file(path: str | Path, rank: int | None = None) -> RankAnalysis:
     thread = max(phase_threads, key=phase_threads.__getitem__) if phase_threads else None
     spans = c.spans.get(thread, []) if thread is not None else []
     windows = _iteration_windows(spans)
-    derive = not any(s[2] == "verify_sample" for s in spans)
+    derive = not any(s[2] == VERIFY_SAMPLE for s in spans)
     segs = flatten_spans([(s[0], s[1], s[2]) for s in spans if s[2] != CONTAINER])
     if not windows:
         # No phase spans at all (a GPU trace without annotations): one window, everything `other`.
@@ -464,7 +465,7 @@ def _gpu_work(c: _Collected, thread: Any, tl: _Timeline, iters: list[IterationTi
     all_comm: dict[int, _Union] = defaultdict(_Union)
     first: dict[int, float] = {}
     last: dict[int, float] = {}
-    other = PHASES.index("other")
+    other = PHASES.index(OTHER)
     k_ts, k_end, k_corr, k_comm = c.k_ts, c.k_end, c.k_corr, c.k_comm
     n = len(k_ts)
     # Exporters write kernels in time order; sort (a list of n indices) only when they are not.

@@ -9,21 +9,22 @@ from __future__ import annotations
 import re
 
 # The phases of one decode iteration, in display order (design note, "Phases").
-PHASES: tuple[str, ...] = ("draft", "verify", "verify_sample", "draft_extend", "other")
+from probes.names import DECODE_PHASES as PHASES
+from probes.names import DRAFT, DRAFT_EXTEND, OTHER, VERIFY, VERIFY_SAMPLE
 
 # Span kinds besides the phases.
 CONTAINER = "container"   # one whole iteration (the scheduler's run_batch)
 INHERIT = "inherit"       # a draft-model forward: takes the phase of the span around it
 
 _EXACT: dict[str, str] = {
-    "draft": "draft",
-    "draft_extend": "draft_extend",
-    "verify": "verify",  # named in SGLang's docstring; a plugin may emit it (§7.3)
-    "specdecode.draft": "draft",
-    "specdecode.verify": "verify",
-    "specdecode.verify_sample": "verify_sample",
-    "specdecode.draft_extend": "draft_extend",
-    "specdecode.other": "other",
+    "draft": DRAFT,
+    "draft_extend": DRAFT_EXTEND,
+    "verify": VERIFY,  # named in SGLang's docstring; a plugin may emit it (§7.3)
+    "specdecode.draft": DRAFT,
+    "specdecode.verify": VERIFY,
+    "specdecode.verify_sample": VERIFY_SAMPLE,
+    "specdecode.draft_extend": DRAFT_EXTEND,
+    "specdecode.other": OTHER,
     "scheduler.run_batch": CONTAINER,
     "specdecode.iteration": CONTAINER,
 }
@@ -31,7 +32,7 @@ _STEP = re.compile(r"^step\[(\w+)")
 # step[VERIFY] is the target forward over the draft tokens; step[DECODE] is the target forward of
 # plain decode, which our engine also counts as verify (steps = 0); step[DRAFT] is every draft
 # forward, in draft or draft-extend alike, so it inherits.
-_STEP_KIND = {"VERIFY": "verify", "TARGET_VERIFY": "verify", "DECODE": "verify", "DRAFT": INHERIT}
+_STEP_KIND = {"VERIFY": VERIFY, "TARGET_VERIFY": VERIFY, "DECODE": VERIFY, "DRAFT": INHERIT}
 
 # §7.3: NCCL, custom all-reduce (sgl_kernel v1/v2), FlashInfer PCIe-IPC.
 COMM_KERNEL = re.compile(

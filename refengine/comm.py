@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-PHASES = ("draft", "verify", "verify_sample", "draft_extend", "other")
+from probes.names import DECODE_PHASES as PHASES  # the phases a collective is labelled with
+from probes.names import OTHER
 
 
 class Clock:
@@ -73,7 +74,7 @@ class Communicator:
         self.group, self.cpu_group = group, cpu_group if cpu_group is not None else group
         self.clock = clock or Clock()
         self.latency_us = latency_us
-        self.phase = "other"
+        self.phase = OTHER
         self._pending: list[tuple[str, str, int, object, object]] = []
         self._graph: list[tuple[str, str, int]] = []
         self._capture: list[tuple[str, int]] | None = None

@@ -10,14 +10,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-PLACEMENTS = ("sharded", "replicated", "rank0")
+from probes.names import DRAFT_TOKENS, PLACEMENT, PLACEMENTS, SHARDED, STEPS, TOPK, tree_pool
 
 # /set_internal_state keys (SGLang's names plus our placement key) -> SpecConfig field.
 CONFIG_KEYS = {
-    "speculative_num_steps": "steps",
-    "speculative_eagle_topk": "topk",
-    "speculative_num_draft_tokens": "num_draft_tokens",
-    "speculative_draft_placement": "placement",
+    STEPS: "steps",
+    TOPK: "topk",
+    DRAFT_TOKENS: "num_draft_tokens",
+    PLACEMENT: "placement",
 }
 
 
@@ -36,7 +36,7 @@ class SpecConfig:
     """Branching factor of the draft tree (1 = chain)."""
     num_draft_tokens: int = 4
     """Tokens verified per request per cycle, the root included (steps + 1 for a chain)."""
-    placement: str = "sharded"
+    placement: str = SHARDED
     """Where the draft runs: on the target's TP group, replicated on every rank, or on rank 0."""
     epoch: int = 0
 
@@ -104,8 +104,8 @@ def resolve_config(current: SpecConfig, changes: dict[str, Any], limits: ModelLi
     else:
         n = fields.get("num_draft_tokens", current.num_draft_tokens if current.topk > 1 else None)
         if n is None:
-            n = min(topk + (steps - 1) * topk * topk, limits.max_draft_tokens - 1) + 1
-        pool = topk + (steps - 1) * topk * topk
+            n = min(tree_pool(steps, topk), limits.max_draft_tokens - 1) + 1
+        pool = tree_pool(steps, topk)
         if n < 2 or n - 1 > pool:
             raise ConfigError(
                 f"speculative_num_draft_tokens {n} is invalid for steps {steps}, topk {topk}: "
@@ -115,7 +115,7 @@ def resolve_config(current: SpecConfig, changes: dict[str, Any], limits: ModelLi
                           f"this engine has {limits.max_draft_tokens}")
     if n > limits.max_draft_tokens:
         raise ConfigError(f"speculative_num_draft_tokens {n} exceeds this engine's maximum {limits.max_draft_tokens}")
-    if placement == "sharded" and limits.tp_size > 1 and limits.has_draft:   # no draft: nothing to shard
+    if placement == SHARDED and limits.tp_size > 1 and limits.has_draft:   # no draft: nothing to shard
         if limits.draft_heads % limits.tp_size or limits.draft_kv_heads % limits.tp_size:
             raise ConfigError(
                 f"placement sharded needs the draft's heads ({limits.draft_heads}) and KV heads "
@@ -147,7 +147,7 @@ class EngineOptions:
     speculative_num_steps: int = 3
     speculative_eagle_topk: int = 1
     speculative_num_draft_tokens: int | None = None
-    speculative_draft_placement: str = "sharded"
+    speculative_draft_placement: str = SHARDED
     speculative_simulate_accept: str | None = None
     """Force acceptance: a mean accept length "2.5" or a per-position curve "0.8,0.6,0.4"."""
     speculative_use_rejection_sampling: bool = False
@@ -184,12 +184,12 @@ class EngineOptions:
 
     def initial_config(self) -> dict[str, Any]:
         changes: dict[str, Any] = {
-            "speculative_num_steps": self.speculative_num_steps,
-            "speculative_eagle_topk": self.speculative_eagle_topk,
-            "speculative_draft_placement": self.speculative_draft_placement,
+            STEPS: self.speculative_num_steps,
+            TOPK: self.speculative_eagle_topk,
+            PLACEMENT: self.speculative_draft_placement,
         }
         if self.speculative_num_draft_tokens is not None:
-            changes["speculative_num_draft_tokens"] = self.speculative_num_draft_tokens
+            changes[DRAFT_TOKENS] = self.speculative_num_draft_tokens
         return changes
 
 

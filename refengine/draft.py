@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from probes.names import RANK0, REPLICATED, SHARDED
 from refengine.comm import Communicator
 from refengine.models.eagle3 import Eagle3Head
 from refengine.models.layers import KVPool, fuse_projections
@@ -66,17 +67,17 @@ class DraftPlacement:
         full_k = full_v = None
         if old is not None:
             full_k, full_v = self._full_kv(old)
-            if old == "rank0" and self.comm.world > 1:
+            if old == RANK0 and self.comm.world > 1:
                 self.comm.broadcast(self.hidden, 0)
                 self.comm.broadcast(self.logits, 0)
         self.placement = placement
-        if placement == "rank0" and self.comm.rank != 0:
+        if placement == RANK0 and self.comm.rank != 0:
             self.head, self.kv = None, None
             return
-        layout = "sharded" if placement == "sharded" and self.comm.world > 1 else "full"
+        layout = SHARDED if placement == SHARDED and self.comm.world > 1 else "full"
         head = self._heads.get(layout)
         if head is None:
-            if layout == "sharded":
+            if layout == SHARDED:
                 head = apply_tp_head(copy.deepcopy(self.full), self.comm)
                 head.set_embed(self.target_embed)
             else:
@@ -98,9 +99,9 @@ class DraftPlacement:
         """Every rank's copy of the full-head draft KV under the old placement."""
         cfg = self.full.config
         shape = (self.rows, self.row_len, cfg.num_key_value_heads, cfg.head_dim)
-        if old == "sharded" and self.comm.world > 1:
+        if old == SHARDED and self.comm.world > 1:
             return (self.comm.all_gather(self.kv.k[0], dim=2), self.comm.all_gather(self.kv.v[0], dim=2))
-        if old == "replicated" or self.comm.world == 1:
+        if old == REPLICATED or self.comm.world == 1:
             return self.kv.k[0], self.kv.v[0]
         # rank0: only rank 0 has it.
         k = self.kv.k[0] if self.kv is not None else torch.zeros(shape, dtype=self.dtype, device=self.device)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.profiler import record_function
 
+from probes.names import DRAFT, DRAFT_EXTEND, OTHER, SHARDED, VERIFY, VERIFY_SAMPLE
 from refengine import spec
 from refengine.comm import PHASES, Communicator
 from refengine.graphs import GROUP, LOCAL, GraphCache, graphed_chain, graphed_forward, resolve_mode
@@ -29,8 +30,8 @@ from refengine.models.layers import causal_meta, fuse_projections
 from refengine.tp import apply_tp_target
 
 # SGLang's span names for our phases (ours prefixed specdecode.).
-SPAN = {"draft": "draft", "draft_extend": "draft_extend", "verify_sample": "specdecode.verify_sample",
-        "other": "specdecode.other"}
+SPAN = {DRAFT: "draft", DRAFT_EXTEND: "draft_extend", VERIFY_SAMPLE: "specdecode.verify_sample",
+        OTHER: "specdecode.other"}
 
 
 @dataclass
@@ -104,7 +105,7 @@ class _GraphedHead:
         d = engine.draft
         self.engine, self.phase, self.head, self.kv = engine, phase, d.head, d.kv
         self.placement = d.placement
-        self.scope = GROUP if (d.placement == "sharded" and engine.world > 1) else LOCAL
+        self.scope = GROUP if (d.placement == SHARDED and engine.world > 1) else LOCAL
         self.d2t = self.head.d2t
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -147,7 +148,7 @@ class Engine:
                                         self.rows + 1, self.row_len, dtype, device, prepare=prepare_head)
         self.simulate = parse_simulate_accept(opts.speculative_simulate_accept)
         self.sim_gen = torch.Generator().manual_seed(opts.random_seed + 17)
-        self.config = SpecConfig(steps=0, topk=1, num_draft_tokens=1, placement="sharded", epoch=-1)
+        self.config = SpecConfig(steps=0, topk=1, num_draft_tokens=1, placement=SHARDED, epoch=-1)
         self.reqs: dict[str, Req] = {}
         self.free_rows = list(range(self.rows))[::-1]
         self.iteration = 0
@@ -177,7 +178,7 @@ class Engine:
         """Between iterations, on every rank at once. Placement switches move the draft state."""
         self._since = self._since or time.perf_counter()
         if self.draft is not None:
-            with self.timer.phase("other", "specdecode.set_config"):
+            with self.timer.phase(OTHER, "specdecode.set_config"):
                 self.draft.place(cfg.placement)
         self.config = cfg
 
@@ -203,7 +204,7 @@ class Engine:
         r.gen = torch.Generator().manual_seed(seed)
         r.draft_gen = torch.Generator().manual_seed(seed + 1)
         self._since = self._since or time.perf_counter()
-        with self.timer.phase("other", "specdecode.prefill"):
+        with self.timer.phase(OTHER, "specdecode.prefill"):
             n = len(r.tokens)
             ids = torch.tensor([r.tokens], device=self.device)
             rows = torch.tensor([r.row], device=self.device)
@@ -221,7 +222,7 @@ class Engine:
         self.reqs[r.rid] = r
         if self.draft is not None:
             # SGLang's _draft_extend_for_prefill, whatever the steps: tier 0 keeps the draft warm.
-            with self.timer.phase("other", "specdecode.prefill_draft_extend"):
+            with self.timer.phase(OTHER, "specdecode.prefill_draft_extend"):
                 self._prefill_extend(r, aux[0], first)
         update = self._commit_tokens(r, [first])
         if r.finished:
@@ -266,9 +267,9 @@ class Engine:
         ctx = self._bucket(max(r.seq_len for r in reqs) + max(n_tok, s * k) + 1)
         q = None
         if s > 0:
-            with self.timer.phase("draft"):
+            with self.timer.phase(DRAFT):
                 tree, q = self._draft(reqs, rows, seq, roots, temps, ctx, rejection)
-        with self.timer.phase("verify", f"step[VERIFY bs={b}]"):
+        with self.timer.phase(VERIFY, f"step[VERIFY bs={b}]"):
             if s > 0:
                 if self.world > 1:
                     # Every rank must feed the target identical tokens: rank 0's tree wins.
@@ -283,7 +284,7 @@ class Engine:
                 parents = torch.full_like(tokens, -1)
                 meta = causal_meta(rows, seq[:, None], ctx)
             logits, aux = self._verify_forward(tokens, meta)
-        with self.timer.phase("verify_sample"):
+        with self.timer.phase(VERIFY_SAMPLE):
             path, accepted, bonus = self._accept(reqs, tokens, parents, logits, temps, q, sampled, rejection, s)
             if k > 1 and s > 0:
                 # Tree: move the accepted nodes' K/V to the front of the window (slot seq+t).
@@ -307,7 +308,7 @@ class Engine:
         if self.draft is not None:
             # Tier 0 included (SGLang's eagle_worker_v2 forward_batch_generation): the draft
             # stays warm, so nothing is caught up when drafting resumes.
-            with self.timer.phase("draft_extend"):
+            with self.timer.phase(DRAFT_EXTEND):
                 self._extend(rows, seq, tokens, path, accepted, bonus, aux, n_tok, ctx)
         for r in reqs:
             if r.finished:
@@ -321,7 +322,7 @@ class Engine:
                       f"{c['placement']} rows={c['rows']} shape={c['shape']} in {c['ms']:.1f} ms"
                       + (f" ({c['reason']})" if c["reason"] else ""), flush=True)
         wall = (time.perf_counter() - t0) * 1e3
-        ms["other"] += max(0.0, wall - sum(ms.values()))
+        ms[OTHER] += max(0.0, wall - sum(ms.values()))
         self.iteration += 1
         record = {"t": time.time(), "epoch": cfg.epoch, "steps": s, "topk": k,
                   "num_draft_tokens": cfg.num_draft_tokens, "placement": cfg.placement, "bs": b,
@@ -347,7 +348,7 @@ class Engine:
             hidden, aux = self.target(ids, m, self.kv)
             return self.target.logits(hidden), aux
         scope = GROUP if self.world > 1 else LOCAL
-        logits, aux = graphed_forward(self.graphs, "verify", "-", scope, tokens, None, meta, self.pad_row, fn)
+        logits, aux = graphed_forward(self.graphs, VERIFY, "-", scope, tokens, None, meta, self.pad_row, fn)
         return logits, aux
 
     def _draft(self, reqs, rows, seq, roots, temps, ctx, rejection):
@@ -459,7 +460,7 @@ class Engine:
             t_idx = torch.arange(width, device=rows.device)[None]
             nxt = torch.where(t_idx >= accepted[:, None], bonus[:, None], nxt)
             feats = aux.gather(1, pp[:, :, None].expand(b, width, aux.shape[-1]))
-            hid, logits = spec.draft_extend(self._head("draft_extend"), d.kv, rows, seq, nxt, feats, accepted, ctx)
+            hid, logits = spec.draft_extend(self._head(DRAFT_EXTEND), d.kv, rows, seq, nxt, feats, accepted, ctx)
             d.hidden[rows] = hid
             d.logits[rows] = logits.to(d.logits.dtype)
 

@@ -18,6 +18,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from probes.names import OTHER
+
 HEARTBEAT_S = 1.0     # idle rank 0 still broadcasts this often, so followers never time out
 STATS_EVERY_S = 0.25  # how often every rank sends its cumulative phase totals
 
@@ -176,7 +178,7 @@ class Follower:
                 cmd = self._next_command()
                 self.engine.begin_command()
                 if world > 1:
-                    self.comm.phase = "other"
+                    self.comm.phase = OTHER
                     self.comm.broadcast_object(None if cmd.empty else cmd, 0)
             else:
                 self.engine.begin_command()

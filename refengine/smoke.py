@@ -11,17 +11,20 @@ import statistics
 import sys
 import threading
 
+from probes.names import (DECODE_PHASES, DRAFT, DRAFT_EXTEND, DRAFT_TOKENS, PLACEMENT, RANK0, REPLICATED, SHARDED,
+                          STEPS, TOPK, VERIFY)
+
 HELP = "generate across CPU ranks with speculation, switching placement and steps midway"
 
 # (label, changes applied before the segment)
 SCHEDULE = [
-    ("sharded steps=3", {"speculative_num_steps": 3, "speculative_draft_placement": "sharded"}),
-    ("replicated steps=3", {"speculative_draft_placement": "replicated"}),
-    ("rank0 steps=5", {"speculative_draft_placement": "rank0", "speculative_num_steps": 5}),
-    ("tier 0 (steps=0, draft kept warm)", {"speculative_num_steps": 0}),
-    ("sharded steps=2", {"speculative_num_steps": 2, "speculative_draft_placement": "sharded"}),
-    ("replicated tree 3/4/8", {"speculative_num_steps": 3, "speculative_eagle_topk": 4,
-                               "speculative_num_draft_tokens": 8, "speculative_draft_placement": "replicated"}),
+    ("sharded steps=3", {STEPS: 3, PLACEMENT: SHARDED}),
+    ("replicated steps=3", {PLACEMENT: REPLICATED}),
+    ("rank0 steps=5", {PLACEMENT: RANK0, STEPS: 5}),
+    ("tier 0 (steps=0, draft kept warm)", {STEPS: 0}),
+    ("sharded steps=2", {STEPS: 2, PLACEMENT: SHARDED}),
+    ("replicated tree 3/4/8", {STEPS: 3, TOPK: 4,
+                               DRAFT_TOKENS: 8, PLACEMENT: REPLICATED}),
 ]
 
 
@@ -72,7 +75,7 @@ def _generate(client, GenRequest, prompts, max_new, schedule, seg_tokens):
     """Run the batch to completion; with a schedule, switch config every `seg_tokens` tokens of
     the first request and print each segment's figures."""
     if schedule is None:
-        client.set_config({"speculative_num_steps": 0})
+        client.set_config({STEPS: 0})
     else:
         epoch = client.set_config(schedule[0][1])["epoch"]
     outs = {i: [] for i in range(len(prompts))}
@@ -120,8 +123,8 @@ def _print_segment(label: str, recs: list[dict]) -> None:
 
     def med(key, p):
         return statistics.median(r[key][p] for r in recs)
-    phases = " ".join(f"{p}={med('phase_ms', p):.2f}" for p in ("draft", "verify", "verify_sample", "draft_extend", "other"))
-    comm = " ".join(f"{p}={med('comm_ms', p):.2f}" for p in ("draft", "verify", "draft_extend"))
+    phases = " ".join(f"{p}={med('phase_ms', p):.2f}" for p in DECODE_PHASES)
+    comm = " ".join(f"{p}={med('comm_ms', p):.2f}" for p in (DRAFT, VERIFY, DRAFT_EXTEND))
     calls = recs[-1]["comm_calls"]
     print(f"  {label:<22} iters={len(recs):3d} tau={tau:.2f} (steps {steps}, topk {recs[-1]['topk']}, mean accepted drafts "
           f"{statistics.mean(accepted) if accepted else 0:.2f})")

@@ -17,6 +17,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Static
 
+from probes.names import SHARDED
 from tuner.backends.base import DRAFT_TOKENS as DRAFT
 from tuner.backends.base import PLACEMENT, PLACEMENTS, STEPS, TOPK
 from tuner.core.records import thaw
@@ -350,7 +351,7 @@ class TunerApp(App[None]):
         trees for each tune topk > 1 × draft-token count when the server changes topk live."""
         from tuner.tuning.settings import PLACEMENTS as ALL, settings_space
 
-        placements = [p for p in (self.tune_placements or ALL) if p == "sharded" or not self.capability(PLACEMENT)]
+        placements = [p for p in (self.tune_placements or ALL) if p == SHARDED or not self.capability(PLACEMENT)]
         trees = not self.capability(TOPK) and self.tune_draft_tokens
         topks = sorted(set(self.tune_topks) | {1}) if trees else [1]
         return settings_space(self.tune_max_steps, topks, list(self.tune_draft_tokens) if trees else [],

@@ -18,10 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-STEPS = "speculative_num_steps"
-TOPK = "speculative_eagle_topk"
-DRAFT_TOKENS = "speculative_num_draft_tokens"
-PLACEMENT = "speculative_draft_placement"
+from probes.names import DRAFT_TOKENS, PLACEMENT, SHARDED, STEPS, TOPK
+
 ATTN_DP = "attn_dp_size"
 PCIE_IPC_ENV = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
 
@@ -203,7 +201,7 @@ def apply_settings(launch: Launch, changes: Mapping[str, Any],
             raise ArgsError(f"{PCIE_IPC_ENV} must be 0 or 1, got {v!r}")
     if PLACEMENT in changes:
         p = changes[PLACEMENT]
-        if p != "sharded":
+        if p != SHARDED:
             raise ArgsError(
                 f"SGLang 0.5.23 has no draft placement '{p}': its EAGLE-3 draft runs on the target's "
                 "TP group ('sharded'), or on the attention-TP group with attention-DP "

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from probes.names import SHARDED
 from probes.inserver.sglang_steps import (
     PIN_KEY, TIMERS_KEY, Lease, Refused, StepPin, adaptive_view, check_lease, check_pin,
 )
@@ -238,7 +239,7 @@ def _placement(worker: Any) -> str:
     # SGLang has no placement knob: the draft shares the target's TP group unless attention-DP
     # gives it the attention-TP group (reference §4.2).
     layout = getattr(worker, "draft_parallel_layout", None)
-    return "attn_tp" if getattr(layout, "local_dp", False) else "sharded"
+    return "attn_tp" if getattr(layout, "local_dp", False) else SHARDED
 
 
 def _phase_hook(mark: str, span: str | None = None) -> Callable:

@@ -15,7 +15,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-PIN_KEY = "specdecode_num_steps"
+from probes.names import PINNED_STEPS
+
+PIN_KEY = PINNED_STEPS
 TIMERS_KEY = "specdecode_timers"
 UNPIN = -1
 MAX_LEASE_S = 24 * 3600.0

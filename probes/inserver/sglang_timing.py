@@ -17,8 +17,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-# Phases of the phase stream (docs/ARCHITECTURE.md); `other` is wall minus the rest.
-PHASES = ("draft", "verify", "verify_sample", "draft_extend", "other")
+# The phase stream's phases (probes.names); `other` is wall minus the rest.
+from probes.names import DRAFT, DRAFT_EXTEND, OTHER, SHARDED, VERIFY, VERIFY_SAMPLE
 
 # Marks the hooks open. `verify_all` is the whole EAGLEWorkerV2.verify call and `target_verify`
 # the target forward inside it, so verify_sample = verify_all - target_verify.
@@ -91,12 +91,12 @@ def compose_phases(marks_ms: dict[str, float], wall_ms: float) -> dict[str, floa
     if target is None or target > verify_all:
         target = verify_all
     out = {
-        "draft": marks_ms.get("draft", 0.0),
-        "verify": target,
-        "verify_sample": verify_all - target,
-        "draft_extend": marks_ms.get("draft_extend", 0.0),
+        DRAFT: marks_ms.get("draft", 0.0),
+        VERIFY: target,
+        VERIFY_SAMPLE: verify_all - target,
+        DRAFT_EXTEND: marks_ms.get("draft_extend", 0.0),
     }
-    out["other"] = max(0.0, wall_ms - out["draft"] - verify_all - out["draft_extend"])
+    out[OTHER] = max(0.0, wall_ms - out[DRAFT] - verify_all - out[DRAFT_EXTEND])
     return out
 
 
@@ -216,7 +216,7 @@ class PhaseTimeline:
             "seq": it.seq, "t": it.t_end, "epoch": meta["epoch"], "rank": self.rank,
             "steps": meta.get("steps"), "topk": meta.get("topk"),
             "num_draft_tokens": meta.get("num_draft_tokens"),
-            "placement": meta.get("placement", "sharded"),
+            "placement": meta.get("placement", SHARDED),
             "bs": meta.get("bs"), "wall_ms": round(wall_ms, 4),
             "phase_ms": {k: round(v, 4) for k, v in compose_phases(marks, wall_ms).items()},
             "simulated": bool(meta.get("simulated", False)), "emulated_comm": False,

@@ -18,6 +18,7 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from probes.names import DRAFT_TOKENS, PLACEMENT, STEPS, TOPK
 from refengine.server import decode_log
 from refengine.server.chat_template import ChatTemplate, ChatTemplateError, load_chat_template
 from refengine.server.generation import Admission, Generation, run_all, slot_problems
@@ -119,7 +120,7 @@ def engine_options(opts: ServerOptions) -> Any:
     kw: dict[str, Any] = {
         "load_format": opts.load_format, "tp_size": opts.tp_size, "device": opts.device,
         "dtype": {"float": "float32", "half": "float16"}.get(opts.dtype, opts.dtype),  # SGLang's aliases
-        "speculative_draft_placement": opts.speculative_draft_placement,
+        PLACEMENT: opts.speculative_draft_placement,
         "speculative_simulate_accept": opts.speculative_simulate_accept,
         "emulate_comm_latency": opts.emulate_comm_latency, "random_seed": opts.random_seed,
         "speculative_draft_model_path": opts.speculative_draft_model_path,
@@ -138,11 +139,11 @@ def engine_options(opts: ServerOptions) -> Any:
     if opts.context_length is not None:
         kw["context_length"] = opts.context_length
     if opts.speculative_algorithm == "NONE":
-        kw["speculative_num_steps"] = 0
+        kw[STEPS] = 0
         kw["speculative_algorithm"] = "NONE"   # no draft at all: the plain-decoding baseline
         kw["speculative_draft_model_path"] = None
     else:
-        for k in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"):
+        for k in (STEPS, TOPK, DRAFT_TOKENS):
             if getattr(opts, k) is not None:
                 kw[k] = getattr(opts, k)
     kw = {k: v for k, v in kw.items() if hasattr(defaults, k)}

@@ -12,12 +12,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from probes.names import KNOBS, PLACEMENT, PLACEMENTS
+
 # SGLang's SamplingParams / GenerateReqInput defaults.
 DEFAULT_MAX_NEW_TOKENS = 128
 OPENAI_DEFAULT_MAX_TOKENS = 16
 MAX_BODY_BYTES = 16 << 20
-CONFIG_KEYS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
-               "speculative_draft_placement")
+CONFIG_KEYS = KNOBS
 
 
 class BadRequest(ValueError):
@@ -301,12 +302,12 @@ def parse_internal_state(body: Any) -> dict[str, Any]:
     if unknown:
         raise BadRequest(f"Updating {unknown[0]} is not supported. Supported keys: {', '.join(CONFIG_KEYS)}")
     for k, v in args.items():
-        if k == "speculative_draft_placement":
+        if k == PLACEMENT:
             if not isinstance(v, str):
-                raise BadRequest(f"{k}: expected one of sharded, replicated, rank0, got {v!r}")
+                raise BadRequest(f"{k}: expected one of {', '.join(PLACEMENTS)}, got {v!r}")
         elif not (_is_int(v) or (isinstance(v, float) and v.is_integer())):
             raise BadRequest(f"{k}: expected an integer, got {v!r}")
-    return {k: (int(v) if k != "speculative_draft_placement" else v) for k, v in args.items()}
+    return {k: (int(v) if k != PLACEMENT else v) for k, v in args.items()}
 
 
 def parse_int_query(query: dict[str, list[str]], name: str, default: int, lo: int, hi: int) -> int:

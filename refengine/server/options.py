@@ -15,8 +15,8 @@ from typing import Any
 
 from probes.api_key import ENV_VAR, ApiKeyError, resolve_api_key
 from probes.api_key import redact_argv as key_redact_argv
+from probes.names import PLACEMENTS, SHARDED
 
-PLACEMENTS = ("sharded", "replicated", "rank0")
 ALGORITHMS = ("EAGLE3", "NONE")
 DTYPES = ("auto", "float32", "float", "float16", "half", "bfloat16", "float64")
 SECRET_FLAGS = ("--api-key",)   # --api-key-file names a path, not a secret
@@ -36,7 +36,7 @@ class ServerOptions:
     speculative_num_steps: int | None = None
     speculative_eagle_topk: int | None = None
     speculative_num_draft_tokens: int | None = None
-    speculative_draft_placement: str = "sharded"
+    speculative_draft_placement: str = SHARDED
     speculative_simulate_accept: str | None = None
     speculative_use_rejection_sampling: bool = False
     tp_size: int = 1
@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--speculative-num-steps", type=_nonneg_int, default=None)
     s.add_argument("--speculative-eagle-topk", type=_positive_int, default=None)
     s.add_argument("--speculative-num-draft-tokens", type=_positive_int, default=None)
-    s.add_argument("--speculative-draft-placement", default="sharded", choices=PLACEMENTS,
+    s.add_argument("--speculative-draft-placement", default=SHARDED, choices=PLACEMENTS,
                    help="where the draft runs: on the target's TP group, on every rank, or on rank 0")
     s.add_argument("--speculative-use-rejection-sampling", action="store_true",
                    help="topk 1 at temperature > 0: sample the chain from the draft and accept with "

@@ -10,8 +10,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from probes.names import DRAFT, DRAFT_EXTEND, VERIFY
+
 # Our phase -> SGLang's forward_execution_seconds_total category (reference §7.4).
-CATEGORY = {"draft": "eagle_draft", "draft_extend": "eagle_draft_extend", "verify": "target_verify"}
+CATEGORY = {DRAFT: "eagle_draft", DRAFT_EXTEND: "eagle_draft_extend", VERIFY: "target_verify"}
 
 
 @dataclass
@@ -77,7 +79,7 @@ class PhaseStats:
         phase_ms = r.get("phase_ms", {})
         plain = steps == 0 and not self.speculative
         for phase, ms in phase_ms.items():
-            cat = "decode" if (phase == "verify" and plain) else CATEGORY.get(phase)
+            cat = "decode" if (phase == VERIFY and plain) else CATEGORY.get(phase)
             if cat is not None:
                 self.forward_seconds[cat] = self.forward_seconds.get(cat, 0.0) + float(ms) / 1e3
         for phase, n in r.get("comm_calls", {}).items():

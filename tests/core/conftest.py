@@ -38,21 +38,7 @@ def wire():
         b.stop()
 
 
-# -- a real `specdecode-tune serve --tp-size 2` on CPU, one per test session ------------------------
-
-from pathlib import Path
-
-from tuner.engine_process import EngineProcess
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="session")
-def serve_tp2():
-    """One TP2 reference-engine server on CPU for every test that needs the real thing."""
-    s = EngineProcess.start(["--model-path", "tiny-agreeing", "--load-format", "dummy", "--tp-size", "2",
-                             "--port", "0", "--max-running-requests", "4", "--speculative-num-steps", "3"],
-                            env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, timeout_s=240.0, cwd=ROOT,
-                            die_with_parent=True)
-    yield s
-    assert s.stop(timeout=60.0) == 0, s.log_tail(40)
+@pytest.fixture
+def serve_tp2(tp2_server):
+    """The session's real TP2 server (tests/conftest.py)."""
+    return tp2_server

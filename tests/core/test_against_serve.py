@@ -8,11 +8,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from harness import wait_until
 from tuner.backends import connect
 from tuner.backends.base import DRAFT_TOKENS, PLACEMENT, STEPS
 from tuner.backends.refengine import RefEngineBackend
@@ -30,13 +30,8 @@ pytestmark = pytest.mark.slow
 
 
 def wait_for(session, cond, timeout=60.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        session.tick()
-        if cond():
-            return True
-        time.sleep(0.1)
-    return False
+    """Tick the session until `cond()` holds."""
+    return wait_until(lambda: (session.tick(), cond())[-1], timeout, "the session's readings", interval=0.1)
 
 
 def test_once_prints_the_readings(serve_tp2):
@@ -54,7 +49,7 @@ def test_once_prints_the_readings(serve_tp2):
     assert "comm ms" in text
 
 
-def test_live_change_is_seen_in_the_next_readings_and_replays_record_for_record(serve_tp2, tmp_path):
+def test_live_change_is_seen_in_the_next_readings_and_replays_record_for_record(serve_tp2, tp2_config, tmp_path):
     backend = connect(serve_tp2.url)
     assert isinstance(backend, RefEngineBackend)
     path = tmp_path / "live.db"

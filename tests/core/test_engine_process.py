@@ -9,12 +9,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from harness import wait_until
 from tuner.engine_process import READY_LINE, EngineProcess, EngineStartError, group_members
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,10 +36,11 @@ def gone(pid: int) -> bool:
 
 
 def all_gone(pids: list[int], timeout: float = 15.0) -> list[int]:
-    end = time.monotonic() + timeout
-    while (left := [p for p in pids if not gone(p)]) and time.monotonic() < end:
-        time.sleep(0.1)
-    return left
+    try:
+        wait_until(lambda: all(gone(p) for p in pids), timeout, "processes to end", interval=0.1)
+    except AssertionError:
+        pass
+    return [p for p in pids if not gone(p)]
 
 
 @pytest.mark.slow

@@ -3,10 +3,10 @@ concurrency, tokens counted by output_ids (not chunks), prompt files with clear 
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
+from harness import wait_until
 from tuner.backends.load import LoadDriver, PromptFileError, load_prompts
 from tuner.core import series as S
 from tuner.core.events import EventKind
@@ -19,10 +19,8 @@ def test_tokens_are_counted_by_output_ids(standin):
     drv = LoadDriver(standin.url, s.bus, s.clock, [{"text": "hi"}, {"input_ids": [1, 2]}], concurrency=3,
                      max_new_tokens=9)
     drv.start()
-    deadline = time.monotonic() + 30
-    while (drv.requests < 12 or len(s.store.window(S.LOAD_TOK_PER_S)) < 2) and time.monotonic() < deadline:
-        s.tick()
-        time.sleep(0.02)
+    wait_until(lambda: (s.tick(), drv.requests >= 12 and len(s.store.window(S.LOAD_TOK_PER_S)) >= 2)[-1], 60,
+               "12 requests and two tok/s readings", interval=0.02)
     drv.stop()
     s.tick()
     assert drv.errors == 0 and drv.requests >= 12
@@ -38,9 +36,7 @@ def test_errors_are_folded_into_one_event(standin):
     s = Session()
     drv = LoadDriver(standin.url, s.bus, s.clock, [{"text": "hi"}], concurrency=2)
     drv.start()
-    deadline = time.monotonic() + 30
-    while drv.errors < 4 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: drv.errors >= 4, 60, "four failed requests", interval=0.02)
     drv.stop()
     s.tick()
     errs = s.store.events(EventKind.LOAD_ERROR)

@@ -109,3 +109,20 @@ def test_records_are_immutable_and_nan_equal():
 def test_store_rejects_non_records():
     with pytest.raises(TypeError):
         Store().add(("not", "a", "record"))  # type: ignore[arg-type]
+
+
+def test_events_since_hands_out_a_late_event_once():
+    # A config change derived from the phase stream is stamped with its iteration's time, which can
+    # be older than a read-back event the store took before it: a reader must still see it once.
+    s = Store()
+    s.add(Event(1.0, "config_requested", {}))
+    s.add(Event(3.0, "config_active", {}))
+    seen = s.events_since(0)
+    cursor = s.events_added
+    assert [e.t for e in seen] == [1.0, 3.0] and cursor == 2
+    s.add(Event(2.0, "config_changed", {}))
+    assert [(e.t, e.kind) for e in s.events_since(cursor)] == [(2.0, "config_changed")]
+    assert s.events_since(s.events_added) == []
+    s.clear()
+    s.add(Event(5.0, "note", {}))
+    assert [e.t for e in s.events_since(cursor)] == [5.0]      # cleared since: everything is new

@@ -62,9 +62,12 @@ def rank_main(rank: int, port: int, out: str, iterations: int) -> None:
                 h = forward(h, 4)
             with phase("specdecode.verify_sample", times):
                 h = torch.softmax(h, dim=-1).argmax(dim=-1)
-                # rank 1 is slower at sampling: the other rank waits for it in the next collective
-                for _ in range(20 * rank + 1):
-                    torch.sort(torch.randn(256))
+                # rank 1 is slower at sampling: the other rank waits for it in the next collective.
+                # Its extra work (tens of ms of sorting per iteration) is far above what a busy
+                # machine's preemption adds to rank 0's few ms of ops, so "slowest" cannot flip.
+                n = 1 << 16 if rank == 1 else 256
+                for _ in range(4 if rank == 1 else 1):
+                    torch.sort(torch.randn(n))
             with phase("draft_extend", times):
                 h = forward(x, 2)
             timers.append(times)

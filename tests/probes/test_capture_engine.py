@@ -11,10 +11,7 @@ can stretch). Also samples the ranks with py-spy, found from `specdecode:rank_in
 from __future__ import annotations
 
 import re
-import socket
 import threading
-import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -22,31 +19,17 @@ import pytest
 from probes.capture import TraceCapture
 from probes.pyspy import sample_processes
 from probes.trace_analysis import analyze_paths
-from tuner.engine_process import EngineProcess
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
 PHASES = ("draft", "verify", "verify_sample", "draft_extend")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def engine():
-    """A TP2 CPU server under a steady 2-request load; yields its URL."""
-    port = _free_port()
-    engine = EngineProcess.start(["--tp-size", "2", "--model-path", "tiny-agreeing", "--load-format", "dummy",
-                                  "--host", "127.0.0.1", "--port", str(port)],
-                                 env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, timeout_s=240, cwd=ROOT,
-                                 die_with_parent=True)
+def engine(tp2_server):
+    """The session's TP2 CPU server (tests/conftest.py) under a steady 2-request load; yields its URL."""
     stop = threading.Event()
     try:
-        url = f"http://127.0.0.1:{port}"
-        assert engine.url == url
+        url = tp2_server.url
 
         def load() -> None:
             with httpx.Client(base_url=url, timeout=120) as c:
@@ -55,7 +38,7 @@ def engine():
                         c.post("/generate", json={"text": "def fibonacci(n):",
                                                   "sampling_params": {"max_new_tokens": 64, "temperature": 0}})
                     except httpx.HTTPError:
-                        time.sleep(0.1)
+                        stop.wait(0.1)   # a short breath before retrying; ends at once on stop
 
         workers = [threading.Thread(target=load, daemon=True) for _ in range(2)]
         for w in workers:
@@ -63,7 +46,8 @@ def engine():
         yield url
     finally:
         stop.set()
-        engine.stop(timeout=60)
+        for w in workers:
+            w.join(150)   # a request in flight finishes; the next test gets an unloaded server
 
 
 def _records(url: str) -> list[dict]:

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from report_helpers import start_engine
 
-
-@pytest.fixture(scope="session")
-def engine_tp2():
-    s = start_engine("--tp-size", "2", "--port", "0", "--max-running-requests", "4")
-    yield s
-    assert s.stop(timeout=60.0) == 0, s.log_tail(40)
+@pytest.fixture
+def engine_tp2(tp2_server, tp2_config):
+    """The session's TP2 server (tests/conftest.py); recordings may change its setting, so it is
+    put back after each test."""
+    return tp2_server

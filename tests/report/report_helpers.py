@@ -4,29 +4,21 @@ model, TP 2 on CPU), a free port, and the `record` command as a child process.""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
+from harness import free_port, start_server, wait_until  # noqa: F401  (free_port: for the tests)
 from tuner.engine_process import EngineProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_engine(*args: str, timeout_s: float = 300.0) -> EngineProcess:
     """`python -m refengine serve ARGS`, ready; `.stop(timeout=60.0)` ends it and its ranks."""
-    return EngineProcess.start(list(args), env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
-                               timeout_s=timeout_s, cwd=ROOT, die_with_parent=True)
+    return start_server(list(args), timeout_s=timeout_s)
 
 
 class Recording:
@@ -37,6 +29,7 @@ class Recording:
         self.proc = subprocess.Popen([sys.executable, "-m", "tuner", "record", url, "--out", str(out), *args],
                                      cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self._started = threading.Event()
+        self._drained = threading.Event()   # stderr reached its end: the process said all it will
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -45,21 +38,21 @@ class Recording:
             if line.startswith("recording "):
                 self._started.set()
         self._started.set()
+        self._drained.set()
 
     def wait_started(self, timeout: float = 60.0) -> None:
         assert self._started.wait(timeout), "record printed nothing"
         assert self.proc.poll() is None, "record ended early:\n" + "\n".join(self.err)
 
     def wait_for_line(self, text: str, timeout: float = 60.0) -> bool:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if any(text in line for line in self.err):
-                return True
-            if self.proc.poll() is not None:
-                time.sleep(0.2)
-                return any(text in line for line in self.err)
-            time.sleep(0.1)
-        return False
+        """Whether `text` appears on stderr within `timeout`; an ended process has said all it will
+        once its stderr is drained."""
+        try:
+            wait_until(lambda: any(text in line for line in self.err) or self._drained.is_set(), timeout,
+                       f"{text!r} on record's stderr")
+        except AssertionError:
+            return False
+        return any(text in line for line in self.err)
 
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from harness import read_only_query, wait_until
 from report_helpers import Recording, free_port, start_engine
 from tuner.backends import connect
 from tuner.cli import main
@@ -149,19 +150,21 @@ def test_sigkill_leaves_a_file_that_opens_with_at_most_about_a_second_missing(en
     out = tmp_path / "killed.db"
     rec = Recording(engine_tp2.url, out, "--load", "2", "--max-new-tokens", "32")
     rec.wait_started()
-    time.sleep(6.0)
+    # What a reader sees moves only at commits (about every second of readings): wait for phase
+    # readings to be committed, then for one more commit, and kill between two commits.
+    newest = lambda: read_only_query(out, "SELECT count(*), max(t) FROM samples")
+    first = wait_until(lambda: (c := newest())[0] > 50 and c, 120, "readings committed to the file")
+    seen = wait_until(lambda: (c := newest())[0] > first[0] and c, 60, "one more commit")
     rec.signal(signal.SIGKILL)
-    killed_at = time.time()
     rec.wait()
     r = open_recording(out)                       # recovers the WAL, says it was not closed cleanly
     assert r.problem and "not closed cleanly" in r.problem
     stored = list(r.records())
-    assert len(stored) > 50
-    missing = killed_at - r.t_last
-    # Commits come about every second; readings arrive at ~4 Hz, so ~1.25 s bounds what is lost.
-    assert missing < 1.6, f"{missing:.2f} s missing at the end"
+    # Everything committed before the kill survived it; what is lost is at most the uncommitted
+    # tail (the commit rule itself is tested on a manual clock in tests/core/test_recording.py).
+    assert len([x for x in stored if isinstance(x, Sample)]) >= seen[0]
+    assert r.t_last >= seen[1]
     r.close()
-    print(f"SIGKILL: last record {missing:.2f} s before the kill")
 
 
 @pytest.mark.slow
@@ -172,17 +175,19 @@ def test_a_server_that_goes_away_leaves_a_marked_gap_and_recording_resumes(tmp_p
     url = server.url
     out = tmp_path / "gap.db"
     rec = Recording(url, out, "--load", "1", "--max-new-tokens", "24", "--progress-every", "1")
+    committed_since = lambda t: read_only_query(out, "SELECT count(*) FROM samples WHERE t >= ?", t)[0]
     try:
         rec.wait_started()
-        time.sleep(4.0)
+        wait_until(lambda: committed_since(0.0) > 20, 120, "readings from the first server")
+        stop_started = time.time()
         assert server.stop(timeout=60.0) == 0
-        gone_at = time.time()
         assert rec.wait_for_line("server gone", 30), rec.stderr()
-        time.sleep(2.0)
         server = start_engine(*args)
         assert rec.wait_for_line("server back", 60), rec.stderr()
         back_seen = time.time()
-        time.sleep(5.0)
+        wait_until(lambda: committed_since(back_seen) > 20, 120, "readings from the restarted server")
+        wait_until(lambda: read_only_query(out, "SELECT count(*) FROM events WHERE kind = 'server_info'")[0] >= 2,
+                   120, "the restarted server's server_info in the file")
         rec.signal(signal.SIGTERM)
         assert rec.wait() == 0, rec.stderr()
     finally:
@@ -195,7 +200,7 @@ def test_a_server_that_goes_away_leaves_a_marked_gap_and_recording_resumes(tmp_p
     gone = [e for e in events if e.kind == EventKind.DISCONNECTED]
     back = [e for e in events if e.kind == EventKind.CONNECTED and float(e.data.get("after_s") or 0) > 0]
     assert gone and back and back[0].t > gone[0].t
-    assert gone[0].t <= gone_at + 5.0
+    assert gone[0].t >= stop_started
     assert len([e for e in events if e.kind == EventKind.SERVER_INFO]) >= 2     # the new server said who it is
     # Readings carry on after the server is back.
     after = [x for x in r.records(back[0].t) if isinstance(x, Sample) and x.series == S.phase_ms("draft")
@@ -207,7 +212,9 @@ def test_a_server_that_goes_away_leaves_a_marked_gap_and_recording_resumes(tmp_p
     summary = summarize(load(out))
     assert len(summary.gaps) == 1
     g0, g1, err = summary.gaps[0]
-    assert g1 - g0 > 1.0 and err
+    # The gap is the recorded one: from the disconnect (or when the server was last seen) to the
+    # reconnection; how long it lasted depends on the machine, not on the recorder.
+    assert (g0, g1) == (float(gone[0].data.get("since", gone[0].t) or gone[0].t), back[0].t) and g1 > g0 and err
 
 
 # -- progress and refusals (no server) --------------------------------------------------------------------

@@ -7,12 +7,12 @@ import gzip
 import json
 import re
 import threading
-import time
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness import wait_until
 from refengine.server import sse
 
 pytestmark = pytest.mark.slow
@@ -176,7 +176,9 @@ def test_invalid_knobs_refused_and_nothing_changes(http):
 
 
 def test_concurrent_streams_queue_and_finish(http, base):
-    """Five streams against --max-running-requests 2: all finish, counted by output_ids."""
+    """Three streams more than --max-running-requests: all finish, counted by output_ids."""
+    slots = http.get("/server_info").json()["max_running_requests"]
+    n = slots + 3
     results: dict[int, list] = {}
 
     def run(i: int) -> None:
@@ -186,19 +188,22 @@ def test_concurrent_streams_queue_and_finish(http, base):
                                                                          "temperature": 0, "ignore_eos": True}}) as r:
                 results[i] = sse.parse(r.read())
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(5)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
-    seen_queue = seen_running = 0
-    while any(t.is_alive() for t in threads):
+    seen = {"queue": 0, "running": 0}
+
+    def sample() -> bool:
         mv = metric_values(http)
-        seen_queue = max(seen_queue, mv["sglang:num_queue_reqs"][0][1])
-        seen_running = max(seen_running, mv["sglang:num_running_reqs"][0][1])
-        time.sleep(0.02)
+        seen["queue"] = max(seen["queue"], mv["sglang:num_queue_reqs"][0][1])
+        seen["running"] = max(seen["running"], mv["sglang:num_running_reqs"][0][1])
+        return not any(t.is_alive() for t in threads)
+
+    wait_until(sample, 240, "every stream to finish", interval=0.02)
     for t in threads:
         t.join(120)
-    assert sorted(results) == list(range(5))
-    assert seen_running == 2 and seen_queue >= 1, (seen_running, seen_queue)
+    assert sorted(results) == list(range(n))
+    assert seen["running"] == slots and seen["queue"] >= 1, seen
     for i, events in results.items():
         assert events[-1] == "[DONE]"
         assert len(events[-2]["output_ids"]) == 12 + i
@@ -285,9 +290,7 @@ def test_profile_num_steps_stops_by_itself(http, tmp_path):
                                           "num_steps": 2, "with_stack": False})
     assert r.status_code == 200, r.text
     gen(http, n=16)
-    end = time.monotonic() + 30
-    while time.monotonic() < end and len(list(tmp_path.glob("auto-TP-*.trace.json.gz"))) < 2:
-        time.sleep(0.2)
+    wait_until(lambda: len(list(tmp_path.glob("auto-TP-*.trace.json.gz"))) >= 2, 30, "both ranks' traces")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["auto-TP-0.trace.json.gz", "auto-TP-1.trace.json.gz"]
 
 
@@ -316,16 +319,27 @@ def test_bad_requests_leave_server_healthy(http, method, path, kw, status):
 def test_flush_cache(http, base):
     r = http.post("/flush_cache")
     assert r.status_code == 200 and r.text.startswith("Cache flushed.")
-    busy = threading.Thread(target=lambda: gen(httpx.Client(base_url=base, timeout=120), n=400))
-    busy.start()
-    try:
-        deadline = time.monotonic() + 30
-        while metric_values(http)["sglang:num_running_reqs"][0][1] == 0 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert http.post("/flush_cache").status_code == 400  # SGLang refuses while requests run
-        assert http.post("/flush_cache", params={"timeout": 60}).status_code == 200  # ... or waits
-    finally:
-        busy.join(120)
+    # SGLang refuses while requests run. The request is a stream as long as the context allows, and
+    # the flush is asked for once its first tokens arrived. A flush that succeeds anyway is legal
+    # only if the request had already ended (the recorded stream says so), so the test asks again.
+    n = http.get("/server_info").json()["context_length"] - len(PROMPT_IDS) - 16
+    refused = None
+    for _ in range(3):
+        with httpx.Client(base_url=base, timeout=120) as c, c.stream("POST", "/generate", json={
+                "input_ids": PROMPT_IDS, "stream": True,
+                "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}) as s:
+            chunks = s.iter_bytes()
+            body = next(chunks)
+            reply = http.post("/flush_cache")
+            if reply.status_code == 400:
+                refused = reply
+                break   # leaving the stream disconnects, which aborts the request
+            body += b"".join(chunks)
+        events = sse.parse(body)
+        assert reply.status_code == 200 and events[-1] == "[DONE]" and len(events[-2]["output_ids"]) == n
+    assert refused is not None, "the request ended before every flush: the server outran the test"
+    assert refused.text.startswith("Cache not flushed.")
+    assert http.post("/flush_cache", params={"timeout": 60}).status_code == 200  # ... or waits
 
 
 def test_client_disconnect_mid_stream_frees_slot(http, base):
@@ -334,13 +348,11 @@ def test_client_disconnect_mid_stream_frees_slot(http, base):
                 "max_new_tokens": 400, "temperature": 0, "ignore_eos": True}}) as r:
             next(r.iter_bytes())
     # The aborted request leaves the batch: the server goes idle again.
-    end = time.monotonic() + 30
-    while time.monotonic() < end:
+    def idle() -> bool:
         mv = metric_values(http)
-        if mv["sglang:num_running_reqs"][0][1] == 0 and mv["sglang:num_queue_reqs"][0][1] == 0:
-            break
-        time.sleep(0.2)
-    assert mv["sglang:num_running_reqs"][0][1] == 0
+        return mv["sglang:num_running_reqs"][0][1] == 0 and mv["sglang:num_queue_reqs"][0][1] == 0
+
+    wait_until(idle, 30, "the server to go idle after the client left")
 
 
 def test_chunked_and_oversized_bodies(http):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 SERVER = Path(__file__).with_name("sglang_payload_server.py")
 pytestmark = pytest.mark.slow
@@ -26,9 +27,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def url():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([sys.executable, str(SERVER), "--port", str(port)], stdout=subprocess.PIPE,
                             text=True)
     try:

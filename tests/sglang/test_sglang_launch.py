@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from harness import free_port
 
 from tuner.sglang_args import (
     ArgsError, Launch, adaptive_candidates, apply_settings, check_command, get_arg, pinning_config,
@@ -128,12 +129,6 @@ def test_pinning_launch(tmp_path):
 
 # --- the owned process --------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -156,7 +151,7 @@ def _standin(tmp_path, port, *extra) -> Launch:
 def managed(tmp_path):
     events: list[tuple[str, dict]] = []
     progress: list[str] = []
-    server = ManagedServer(_standin(tmp_path, _free_port()), tmp_path / "server.log",
+    server = ManagedServer(_standin(tmp_path, free_port()), tmp_path / "server.log",
                            ready_timeout_s=30, poll_s=0.05,
                            on_event=lambda k, d: events.append((k, d)), on_progress=progress.append)
     server.events, server.progress_lines = events, progress
@@ -223,13 +218,13 @@ def test_refused_setting_rolls_back_to_the_previous_command(managed, monkeypatch
 
 def test_startup_failure_and_timeout_say_why_with_the_log(tmp_path, monkeypatch):
     monkeypatch.setenv("STANDIN_REFUSE", "speculative_num_steps=3")
-    s = ManagedServer(_standin(tmp_path, _free_port()), tmp_path / "a.log", poll_s=0.05)
+    s = ManagedServer(_standin(tmp_path, free_port()), tmp_path / "a.log", poll_s=0.05)
     with pytest.raises(LaunchError, match="exited with status 1") as e:
         s.start()
     assert "stand-in refuses" in str(e.value) and not s.alive()
     monkeypatch.delenv("STANDIN_REFUSE")
     monkeypatch.setenv("STANDIN_STARTUP_S", "60")
-    s = ManagedServer(_standin(tmp_path, _free_port()), tmp_path / "b.log", poll_s=0.05,
+    s = ManagedServer(_standin(tmp_path, free_port()), tmp_path / "b.log", poll_s=0.05,
                       ready_timeout_s=3)
     with pytest.raises(LaunchError, match="not ready within 3 s"):
         s.start()
@@ -242,7 +237,7 @@ def test_startup_failure_and_timeout_say_why_with_the_log(tmp_path, monkeypatch)
 
 
 def test_readiness_with_an_api_key(tmp_path):
-    port = _free_port()
+    port = free_port()
     s = ManagedServer(_standin(tmp_path, port, "--api-key", "k1"), tmp_path / "s.log", poll_s=0.05,
                       ready_timeout_s=20, api_key="k1")
     try:
@@ -259,7 +254,7 @@ def _cli(tmp_path, *args, timeout=120):
 
 
 def test_cli_tries_each_setting_prints_every_command_and_leaves_nothing(tmp_path):
-    port = _free_port()
+    port = free_port()
     out = _cli(tmp_path, "--no-tui", "--yes", "--log", str(tmp_path / "server.log"),
                "--try", "speculative_num_steps=2", "--try", "speculative_eagle_topk=2,speculative_num_draft_tokens=5",
                "--", *_standin(tmp_path, port).argv)
@@ -277,7 +272,7 @@ def test_cli_tries_each_setting_prints_every_command_and_leaves_nothing(tmp_path
 
 
 def test_cli_refuses_without_yes_off_a_terminal_and_bad_input(tmp_path):
-    port = _free_port()
+    port = free_port()
     out = _cli(tmp_path, "--no-tui", "--try", "speculative_num_steps=2",
                "--", *_standin(tmp_path, port).argv)
     assert out.returncode == 0 and "pass --yes" in out.stderr and "declined" in out.stderr
@@ -289,7 +284,7 @@ def test_cli_refuses_without_yes_off_a_terminal_and_bad_input(tmp_path):
 @pytest.mark.slow
 def test_relaunch_the_reference_engine(tmp_path):
     """A real engine child: `python -m refengine serve` on CPU, relaunched with other steps."""
-    port = _free_port()
+    port = free_port()
     launch = Launch((sys.executable, "-m", "refengine", "serve", "--device", "cpu", "--tp-size", "1",
                      "--load-format", "dummy",
                      "--host", "127.0.0.1", "--port", str(port), "--skip-server-warmup",

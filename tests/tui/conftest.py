@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from .helpers import Engine
 
-
-@pytest.fixture(scope="session")
-def engine():
-    e = Engine("--speculative-num-steps", "3", "--max-running-requests", "4")
-    yield e
-    e.stop()
+@pytest.fixture
+def engine(tp2_server, tp2_config):
+    """The session's TP2 server (tests/conftest.py); keys change its setting, so it is put back
+    after each test."""
+    return tp2_server

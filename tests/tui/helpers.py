@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import signal
 import time
-from pathlib import Path
 from typing import Callable
 
-from tuner.engine_process import EngineProcess
+# `tests.harness`, not `harness`: the fixture scripts import this as `python -m tests.tui.make_fixture`.
+from tests.harness import ROOT, start_server  # noqa: F401  (ROOT: for the fixture scripts)
 
-ROOT = Path(__file__).resolve().parents[2]
-START_TIMEOUT_S = 240.0
 # The agreeing random-weight preset: acceptance is real (tau > 1) without the trained model.
 MODEL_ARGS = ["--model-path", "tiny-agreeing", "--load-format", "dummy"]
 
@@ -33,10 +31,7 @@ class Engine:
 
     def _start(self) -> None:
         # die_with_parent: a killed test run must not leave servers behind.
-        self.process = EngineProcess.start(
-            [*self.model_args, "--tp-size", "2", "--port", str(self.port), *self.args],
-            env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, timeout_s=START_TIMEOUT_S, cwd=ROOT,
-            die_with_parent=True)
+        self.process = start_server([*self.model_args, "--tp-size", "2", "--port", str(self.port), *self.args])
         self.url, self.port = self.process.url, self.process.port
 
     def kill(self, sig: int = signal.SIGKILL) -> None:

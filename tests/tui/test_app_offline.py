@@ -89,3 +89,22 @@ def test_panels_follow_the_store_revision_not_each_sample():
             header = str(app.main.query_one("#header").render())
             assert "steps 3 · topk 1 · draft 4 · sharded" in header
     run(scenario())
+
+
+def test_the_event_log_shows_a_change_that_arrives_after_a_later_stamped_event():
+    # Under load the read-back's event can reach the store before the phase stream's config change,
+    # which is stamped with the (earlier) time of its iteration: the log must still show it.
+    async def scenario():
+        session = Session()
+        session.put(Event(1000.0, "server_info", {"kind": "refengine", "active": ACTIVE}))
+        app = make_app(session, tick_s=None)
+        async with app.run_test(size=(120, 40)) as pilot:
+            session.put(Event(1002.0, "config_requested", {"changes": {"speculative_num_steps": 4}}))
+            session.put(Event(1004.0, "config_active", {"active": {**ACTIVE, "speculative_num_steps": 4}}))
+            app.tick()
+            await pilot.pause()
+            session.put(Event(1003.0, "config_changed", {"old": ACTIVE, "new": {**ACTIVE, "speculative_num_steps": 4}}))
+            app.tick()
+            await pilot.pause()
+            assert "now running steps 3→4" in app.main.query_one("#events").plain()
+    run(scenario())

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from harness import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,12 +19,6 @@ def run(*args: str) -> subprocess.CompletedProcess:
                           timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.DEVNULL)
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def one_line(err: str) -> str:
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in err, err
@@ -31,7 +26,7 @@ def one_line(err: str) -> str:
 
 
 def test_attach_to_nothing(tmp_path):
-    out = run("attach", f"http://127.0.0.1:{closed_port()}")
+    out = run("attach", f"http://127.0.0.1:{free_port()}")
     assert out.returncode == 1
     assert "cannot connect" in one_line(out.stderr)
 
@@ -47,7 +42,7 @@ def test_attach_bad_options(tmp_path, args, needle):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"x": 1}\n')
     args = [str(prompts) if a == "PROMPTS" else a for a in args]
-    out = run("attach", f"http://127.0.0.1:{closed_port()}", *args)
+    out = run("attach", f"http://127.0.0.1:{free_port()}", *args)
     assert out.returncode == 2 and needle in one_line(out.stderr)
 
 

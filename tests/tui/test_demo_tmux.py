@@ -12,10 +12,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
+
+from harness import wait_until
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
@@ -46,13 +47,10 @@ class Pane:
         return int(self.tmux("display-message", "-p", "-t", "e2e", "#{pane_pid}").strip())
 
     def wait(self, pattern: str, timeout: float, why: str) -> re.Match:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            m = re.search(pattern, self.text())
-            if m:
-                return m
-            time.sleep(0.5)
-        raise AssertionError(f"{why}: no /{pattern}/ within {timeout:.0f} s; the pane shows:\n{self.text()}")
+        try:
+            return wait_until(lambda: re.search(pattern, self.text()), timeout, why, interval=0.5)
+        except AssertionError:
+            raise AssertionError(f"{why}: no /{pattern}/ within {timeout:.0f} s; the pane shows:\n{self.text()}") from None
 
     def close(self) -> None:
         subprocess.run(["tmux", "-S", self.socket, "kill-server"], capture_output=True)
@@ -84,6 +82,14 @@ def alive(pid: int) -> bool:
         return False
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline") as f:
+            return f.read().replace("\0", " ").strip()
+    except OSError:
+        return "?"
+
+
 def test_demo_in_tmux_as_a_person_uses_it():
     # The terminal's own size: a COLUMNS/LINES left in the environment (pytest plugins set them for
     # their own consoles) would override the pane's.
@@ -112,17 +118,15 @@ def test_demo_in_tmux_as_a_person_uses_it():
         pane.keys("Escape")
         # A terminal cannot tell Esc from the start of an escape sequence at once: wait for the
         # screen to close before the next key, or Esc + q would read as alt+q.
-        end = time.monotonic() + 10
-        while "help · esc to close" in pane.text() and time.monotonic() < end:
-            time.sleep(0.3)
-        assert "help · esc to close" not in pane.text()
+        wait_until(lambda: "help · esc to close" not in pane.text(), 10, "esc to close the help", interval=0.3)
         children = {p for p in descendants(pane.pid()) if alive(p)}
 
         pane.keys("q")
         pane.wait(r"DEMO-EXIT=0", 60, "q quits the demo cleanly")
-        end = time.monotonic() + 20
-        while time.monotonic() < end and any(alive(p) for p in children - {pane.pid()}):
-            time.sleep(0.5)
+        try:
+            wait_until(lambda: not any(alive(p) for p in children - {pane.pid()}), 20, "the demo's children to end")
+        except AssertionError:
+            pass   # the assertion below names what was left
         left = [p for p in children if alive(p) and p != pane.pid()
                 and "sleep" not in open(f"/proc/{p}/cmdline").read()]
         assert left == [], f"the demo left processes behind: {left}"
@@ -140,7 +144,9 @@ def test_closing_the_terminal_takes_the_engine_with_it():
         assert any("refengine" in open(f"/proc/{p}/cmdline").read() for p in everything if alive(p))
     finally:
         pane.close()                    # kills the tmux server: the demo's terminal hangs up
-    end = time.monotonic() + 30
-    while time.monotonic() < end and any(alive(p) for p in everything):
-        time.sleep(0.5)
-    assert [p for p in everything if alive(p)] == [], "processes outlived their terminal"
+    try:
+        wait_until(lambda: not any(alive(p) for p in everything), 30, "every process to end")
+    except AssertionError:
+        pass   # the assertion below names what was left
+    left = {p: _cmdline(p) for p in everything if alive(p)}
+    assert left == {}, f"processes outlived their terminal: {left}"

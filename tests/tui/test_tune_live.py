@@ -55,8 +55,10 @@ def test_tune_screen_runs_the_tuner_and_applies_a_row(engine):
             # The knob keys belong to the tuner while its screen is up.
             assert app.check_action("steps", (1,)) is False
             seen = set()
+            # The tuner keeps its own budget (20 s of its clock); the wait only bounds a hang, so a
+            # busy machine that stretches the tuner's iterations does not fail it.
             await wait_for(pilot, lambda: seen.add(round(screen.view.progress, 2)) or screen.view.state == "done",
-                           timeout=50, why="the tuning to finish within its budget")
+                           timeout=300, why="the tuning to finish")
             view = screen.view
             assert len(seen) > 3 and view.progress == 1.0
             rows = {r.label: r for r in view.rows}

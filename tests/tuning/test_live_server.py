@@ -10,7 +10,9 @@ import sys
 import httpx
 import pytest
 
-from tests.server.helpers import MODEL_ARGS, ROOT, checked_server
+from harness import ROOT, checked_server
+
+MODEL_ARGS: list[str] = []  # serve's default: the shipped tiny model
 
 pytestmark = pytest.mark.slow
 

@@ -3,10 +3,10 @@ arrives 1024 records a page), then hands over new records in order, and survives
 
 import json
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
+from harness import wait_until
 from tuner.tuning.phase_feed import HttpPhaseFeed
 
 
@@ -52,13 +52,8 @@ def serve(ring: Ring) -> ThreadingHTTPServer:
     return httpd
 
 
-def wait_for(cond, timeout=10.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False
+def wait_for(cond, timeout=30.0):
+    return wait_until(cond, timeout, "the feed", interval=0.02)
 
 
 def test_feed_skips_history_then_streams_new_records():

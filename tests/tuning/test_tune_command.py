@@ -1,12 +1,12 @@
 """The `tune` command's argument handling, errors, and the text readout of a result."""
 
 import json
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from harness import free_port
 from tests.tuning.sim import drive, make
 from tests.tuning.synth import Truth
 from tuner.commands.tune import parse_duration
@@ -23,19 +23,13 @@ def test_parse_duration():
             parse_duration(bad)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("argv, rc, needle", [
     (["--budget", "soon"], 2, "not a duration"),
     (["--topk", "1,4"], 2, "--draft-tokens"),
     ([], 1, "cannot connect"),
 ])
 def test_errors_are_one_line(argv, rc, needle):
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     out = subprocess.run([sys.executable, "-m", "tuner", "tune", url, "--load", "0", *argv],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == rc, out.stderr

@@ -6,6 +6,7 @@ Everything goes over HTTP (or the recording file); never imports torch, refengin
 
 from __future__ import annotations
 
+from probes.names import PLACEMENT
 from tuner.backends.base import Backend, Capabilities, ControlResult
 from tuner.backends.http import BadAnswer, ServerError, ServerUnreachable
 
@@ -20,7 +21,7 @@ def detect_kind(server_info: dict, metric_names: list[str] | None = None) -> str
     states = server_info.get("internal_states")
     first = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
     if metric_names and any(n.startswith("specdecode:") for n in metric_names) and \
-            "speculative_draft_placement" in first:
+            PLACEMENT in first:
         return "refengine"
     if "internal_states" in server_info and "version" in server_info:
         return "sglang"

@@ -20,12 +20,7 @@ from tuner.core.events import EventKind
 from tuner.core.records import Event
 
 # The knobs, named as the server args they set (ARCHITECTURE "The control protocol is SGLang's").
-STEPS = "speculative_num_steps"
-TOPK = "speculative_eagle_topk"
-DRAFT_TOKENS = "speculative_num_draft_tokens"
-PLACEMENT = "speculative_draft_placement"
-KNOBS: tuple[str, ...] = (STEPS, TOPK, DRAFT_TOKENS, PLACEMENT)
-PLACEMENTS: tuple[str, ...] = ("sharded", "replicated", "rank0")
+from probes.names import DRAFT_TOKENS, KNOBS, PLACEMENT, PLACEMENTS, STEPS, TOPK  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)

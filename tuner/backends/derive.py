@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from probes.names import DRAFT, DRAFT_EXTEND, VERIFY
 from tuner.core import acceptance as A
 from tuner.core import series as S
 from tuner.core.events import EventKind
@@ -19,7 +20,7 @@ from tuner.backends.base import DRAFT_TOKENS, PLACEMENT, STEPS, TOPK
 from tuner.backends.promtext import MAX_ACCEPT_POSITION, MetricSet, tail_counts
 
 # sglang:forward_execution_seconds_total categories -> our phases (sglang-0.5.23.md §7.4).
-FORWARD_CATEGORIES = {"eagle_draft": "draft", "target_verify": "verify", "eagle_draft_extend": "draft_extend",
+FORWARD_CATEGORIES = {"eagle_draft": DRAFT, "target_verify": VERIFY, "eagle_draft_extend": DRAFT_EXTEND,
                       "decode": "decode"}
 
 

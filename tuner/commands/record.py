@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+from probes.names import DRAFT_TOKENS, PLACEMENT, STEPS, TOPK
 from tuner.core.text import terminal_safe
 
 TICK_S = 0.1
@@ -324,8 +325,8 @@ class RecordLoop:
 
 
 def _setting(active: Any) -> str:
-    short = {"speculative_num_steps": "steps", "speculative_eagle_topk": "topk",
-             "speculative_num_draft_tokens": "draft_tokens", "speculative_draft_placement": "placement"}
+    short = {STEPS: "steps", TOPK: "topk",
+             DRAFT_TOKENS: "draft_tokens", PLACEMENT: "placement"}
     return " ".join(f"{v}={active[k]}" for k, v in short.items() if k in active)
 
 

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from probes.names import PLACEMENT, SHARDED
 from tuner.core.text import terminal_safe
 
 
@@ -159,8 +160,8 @@ def run(args: argparse.Namespace) -> int:
             return 2
     session = Session(backend, recorder=recorder)
     session.start()
-    placements = args.placements or [p for p in PLACEMENTS if p == "sharded"
-                                     or backend.capabilities.can_set("speculative_draft_placement")]
+    placements = args.placements or [p for p in PLACEMENTS if p == SHARDED
+                                     or backend.capabilities.can_set(PLACEMENT)]
     space = settings_space(args.max_steps, args.topk, args.draft_tokens, placements,
                            include_off=not args.no_off)
     tuner = None

@@ -7,7 +7,7 @@ side table to label an axis. This module only names things; it must not compute 
 from __future__ import annotations
 
 # The phases of one decode iteration (ARCHITECTURE "Phases"), in iteration order.
-PHASES: tuple[str, ...] = ("draft", "verify", "verify_sample", "draft_extend", "other")
+from probes.names import DECODE_PHASES as PHASES
 
 SERVER_TOK_PER_S = "server/tok_per_s"            # decode tok/s: rate of realtime_tokens_total{mode=decode}
 SERVER_GEN_THROUGHPUT = "server/gen_throughput_tok_per_s"  # sglang:gen_throughput (log-window gauge)

@@ -96,6 +96,11 @@ class Store:
         self._series: dict[str, _Ring] = {}
         self._events: list[Event] = []
         self._event_ts: list[float] = []
+        self._event_seq: list[int] = []
+        self.events_added = 0
+        """Events added since the last clear(): a cursor for readers that must see each event once,
+        even one that arrives late (a derived event is stamped with its iteration's time, which can
+        be older than an event added before it)."""
         self._traces: list[Trace] = []
         self.t_first = NAN
         self.t_last = NAN
@@ -109,17 +114,21 @@ class Store:
                 ring = self._series[record.series] = _Ring(self._capacity)
             ring.add(record.t, float(record.value))
         elif isinstance(record, Event):
+            self.events_added += 1
             if not self._event_ts or record.t >= self._event_ts[-1]:
                 self._events.append(record)
                 self._event_ts.append(record.t)
+                self._event_seq.append(self.events_added)
             else:
                 i = bisect_right(self._event_ts, record.t)
                 self._events.insert(i, record)
                 self._event_ts.insert(i, record.t)
+                self._event_seq.insert(i, self.events_added)
             if len(self._events) > self._event_capacity:
                 drop = len(self._events) - self._event_capacity
                 del self._events[:drop]
                 del self._event_ts[:drop]
+                del self._event_seq[:drop]
         elif isinstance(record, Trace):
             self._traces.append(record)
             del self._traces[: max(0, len(self._traces) - self._trace_capacity)]
@@ -179,6 +188,15 @@ class Store:
             return evs
         kinds = {kind} if isinstance(kind, str) else set(kind)
         return [e for e in evs if e.kind in kinds]
+
+    def events_since(self, added: int) -> list[Event]:
+        """Events added after the first `added` (see `events_added`), oldest first by time. A cursor
+        beyond `events_added` means the store was cleared since: then every event is new."""
+        if added > self.events_added:
+            added = 0
+        if added == self.events_added:
+            return []
+        return [e for e, n in zip(self._events, self._event_seq) if n > added]
 
     def last_event(self, kind: str | Iterable[str], at: float = math.inf) -> Event | None:
         """The newest event of the kind(s) at or before `at`, or None."""

@@ -12,6 +12,7 @@ import math
 from datetime import datetime, timezone
 from typing import Any
 
+from probes.names import TOPK
 from tuner import __version__
 from tuner.core import series as S
 from tuner.core.records import thaw
@@ -73,7 +74,7 @@ def _markers(s: Summary) -> tuple[list[Marker], list[Band]]:
     for seg in s.segments:
         if seg.source in ("config_changed", "server_info"):
             markers.append(Marker(seg.t0, " ".join(f"{SHORT[k]}={v}" for k, v in zip(KNOBS, seg.key)
-                                                   if v is not None and k != "speculative_eagle_topk")))
+                                                   if v is not None and k != TOPK)))
     for a, b, err in s.gaps:
         bands.append(Band(a, b, f"server gone: {err}", "#F4CCCC"))
     for a, b, tid in s.excluded:

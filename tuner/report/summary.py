@@ -19,16 +19,15 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from probes.names import DRAFT_TOKENS, KNOBS, PLACEMENT, STEPS, TOPK
 from tuner import __version__
 from tuner.core import series as S
 from tuner.core.ab import MIN_WINDOWS, SETTLE_ITERATIONS, SETTLE_S, WINDOW_S, ratio_of_medians
 from tuner.core.records import thaw
 from tuner.report.data import RecordingData, Series
 
-KNOBS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
-         "speculative_draft_placement")
-SHORT = {"speculative_num_steps": "steps", "speculative_eagle_topk": "topk",
-         "speculative_num_draft_tokens": "draft_tokens", "speculative_draft_placement": "placement"}
+SHORT = {STEPS: "steps", TOPK: "topk",
+         DRAFT_TOKENS: "draft_tokens", PLACEMENT: "placement"}
 TUNING_PREFIX = "tuning_"
 
 

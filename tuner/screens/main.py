@@ -45,7 +45,7 @@ class MainScreen(Screen[None]):
 
     def __init__(self) -> None:
         super().__init__()
-        self._logged_until = -math.inf
+        self._logged = 0   # store.events_added when the log last took its events
         self._origin = math.nan
 
     def compose(self) -> ComposeResult:
@@ -91,7 +91,7 @@ class MainScreen(Screen[None]):
 
     def clear_log(self) -> None:
         """Forget what the event log showed (a replay seek refills the store from the start)."""
-        self._logged_until = -math.inf
+        self._logged = 0
         self.query_one("#events", EventLog).clear()
 
     def origin(self) -> float:
@@ -127,10 +127,11 @@ class MainScreen(Screen[None]):
                                                                 labels=self.app.gpu_labels))
         self.query_one("#knobs", KnobsPanel).show(self.knob_view(active))
         self.query_one("#ab", ABReadout).show(self._ab_view(t_end))
-        events = store.events(t0=self._logged_until, t1=math.inf)
-        events = [e for e in events if e.t > self._logged_until]
+        # By arrival, not by time: a config change derived from the phase stream is stamped with its
+        # iteration's time, which can be older than a read-back event already in the log.
+        events = store.events_since(self._logged)
+        self._logged = store.events_added
         if events:
-            self._logged_until = events[-1].t
             lines = [line for e in events if (line := views.event_line(e, origin)) is not None]
             self.query_one("#events", EventLog).add(lines)
 

@@ -18,10 +18,11 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from probes.names import DRAFT, DRAFT_EXTEND, OTHER, VERIFY, VERIFY_SAMPLE
 from tuner.widgets.phases import SEGMENTS, PhaseView, segment_ms, stacked_bar
 
-PHASE_LABEL = {"draft": "draft", "verify": "verify", "verify_sample": "accept + commit",
-               "draft_extend": "draft extend", "other": "other"}
+PHASE_LABEL = {DRAFT: "draft", VERIFY: "verify", VERIFY_SAMPLE: "accept + commit",
+               DRAFT_EXTEND: "draft extend", OTHER: "other"}
 
 
 def _f(x: Any, digits: int = 2) -> str:

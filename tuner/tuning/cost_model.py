@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
+from probes.names import DRAFT, DRAFT_EXTEND, REPLICATED, SHARDED, VERIFY, VERIFY_SAMPLE
 from tuner.tuning.acceptance import AcceptanceModel, TauEstimate, fit_acceptance
 from tuner.tuning.linfit import LinearFit, fit_linear
 from tuner.tuning.observations import SettingStats
@@ -37,12 +38,12 @@ CONST_COLS = ("1",)
 
 TERM_COLS: dict[str, tuple[str, ...]] = {
     "draft": DRAFT_COLS,
-    "draft_extend": LINE_COLS,
+    DRAFT_EXTEND: LINE_COLS,
     "verify": LINE_COLS,
-    "verify_sample": LINE_COLS,
+    VERIFY_SAMPLE: LINE_COLS,
     "sched": CONST_COLS,
 }
-COMM_TERMS = ("draft", "draft_extend", "verify")
+COMM_TERMS = (DRAFT, DRAFT_EXTEND, VERIFY)
 # Ordering of how trustworthy a prediction is; a prediction takes its weakest input's basis.
 BASIS_ORDER = ("measured", "fitted", "extrapolated", "what-if")
 
@@ -152,7 +153,7 @@ def _fit_group(placement: str, bs: int, stats: Sequence[SettingStats]) -> GroupF
     off = None
     if off_stats:
         st = max(off_stats, key=lambda s: s.n)
-        off = {k: st.terms[k] for k in ("verify", "verify_sample", "sched")}
+        off = {k: st.terms[k] for k in (VERIFY, VERIFY_SAMPLE, "sched")}
     if not terms and off is None:
         return None
     return GroupFit(placement, bs, terms, comm, per_call, off,
@@ -183,11 +184,11 @@ class CostModel:
         """Predicted (mean, sd) per term for s in group g, or a reason it cannot be predicted."""
         if s.steps == 0:
             if g.off is not None:
-                return {"draft": (0.0, 0.0), "draft_extend": (0.0, 0.0), **g.off}, "measured"
+                return {DRAFT: (0.0, 0.0), DRAFT_EXTEND: (0.0, 0.0), **g.off}, "measured"
             if not g.terms:
                 return "nothing measured at this batch size"
-            out = {"draft": (0.0, 0.0), "draft_extend": (0.0, 0.0)}
-            for term in ("verify", "verify_sample", "sched"):
+            out = {DRAFT: (0.0, 0.0), DRAFT_EXTEND: (0.0, 0.0)}
+            for term in (VERIFY, VERIFY_SAMPLE, "sched"):
                 fit = g.terms[term]
                 # The plain decode is the verify line at one token per request.
                 x = [1.0 if c in ("1", "N") else 0.0 for c in TERM_COLS[term]]
@@ -245,16 +246,16 @@ class CostModel:
     def comm_untimed(self, bs: int) -> bool:
         """The sharded draft was measured at this batch size but its collectives have no time
         (inside CUDA graphs): a what-if cannot be computed, the placement must be measured."""
-        g = self.groups.get(("sharded", bs))
-        return g is not None and bool(g.terms) and not all(t in g.comm for t in ("draft", "draft_extend"))
+        g = self.groups.get((SHARDED, bs))
+        return g is not None and bool(g.terms) and not all(t in g.comm for t in (DRAFT, DRAFT_EXTEND))
 
-    def what_if(self, s: Setting, bs: int, placement: str = "replicated") -> WhatIf | None:
+    def what_if(self, s: Setting, bs: int, placement: str = REPLICATED) -> WhatIf | None:
         """From the sharded measurement of s's steps/topk/N: remove the draft's collectives
         (keeping one, the broadcast of draft tokens to the other ranks), keep its compute."""
         if s.steps == 0:
             return None
-        g = self.groups.get(("sharded", bs))
-        base = s.__class__(s.steps, s.topk, s.num_draft_tokens, "sharded")
+        g = self.groups.get((SHARDED, bs))
+        base = s.__class__(s.steps, s.topk, s.num_draft_tokens, SHARDED)
         if g is None or not g.terms or self.comm_untimed(bs):
             return None  # unmeasured, or the draft's collectives were not timed
         res = self._terms(g, base)
@@ -263,13 +264,13 @@ class CostModel:
             return None
         terms, _ = res
         comm = {}
-        for term in ("draft", "draft_extend"):
+        for term in (DRAFT, DRAFT_EXTEND):
             fit = g.comm[term]
             x = features(TERM_COLS[term], base)
             comm[term] = max(fit.predict(x)[0], 0.0) if fit.supports(x) else 0.0
         t_now = sum(m for m, _ in terms.values())
-        draft_work = terms["draft"][0] + terms["draft_extend"][0]
-        comm_total = min(comm["draft"] + comm["draft_extend"], draft_work)
+        draft_work = terms[DRAFT][0] + terms[DRAFT_EXTEND][0]
+        comm_total = min(comm[DRAFT] + comm[DRAFT_EXTEND], draft_work)
         compute = draft_work - comm_total
         keep = g.comm_per_call
         t_new = t_now - draft_work + compute + keep
@@ -285,7 +286,7 @@ class CostModel:
                       t_new, assumption)
 
     def _what_if_prediction(self, s: Setting, bs: int) -> Prediction | None:
-        if s.placement == "sharded" or s.steps == 0:
+        if s.placement == SHARDED or s.steps == 0:
             return None
         w = self.what_if(s, bs, s.placement)
         if w is None:

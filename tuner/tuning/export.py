@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Mapping
 
+from probes.names import SHARDED
 from tuner.tuning.settings import Setting
 
 
@@ -26,7 +27,7 @@ def sglang_flags(s: Setting) -> list[str]:
 
 
 def placement_note(s: Setting) -> str | None:
-    if s.placement == "sharded":
+    if s.placement == SHARDED:
         return None
     return (f"draft placement {s.placement!r} has no SGLang 0.5.23 flag; on the reference engine use "
             f"--speculative-draft-placement {s.placement}")

@@ -20,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from probes.names import DRAFT_TOKENS, PLACEMENT, REPLICATED, SHARDED, STEPS, TOPK
 from tuner.core import ab as core_ab
 from tuner.core.records import Event
 from tuner.tuning.adaptive_policy import acceptance_only_pick
@@ -156,11 +157,11 @@ class TuningResult:
             from tuner.tuning.cost_model import best as best_of, recommend
             space = [p.setting for p in self.predictions]
             recs = {str(bs): p.to_json() for bs, p in recommend(self.model, space).items()}
-            if self.best.placement != "sharded":
-                top = best_of(p for p in self.predictions if p.setting.placement == "sharded")
+            if self.best.placement != SHARDED:
+                top = best_of(p for p in self.predictions if p.setting.placement == SHARDED)
                 sglang_best = top.setting if top is not None else Setting(0)
             chains = {bs: p.setting for bs, p in recommend(
-                self.model, [s for s in space if s.topk == 1 and s.placement == "sharded"]).items()}
+                self.model, [s for s in space if s.topk == 1 and s.placement == SHARDED]).items()}
             if chains:
                 flags["adaptive_config"] = adaptive_config(chains)
                 flags["adaptive_flags"] = adaptive_flags(chains, "tuned-adaptive.json")
@@ -170,7 +171,7 @@ class TuningResult:
         ao_pred = self.model.predict(ao, self.bs) if self.model is not None and ao is not None else None
         what_if = None
         if self.model is not None and self.best.steps > 0:
-            w = self.model.what_if(self.best, self.bs, "replicated")
+            w = self.model.what_if(self.best, self.bs, REPLICATED)
             what_if = w.to_json() if w else None
         return {
             "initial": self.initial.to_json(), "best": self.best.to_json(),
@@ -203,7 +204,7 @@ def probe_plan(space: Sequence[Setting], initial: Setting) -> list[Setting]:
     """The first measurements: the starting setting, tier 0 (draft kept warm), and for the starting placement
     chains at the shallowest, middle and deepest steps (the draft and verify lines need ≥ 2 points,
     the third checks them); one mid-size tree per topk in the space."""
-    placement = initial.placement if initial.steps > 0 else "sharded"
+    placement = initial.placement if initial.steps > 0 else SHARDED
     chains = sorted({s.steps for s in space if s.topk == 1 and s.steps > 0 and s.placement == placement})
     plan = [initial]
     if Setting(0) in space:
@@ -239,8 +240,8 @@ class Tuner:
         backend = getattr(session, "backend", None)
         caps = getattr(backend, "capabilities", None)
         if caps is not None:
-            if not caps.can_set("speculative_num_steps"):
-                raise TuningError(caps.why_not("speculative_num_steps") or "this server cannot change steps live")
+            if not caps.can_set(STEPS):
+                raise TuningError(caps.why_not(STEPS) or "this server cannot change steps live")
             if feed is None and not caps.HAS_PHASE_STREAM:
                 raise TuningError("this server has no per-iteration phase stream (/specdecode/phases); "
                                   "the tuner needs it to measure phase costs")
@@ -297,10 +298,10 @@ class Tuner:
         c = self._caps
         if c is None:
             return True
-        if s.steps > 0 and s.topk > 1 and not (c.can_set("speculative_eagle_topk")
-                                               and c.can_set("speculative_num_draft_tokens")):
+        if s.steps > 0 and s.topk > 1 and not (c.can_set(TOPK)
+                                               and c.can_set(DRAFT_TOKENS)):
             return False
-        if s.steps > 0 and s.placement != "sharded" and not c.can_set("speculative_draft_placement"):
+        if s.steps > 0 and s.placement != SHARDED and not c.can_set(PLACEMENT):
             return False
         return True
 
@@ -308,7 +309,7 @@ class Tuner:
         args = s.as_server_args()
         c = self._caps
         if c is not None:
-            args = {k: v for k, v in args.items() if k == "speculative_num_steps" or c.can_set(k)}
+            args = {k: v for k, v in args.items() if k == STEPS or c.can_set(k)}
         return args
 
     # ---- events ----------------------------------------------------------------------------

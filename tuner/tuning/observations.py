@@ -11,9 +11,10 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
+from probes.names import DECODE_PHASES as PHASES
+from probes.names import DRAFT, DRAFT_EXTEND, SHARDED, VERIFY, VERIFY_SAMPLE
 from tuner.tuning.settings import Setting
 
-PHASES = ("draft", "verify", "verify_sample", "draft_extend", "other")
 
 # "What better means": after a change, drop the first 2 s or 20 iterations (whichever is later).
 WARMUP_ITERS = 20
@@ -40,8 +41,8 @@ class Iteration:
     @property
     def sched_ms(self) -> float:
         """T_sched: everything in the iteration that is not draft/verify/sample/extend."""
-        work = sum(self.phase_ms.get(p, 0.0) for p in ("draft", "verify", "verify_sample",
-                                                        "draft_extend"))
+        work = sum(self.phase_ms.get(p, 0.0) for p in (DRAFT, VERIFY, VERIFY_SAMPLE,
+                                                        DRAFT_EXTEND))
         return max(self.wall_ms - work, 0.0)
 
 
@@ -59,7 +60,7 @@ def parse_record(rec: Mapping) -> Iteration:
     steps = int(_num(rec, "steps", int))
     topk = int(_num(rec, "topk", int)) if steps > 0 else 1
     n = int(_num(rec, "num_draft_tokens", int)) if steps > 0 else 1
-    placement = rec.get("placement", "sharded")
+    placement = rec.get("placement", SHARDED)
     try:
         setting = Setting(steps, topk, n, str(placement))
     except ValueError as e:
@@ -130,7 +131,7 @@ def mean_se(values: Sequence[float]) -> tuple[float, float]:
     return mean, math.sqrt(var / n)
 
 
-TERMS = ("draft", "draft_extend", "verify", "verify_sample", "sched")
+TERMS = (DRAFT, DRAFT_EXTEND, VERIFY, VERIFY_SAMPLE, "sched")
 
 
 @dataclass(frozen=True)
@@ -164,16 +165,16 @@ def summarise(iters: Iterable[Iteration]) -> list[SettingStats]:
     out = []
     for (setting, bs), its in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         terms = {
-            "draft": mean_se([i.phase_ms["draft"] for i in its]),
-            "draft_extend": mean_se([i.phase_ms["draft_extend"] for i in its]),
-            "verify": mean_se([i.phase_ms["verify"] for i in its]),
-            "verify_sample": mean_se([i.phase_ms["verify_sample"] for i in its]),
+            DRAFT: mean_se([i.phase_ms[DRAFT] for i in its]),
+            DRAFT_EXTEND: mean_se([i.phase_ms[DRAFT_EXTEND] for i in its]),
+            VERIFY: mean_se([i.phase_ms[VERIFY] for i in its]),
+            VERIFY_SAMPLE: mean_se([i.phase_ms[VERIFY_SAMPLE] for i in its]),
             "sched": mean_se([i.sched_ms for i in its]),
         }
         comm = {p: mean_se([i.comm_ms[p] for i in its if math.isfinite(i.comm_ms[p])])
-                for p in ("draft", "draft_extend", "verify", "verify_sample")}
+                for p in (DRAFT, DRAFT_EXTEND, VERIFY, VERIFY_SAMPLE)}
         calls = {p: sum((i.comm_calls or {}).get(p, 0) for i in its) / len(its)
-                 for p in ("draft", "draft_extend", "verify", "verify_sample")}
+                 for p in (DRAFT, DRAFT_EXTEND, VERIFY, VERIFY_SAMPLE)}
         hist: list[int] = []
         for i in its:
             for a in i.accepted:

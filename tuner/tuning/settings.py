@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-PLACEMENTS = ("sharded", "replicated", "rank0")
+from probes.names import DRAFT_TOKENS, PLACEMENT, PLACEMENTS, SHARDED, STEPS, TOPK, tree_pool
 
 
 @dataclass(frozen=True, order=True)
@@ -19,7 +19,7 @@ class Setting:
     steps: int
     topk: int = 1
     num_draft_tokens: int = 0  # 0 = derived (steps+1 for a chain, 1 at tier 0)
-    placement: str = "sharded"
+    placement: str = SHARDED
 
     def __post_init__(self) -> None:
         if self.steps == 0:
@@ -27,7 +27,7 @@ class Setting:
             # it: one canonical point, whatever placement the server reports.
             object.__setattr__(self, "topk", 1)
             object.__setattr__(self, "num_draft_tokens", 1)
-            object.__setattr__(self, "placement", "sharded")
+            object.__setattr__(self, "placement", SHARDED)
         elif self.topk == 1 and self.num_draft_tokens == 0:
             object.__setattr__(self, "num_draft_tokens", self.steps + 1)
         problem = setting_problem(self)
@@ -49,11 +49,11 @@ class Setting:
 
     def as_server_args(self) -> dict[str, object]:
         """The /set_internal_state body for this setting (the engine's key names)."""
-        args: dict[str, object] = {"speculative_num_steps": self.steps}
+        args: dict[str, object] = {STEPS: self.steps}
         if self.steps > 0:
-            args["speculative_eagle_topk"] = self.topk
-            args["speculative_num_draft_tokens"] = self.num_draft_tokens
-            args["speculative_draft_placement"] = self.placement
+            args[TOPK] = self.topk
+            args[DRAFT_TOKENS] = self.num_draft_tokens
+            args[PLACEMENT] = self.placement
         return args
 
     def to_json(self) -> dict[str, object]:
@@ -63,7 +63,7 @@ class Setting:
     @classmethod
     def from_json(cls, d: dict) -> "Setting":
         return cls(int(d["steps"]), int(d.get("topk", 1)), int(d.get("num_draft_tokens", 0)),
-                   str(d.get("placement", "sharded")))
+                   str(d.get("placement", SHARDED)))
 
 
 def setting_problem(s: Setting) -> str | None:
@@ -78,7 +78,7 @@ def setting_problem(s: Setting) -> str | None:
         return "speculation needs num_draft_tokens >= 2 (the root plus at least one draft)"
     if s.topk == 1 and s.num_draft_tokens != s.steps + 1:
         return "topk=1 requires num_draft_tokens = steps+1"
-    pool = s.topk + (s.steps - 1) * s.topk * s.topk
+    pool = tree_pool(s.steps, s.topk)
     if s.num_draft_tokens - 1 > pool:
         return (f"num_draft_tokens={s.num_draft_tokens} exceeds the candidate pool "
                 f"{pool}+1 of steps={s.steps}, topk={s.topk}")
@@ -86,7 +86,7 @@ def setting_problem(s: Setting) -> str | None:
 
 
 def settings_space(max_steps: int = 7, topks: Iterable[int] = (1,),
-                   draft_tokens: Iterable[int] = (), placements: Iterable[str] = ("sharded",),
+                   draft_tokens: Iterable[int] = (), placements: Iterable[str] = (SHARDED,),
                    include_off: bool = True) -> list[Setting]:
     """Every valid setting: chains 1..max_steps, trees for each topk>1 and each N in draft_tokens."""
     out: list[Setting] = []

@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from probes.names import (DRAFT, DRAFT_EXTEND, DRAFT_TOKENS, PINNED_STEPS, PLACEMENT, REPLICATED, SHARDED, STEPS,
+                          TOPK, VERIFY, VERIFY_SAMPLE)
 from tuner.core import ab as core_ab
 from tuner.core import series as S
 from tuner.core.events import EventKind
@@ -54,16 +56,16 @@ class WhatIfReadout:
 
 def active_setting(active: Mapping[str, Any]) -> Setting | None:
     """The Setting of an active-config dict (server-arg names), None when incomplete or invalid."""
-    steps = active.get("speculative_num_steps", active.get("specdecode_num_steps"))
+    steps = active.get(STEPS, active.get(PINNED_STEPS))
     if not isinstance(steps, int):
         return None
     try:
         if steps == 0:
             return Setting(0)
-        topk = active.get("speculative_eagle_topk", 1)
-        n = active.get("speculative_num_draft_tokens", 0)
-        placement = active.get("speculative_draft_placement", "sharded")
-        return Setting(steps, int(topk or 1), int(n or 0), str(placement or "sharded"))
+        topk = active.get(TOPK, 1)
+        n = active.get(DRAFT_TOKENS, 0)
+        placement = active.get(PLACEMENT, SHARDED)
+        return Setting(steps, int(topk or 1), int(n or 0), str(placement or SHARDED))
     except (TypeError, ValueError):
         return None
 
@@ -91,7 +93,7 @@ def what_if_now(store: Store, t_end: float, active: Mapping[str, Any], tp_size: 
         return WhatIfReadout("the server has not reported its setting yet")
     if setting.steps == 0:
         return WhatIfReadout("tier 0 (draft kept warm): nothing is drafted to move")
-    if setting.placement != "sharded":
+    if setting.placement != SHARDED:
         return WhatIfReadout(f"the draft already runs off the TP group ({setting.placement})")
     if tp_size is not None and tp_size < 2:
         return WhatIfReadout("TP size 1: there is no TP group to leave")
@@ -113,13 +115,13 @@ def what_if_now(store: Store, t_end: float, active: Mapping[str, Any], tp_size: 
         m, se = mean_se(_values(store, series, t0, t_end))
         return (m, se) if not math.isnan(m) else (0.0, 0.0)
 
-    terms = {p: ms(S.phase_ms(p)) for p in ("draft", "draft_extend", "verify", "verify_sample")}
+    terms = {p: ms(S.phase_ms(p)) for p in (DRAFT, DRAFT_EXTEND, VERIFY, VERIFY_SAMPLE)}
     wall = ms(S.PHASE_WALL_MS)
     if not wall[0] > 0:
         return WhatIfReadout("waiting for settled decode iterations of this setting")
     work = sum(m for m, _ in terms.values())
     terms["sched"] = (max(wall[0] - work, 0.0), wall[1])
-    comm = {p: ms(S.phase_comm_ms(p)) for p in ("draft", "draft_extend", "verify", "verify_sample")}
+    comm = {p: ms(S.phase_comm_ms(p)) for p in (DRAFT, DRAFT_EXTEND, VERIFY, VERIFY_SAMPLE)}
     p = [pk for k in range(1, setting.steps + 1)
          if not math.isnan(pk := _mean(_values(store, S.accept_pos(k), t0, t_end)))]
     verifies = sum(_values(store, S.SPEC_VERIFIES, t0, t_end))
@@ -130,7 +132,7 @@ def what_if_now(store: Store, t_end: float, active: Mapping[str, Any], tp_size: 
     stats = SettingStats(setting, bs, len(draft), terms, comm, {}, wall, math.nan,
                          _histogram(p, verifies))
     model = fit_cost_model([stats], tp_size)
-    w = model.what_if(setting, bs, "replicated")
+    w = model.what_if(setting, bs, REPLICATED)
     if w is None:
         return WhatIfReadout("the cost model could not use these readings")
     # Without per-phase collective counts in the store, the one broadcast the draft keeps off the

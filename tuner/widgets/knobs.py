@@ -13,6 +13,8 @@ from textual.content import Content
 from textual.markup import escape
 from textual.widgets import Static
 
+from probes.names import DRAFT_TOKENS, PLACEMENT, STEPS, TOPK
+
 
 @dataclass(frozen=True)
 class KnobView:
@@ -34,10 +36,10 @@ class KnobView:
 
 # (view attribute, label, action for "less", key, action for "more", key, capability key)
 ROWS = (
-    ("steps", "steps", "app.steps(-1)", "-", "app.steps(1)", "+", "speculative_num_steps"),
-    ("topk", "topk", "app.topk(-1)", "T", "app.topk(1)", "t", "speculative_eagle_topk"),
+    ("steps", "steps", "app.steps(-1)", "-", "app.steps(1)", "+", STEPS),
+    ("topk", "topk", "app.topk(-1)", "T", "app.topk(1)", "t", TOPK),
     ("num_draft_tokens", "draft tokens", "app.draft_tokens(-1)", "D", "app.draft_tokens(1)", "d",
-     "speculative_num_draft_tokens"),
+     DRAFT_TOKENS),
 )
 
 
@@ -78,7 +80,7 @@ class KnobsPanel(Static):
             lines.append(line)
         placement = view.placement or "?"
         line = f"{'placement':<13}[b]{escape(placement):>4}[/]"
-        cap = "speculative_draft_placement"
+        cap = PLACEMENT
         if not view.read_only:
             if cap in view.unavailable:
                 line += f"  [dim i]{escape(view.unavailable[cap])}[/]"

@@ -17,9 +17,10 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
+from probes.names import DECODE_PHASES as PHASES
+from probes.names import DRAFT, DRAFT_EXTEND, OTHER, VERIFY, VERIFY_SAMPLE
 from tuner.widgets.fmt import is_num, num
 
-PHASES = ("draft", "verify", "verify_sample", "draft_extend", "other")
 
 
 @dataclass(frozen=True)
@@ -66,25 +67,25 @@ def segment_ms(view: PhaseView) -> dict[str, float]:
         return v if is_num(v) else 0.0
 
     out = {
-        "draft": max(0.0, get(p, "draft") - get(c, "draft")),
-        "draft_comm": get(c, "draft"),
-        "verify": max(0.0, get(p, "verify") - get(c, "verify")),
-        "verify_comm": get(c, "verify"),
+        "draft": max(0.0, get(p, DRAFT) - get(c, DRAFT)),
+        "draft_comm": get(c, DRAFT),
+        "verify": max(0.0, get(p, VERIFY) - get(c, VERIFY)),
+        "verify_comm": get(c, VERIFY),
         # Acceptance and commit rarely talk to other ranks; its collectives stay inside it.
-        "verify_sample": get(p, "verify_sample"),
-        "draft_extend": max(0.0, get(p, "draft_extend") - get(c, "draft_extend")),
-        "draft_extend_comm": get(c, "draft_extend"),
+        "verify_sample": get(p, VERIFY_SAMPLE),
+        "draft_extend": max(0.0, get(p, DRAFT_EXTEND) - get(c, DRAFT_EXTEND)),
+        "draft_extend_comm": get(c, DRAFT_EXTEND),
     }
     work = sum(get(p, k) for k in PHASES)
     wall = view.wall_ms if is_num(view.wall_ms) else work
-    out["idle"] = get(p, "other") + max(0.0, wall - work)
+    out["idle"] = get(p, OTHER) + max(0.0, wall - work)
     return out
 
 
 def untimed_comm(view: PhaseView) -> tuple[str, ...]:
     """Phases that ran but whose collectives have no time (inside CUDA graphs, or a server that
     cannot see them): their comm parts are unknown, not 0."""
-    return tuple(p for p in ("draft", "verify", "draft_extend")
+    return tuple(p for p in (DRAFT, VERIFY, DRAFT_EXTEND)
                  if is_num(view.phase_ms.get(p, float("nan"))) and view.phase_ms[p] > 0
                  and not is_num(view.comm_ms.get(p, float("nan"))))
 

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from probes.names import SHARDED
 from tuner.core.records import Event, thaw
 from tuner.tuning.summary import costs, label
 
@@ -23,7 +24,7 @@ TUNING_KINDS = ("tuning_started", "tuning_probe", "tuning_prediction", "tuning_a
 def setting_key(d: Mapping[str, Any]) -> tuple:
     """A hashable key for a setting dict (steps, topk, num_draft_tokens, placement)."""
     if d.get("steps") == 0:
-        return (0, 1, 1, "sharded")
+        return (0, 1, 1, SHARDED)
     return (d.get("steps"), d.get("topk"), d.get("num_draft_tokens"), d.get("placement"))
 
 

@@ -11,6 +11,7 @@ import math
 import re
 from typing import Any, Iterable, Mapping
 
+from probes.names import DRAFT_TOKENS, PINNED_STEPS, PLACEMENT, STEPS, TOPK
 from tuner.core import series as S
 from tuner.core.events import EventKind
 from tuner.core.records import Event
@@ -27,11 +28,11 @@ from tuner.widgets.tune_view import short_label
 NAN = math.nan
 
 KNOB_SHORT = {
-    "speculative_num_steps": "steps",
-    "speculative_eagle_topk": "topk",
-    "speculative_num_draft_tokens": "draft",
-    "speculative_draft_placement": "placement",
-    "specdecode_num_steps": "steps",
+    STEPS: "steps",
+    TOPK: "topk",
+    DRAFT_TOKENS: "draft",
+    PLACEMENT: "placement",
+    PINNED_STEPS: "steps",
 }
 
 
@@ -49,17 +50,17 @@ def setting_text(active: Mapping[str, Any]) -> str:
     def get(*keys: str) -> Any:
         return next((active[k] for k in keys if k in active and active[k] is not None), None)
 
-    steps = get("speculative_num_steps", "steps", "specdecode_num_steps")
+    steps = get(STEPS, "steps", PINNED_STEPS)
     if steps == 0:
         return "tier 0 (draft kept warm)"
     parts = []
-    for label, keys in (("steps", ("speculative_num_steps", "steps", "specdecode_num_steps")),
-                        ("topk", ("speculative_eagle_topk", "topk")),
-                        ("draft", ("speculative_num_draft_tokens", "num_draft_tokens"))):
+    for label, keys in (("steps", (STEPS, "steps", PINNED_STEPS)),
+                        ("topk", (TOPK, "topk")),
+                        ("draft", (DRAFT_TOKENS, "num_draft_tokens"))):
         v = get(*keys)
         if v is not None:
             parts.append(f"{label} {v}")
-    placement = get("speculative_draft_placement", "placement")
+    placement = get(PLACEMENT, "placement")
     if placement:
         parts.append(str(placement))
     return " · ".join(parts) or "?"

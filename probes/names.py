@@ -1,0 +1,84 @@
+"""The names every part shares: phases, placements, phase-record keys, knob server-arg names, and
+the draft tree's size bound.
+
+The engine writes these names, the in-server probes write them too, and the tuner reads them; one
+spelling here keeps the three from drifting apart. Standard library only (an import-linter
+contract checks it), so the engine, an SGLang server and the operator side can all import it.
+Must not hold behaviour beyond the tree bound: no parsing, no labels, no I/O.
+"""
+
+from __future__ import annotations
+
+# -- phases of one decode iteration (the phase stream's phase_ms / comm_ms / comm_calls keys) -----
+DRAFT = "draft"
+VERIFY = "verify"
+VERIFY_SAMPLE = "verify_sample"
+"""Accept + commit: the verify call minus the target forward."""
+DRAFT_EXTEND = "draft_extend"
+OTHER = "other"
+"""Wall time minus the named phases."""
+PREFILL = "prefill"
+"""Prefilling requests admitted since the previous record (not yet emitted by every server)."""
+
+DECODE_PHASES: tuple[str, ...] = (DRAFT, VERIFY, VERIFY_SAMPLE, DRAFT_EXTEND, OTHER)
+"""The decode phases, in display order: what every server's records carry today."""
+ALL_PHASES: tuple[str, ...] = (PREFILL, *DECODE_PHASES)
+"""Every phase a record may carry, prefill first (it runs before the iteration it is counted in)."""
+
+# -- where the draft runs ----------------------------------------------------------------------
+SHARDED = "sharded"
+"""On the target's TP group, sharded like the target."""
+REPLICATED = "replicated"
+"""A full copy on every rank: no draft collectives."""
+RANK0 = "rank0"
+"""A full copy on rank 0 only; the others wait for its tokens."""
+PLACEMENTS: tuple[str, ...] = (SHARDED, REPLICATED, RANK0)
+
+# -- the knobs, by their server-arg names (SGLang's, plus our placement) -----------------------
+STEPS = "speculative_num_steps"
+TOPK = "speculative_eagle_topk"
+DRAFT_TOKENS = "speculative_num_draft_tokens"
+PLACEMENT = "speculative_draft_placement"
+KNOBS: tuple[str, ...] = (STEPS, TOPK, DRAFT_TOKENS, PLACEMENT)
+PINNED_STEPS = "specdecode_num_steps"
+"""The SGLang plugin's name for steps (it pins the adaptive tier; -1 unpins)."""
+
+# -- keys of one phase-stream record (GET /specdecode/phases) ---------------------------------
+R_SEQ = "seq"
+R_T = "t"
+R_RANK = "rank"
+R_EPOCH = "epoch"
+R_STEPS = "steps"
+R_TOPK = "topk"
+R_DRAFT_TOKENS = "num_draft_tokens"
+R_PLACEMENT = "placement"
+R_BS = "bs"
+R_COMMITTED = "committed"
+R_WALL_MS = "wall_ms"
+R_PHASE_MS = "phase_ms"
+R_COMM_MS = "comm_ms"
+R_COMM_CALLS = "comm_calls"
+R_COMM_CALLS_IN_GRAPH = "comm_calls_in_graph"
+R_ACCEPTED = "accepted"
+R_SIMULATED = "simulated"
+R_EMULATED_COMM = "emulated_comm"
+R_GRAPH_MODE = "graph_mode"
+R_CAPTURE = "capture"
+R_CAPTURES = "captures"
+RECORD_KEYS: frozenset[str] = frozenset({
+    R_SEQ, R_T, R_RANK, R_EPOCH, R_STEPS, R_TOPK, R_DRAFT_TOKENS, R_PLACEMENT, R_BS, R_COMMITTED,
+    R_WALL_MS, R_PHASE_MS, R_COMM_MS, R_COMM_CALLS, R_COMM_CALLS_IN_GRAPH, R_ACCEPTED, R_SIMULATED,
+    R_EMULATED_COMM, R_GRAPH_MODE, R_CAPTURE, R_CAPTURES,
+})
+"""Every key a record may carry; unknown fields are left out, never null."""
+
+
+# -- the draft tree's size bound ---------------------------------------------------------------
+def tree_pool(steps: int, topk: int) -> int:
+    """The candidate pool of an EAGLE tree: topk at the first step, topk² at each later one."""
+    return topk + (steps - 1) * topk * topk
+
+
+def tree_fits(steps: int, topk: int, num_draft_tokens: int) -> bool:
+    """Whether N draft tokens (the root included) fit the tree: N − 1 ≤ topk + (steps − 1)·topk²."""
+    return num_draft_tokens - 1 <= tree_pool(steps, topk)
