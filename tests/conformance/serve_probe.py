@@ -6,10 +6,11 @@ Helpers only (no fixtures, no assertions about SGLang's rules): the rules live i
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import httpx
+
+from tests.harness import wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 # Python source: what the shipped tiny model was trained on, so its drafts get accepted.
@@ -43,15 +44,16 @@ def phase_records(http: httpx.Client, after: int) -> tuple[int, list[dict]]:
 def wait_settled(http: httpx.Client, timeout: float = SETTLE_S) -> dict:
     """Wait until nothing is held by the server (the slot invariant's clean state) and return the
     last /specdecode/slots reading; a leak shows as a timeout naming what stayed held."""
-    end = time.monotonic() + timeout
-    while True:
-        s = http.get("/specdecode/slots").json()
-        held = s["running"] or s["waiting"] or s["reserved_rids"] or s["engine_requests"]
-        if not held and not s["problems"]:
-            return s
-        if time.monotonic() > end:
-            raise AssertionError(f"slots still held {timeout:.0f} s after the requests ended: {s}")
-        time.sleep(0.05)
+    last: dict = {}
+
+    def clean():
+        last.update(http.get("/specdecode/slots").json())
+        held = last["running"] or last["waiting"] or last["reserved_rids"] or last["engine_requests"]
+        return dict(last) if not held and not last["problems"] else None
+    try:
+        return wait_until(clean, timeout, "the server to hold no slot")
+    except AssertionError:
+        raise AssertionError(f"slots still held {timeout:.0f} s after the requests ended: {last}") from None
 
 
 def newest_seq(http: httpx.Client) -> int:

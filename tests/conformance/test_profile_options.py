@@ -13,7 +13,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 
 import httpx
 import pytest
@@ -21,6 +20,7 @@ import pytest
 from probes.capture import _is_capture_file
 from probes.trace_analysis import analyze_paths, find_rank_files
 from refengine.server.profiles import ProfileRequestError, parse_profile_request
+from tests.harness import wait_until
 from tests.server.helpers import MODEL_ARGS, ROOT, checked_server
 
 # (field, value, what SGLang does, what we do: a ProfileRequest attribute check or the refusal)
@@ -80,9 +80,7 @@ def test_prefixed_capture_written_as_sglang_names_it_and_analysed(tmp_path):
                                                                               "temperature": 0}}
         t = threading.Thread(target=lambda: http.post("/generate", json=body))
         t.start()
-        end = time.monotonic() + 120
-        while time.monotonic() < end and len(list(tmp_path.glob("*.trace.json.gz"))) < 2:
-            time.sleep(0.2)
+        wait_until(lambda: len(list(tmp_path.glob("*.trace.json.gz"))) >= 2, 120, "both ranks' trace files")
         t.join()
         names = sorted(p.name for p in tmp_path.iterdir())
         assert names == ["pre-cap1-TP-0.trace.json.gz", "pre-cap1-TP-1.trace.json.gz"]

@@ -12,13 +12,13 @@ import re
 import socket
 import struct
 import subprocess
-import time
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
 from refengine.server.app import _HTTPServer
+from tests.harness import wait_until
 from tests.server.helpers import MODEL_ARGS, checked_server
 
 KEY = "edge-key"
@@ -125,12 +125,7 @@ def metric(http, name: str, **labels: str) -> float:
 
 
 def wait_for(cond, timeout: float = 120.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
+    return bool(wait_until(cond, timeout, "the server's metrics to show it"))
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import threading
 import pytest
 import torch
 
+from tests.harness import wait_until
 from refengine.client import EngineClient, EngineOptions, GenRequest
 from refengine.compiled import compile_forward, configure_dynamo, recompiles
 from refengine.graphs import _in_body, in_graph_body
@@ -125,12 +126,11 @@ def test_engine_with_compile_decodes_as_plain_and_stops_compiling(tp):
 def _compiled_graphs(client) -> int:
     """The ranks' compiled-graph count, from stats that cover every iteration so far (ranks
     report every 0.25 s: wait until each rank's report has caught up with the phase stream)."""
-    import time
     done = client.stats()["iterations_total"]
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+
+    def caught_up():
         per_rank = client.stats()["per_rank"]
         if len(per_rank) == client.opts.tp_size and all(r["iterations"] >= done for r in per_rank.values()):
-            return max(r["graphs"]["compiled_graphs"] for r in per_rank.values())
-        threading.Event().wait(0.05)
-    raise AssertionError("the ranks' stats never caught up with the phase stream")
+            return per_rank
+    per_rank = wait_until(caught_up, 60, "the ranks' stats to cover every iteration")
+    return max(r["graphs"]["compiled_graphs"] for r in per_rank.values())
