@@ -25,8 +25,10 @@ FIXTURES = Path(__file__).parent / "fixtures" / "sglang_gpu"
 
 class ContractServer:
     def __init__(self, server_dir: Path, tp_size: int = 2, refuse: bool = False, write: bool = True,
-                 extra_names: tuple[str, ...] = ()):
+                 extra_names: tuple[str, ...] = (), trace_bytes: bytes | None = None):
+        """trace_bytes: what every rank file holds instead of the SGLang-shaped fixture."""
         self.server_dir, self.tp_size, self.refuse, self.write = server_dir, tp_size, refuse, write
+        self.trace_bytes = trace_bytes
         self.extra_names = extra_names
         self.bodies: list[dict] = []
         self.auth: list[str | None] = []
@@ -77,7 +79,8 @@ class ContractServer:
     def _export(self, out: Path, pid: str) -> None:
         time.sleep(0.2)
         for rank in range(self.tp_size):
-            data = (FIXTURES / f"1764490000.5-TP-{rank}.trace.json.gz").read_bytes()
+            data = self.trace_bytes if self.trace_bytes is not None else \
+                (FIXTURES / f"1764490000.5-TP-{rank}.trace.json.gz").read_bytes()
             target = out / f"{pid}-TP-{rank}.trace.json.gz"
             with open(target, "wb") as f:
                 f.write(data[: len(data) // 2])
