@@ -15,6 +15,7 @@ ALLOWED = {
     ("probes/test_capture.py", "_export"): "the stand-in profiler writes a trace slowly, as a real exporter "
                                            "does, so a reader that trusts a file's existence alone is caught",
     ("tui/make_fixture.py", "record"): "a script, not a test: it records the real engine at the TUI's 10 Hz tick",
+    ("hostile/conftest.py", "_peak_rss_mb"): "the pace of sampling a child's memory while it runs",
 }
 
 

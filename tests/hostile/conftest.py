@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,8 +29,23 @@ class Ran:
     max_rss_mb: float
 
 
+def _peak_rss_mb(pid: int, done: threading.Event, peak: list[float]) -> None:
+    """Sample the child's VmHWM (the high-water mark of its own address space, set after exec).
+    wait4's ru_maxrss is no good here: Linux carries the parent's high-water mark into a forked
+    child at exec, so a child of a pytest process that has loaded torch reads as that big."""
+    while not done.is_set():
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        peak[0] = max(peak[0], int(line.split()[1]) / 1024.0)
+        except OSError:
+            return
+        time.sleep(0.02)
+
+
 def run_cli(*args: str, env: dict | None = None) -> Ran:
-    """Run `python -m tuner ARGS` to its end; its peak RSS comes from wait4 on that child alone."""
+    """Run `python -m tuner ARGS` to its end; its peak RSS is sampled from /proc while it runs."""
     full_env = {k: v for k, v in os.environ.items() if k != "SPECDECODE_API_KEY"}
     full_env.update(PYTHONPATH=str(ROOT), **(env or {}))
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, open(os.devnull, "rb") as devnull:
@@ -43,15 +59,20 @@ def run_cli(*args: str, env: dict | None = None) -> Ran:
 
         timer = threading.Timer(HANG_S, kill)
         timer.start()
+        done, peak = threading.Event(), [0.0]
+        sampler = threading.Thread(target=_peak_rss_mb, args=(p.pid, done, peak), daemon=True)
+        sampler.start()
         try:
-            _, status, usage = os.wait4(p.pid, 0)
+            _, status, _ = os.wait4(p.pid, 0)
         finally:
             timer.cancel()
+            done.set()
+            sampler.join()
         p.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
         ran = Ran(p.returncode, out.read().decode("utf-8", "replace"), err.read().decode("utf-8", "replace"),
-                  usage.ru_maxrss / 1024.0)
+                  peak[0])
     if hung.is_set():
         pytest.fail(f"`{' '.join(args)}` still running after {HANG_S:.0f} s: {ran.err[-400:]}")
     return ran

@@ -3,7 +3,7 @@
 
 A command must end (the runner's hang detector fails the test otherwise), say what went wrong in
 one line per problem, never print a traceback or a terminal escape, and stay small in memory
-(peak RSS of that child, from wait4)."""
+(peak RSS of that child, sampled from /proc while it runs)."""
 
 from __future__ import annotations
 
