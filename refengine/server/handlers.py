@@ -553,6 +553,10 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(reply.body)))
             for k, v in reply.headers.items():
                 self.send_header(k, v)
+            if self.close_connection:
+                # Say so: a keep-alive client would otherwise send its next request on a
+                # connection the server is closing (e.g. after a 401 whose body was never read).
+                self.send_header("Connection", "close")
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(reply.body)

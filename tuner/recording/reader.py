@@ -333,7 +333,9 @@ class RecordingReader:
             if table not in self._tables:
                 continue
             try:
-                row = self.db.execute(f"SELECT seq FROM {table} WHERE t >= ? ORDER BY t LIMIT 1", (_f(t),)).fetchone()
+                # A damaged row may hold anything: only an integer seq counts.
+                row = self.db.execute(f"SELECT seq FROM {table} WHERE t >= ? AND typeof(seq) = 'integer' "
+                                      f"ORDER BY t LIMIT 1", (_f(t),)).fetchone()
             except _DB_ERRORS:
                 continue
             if row is not None:
