@@ -11,7 +11,9 @@ Must not talk to queues or processes (refengine.rank does).
 
 from __future__ import annotations
 
+import os
 import time
+import warnings
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -193,6 +195,8 @@ class Engine:
         """With the overlap scheduler: the iteration launched last, read after the next launch."""
         self._launches = 0
         self._pinned = self.device.type == "cuda"
+        # Diagnostics (benchmarks/gpu_smoke.py): count the host's waits for the GPU per step.
+        self._count_syncs = self._pinned and os.environ.get("SPECDECODE_COUNT_SYNCS") == "1"
         self._rows_key: tuple[int, ...] = ()
         self._rows_dev: torch.Tensor | None = None
         # Per KV-pool row, on the device: the committed length and the root (the last token, not
@@ -310,12 +314,35 @@ class Engine:
         With the overlap scheduler (SGLang's default): launch the next iteration, then read the
         one in flight, whose GPU work covered this host work; a request that the read finishes
         ran one more iteration on the GPU, whose results are dropped."""
+        if self._count_syncs:
+            return self._counting_syncs(self._step)
+        return self._step()
+
+    def _step(self) -> tuple[list[GenUpdate], dict | None]:
         reqs = self._runnable()
         nxt = self._launch(reqs) if reqs else None
         if not self.overlap:
             return self._read(nxt) if nxt is not None else ([], None)
         prev, self.inflight = self.inflight, nxt
         return self._read(prev) if prev is not None else ([], None)
+
+    def _counting_syncs(self, fn):
+        """fn() with torch's sync debug mode on: every call that makes the host wait for the
+        stream warns; the count goes in the record as `syncs` (the read's own event wait, which
+        the debug mode does not see, counted as one)."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                updates, record = fn()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        if record is not None:
+            syncs = [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message)]
+            record["syncs"] = len(syncs) + 1
+            if syncs:
+                record["sync_calls"] = syncs[:8]
+        return updates, record
 
     def drain(self) -> tuple[list[GenUpdate], dict | None]:
         """Read the iteration in flight, if any: before a setting changes (it ran the old one
