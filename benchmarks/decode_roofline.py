@@ -72,7 +72,8 @@ def bytes_per_token(cfg, ctx_mean: float, elt: int = 2) -> tuple[float, float]:
 # Engine variants: name -> EngineOptions fields on top of graphs on, TP1, no draft.
 VARIANTS = {
     "graphs": {},
-    "compile": {"enable_torch_compile": True},
+    "compile": {"enable_torch_compile": True},                 # the serve default: autotune on CUDA
+    "inductor-default": {"enable_torch_compile": True, "torch_compile_mode": "default"},
     "autotune": {"enable_torch_compile": True, "torch_compile_mode": "max-autotune-no-cudagraphs"},
     "eager": {"cuda_graph": "off"},
     # The same without the overlap scheduler: each iteration read before the next is launched.

@@ -180,8 +180,10 @@ class EngineOptions:
     """torch.compile the target's layers and the draft head (refengine.compiled; SGLang's switch)."""
     torch_compile_max_bs: int = 32
     """Batches above this run the layers uncompiled (SGLang's --torch-compile-max-bs)."""
-    torch_compile_mode: str = "default"
-    """Inductor mode: default or max-autotune-no-cudagraphs (CUDA graphs are refengine.graphs')."""
+    torch_compile_mode: str = "auto"
+    """Inductor mode: default or max-autotune-no-cudagraphs (CUDA graphs are refengine.graphs'); auto =
+    SGLang's choice, max-autotune-no-cudagraphs, on CUDA (its GEMM autotuning was worth 5 % of batch-1
+    decode on the H200: benchmarks/results/decode_roofline_h200_overlap.md) and default on CPU."""
     torch_compile_backend: str = "inductor"
     """inductor, or aot_eager: traced and checked like inductor but no code generated (CPU tests)."""
 

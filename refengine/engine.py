@@ -169,7 +169,10 @@ class Engine:
         prepare_head = None
         if opts.enable_torch_compile:
             from refengine.compiled import compile_models
-            prepare_head = compile_models(self.target, comm, opts.torch_compile_mode, opts.torch_compile_max_bs,
+            mode = opts.torch_compile_mode
+            if mode == "auto":
+                mode = "max-autotune-no-cudagraphs" if self.device.type == "cuda" else "default"
+            prepare_head = compile_models(self.target, comm, mode, opts.torch_compile_max_bs,
                                           opts.torch_compile_backend)
         self.kv = self.target.make_kv(self.rows + 1, self.row_len, dtype, device)
         self.eos = set(target.config.eos_token_ids)
