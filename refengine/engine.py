@@ -327,7 +327,8 @@ class Engine:
         record = {"t": time.time(), "epoch": cfg.epoch, "steps": s, "topk": k,
                   "num_draft_tokens": cfg.num_draft_tokens, "placement": cfg.placement, "bs": b,
                   "committed": committed, "wall_ms": wall, "phase_ms": ms, "comm_ms": cms,
-                  "comm_calls": calls, "accepted": acc_l, "simulated": self.simulate is not None and s > 0,
+                  "comm_calls": calls, "accepted": acc_l,
+                  "ctx": [r.seq_len - a - 1 for r, a in zip(reqs, acc_l)], "simulated": self.simulate is not None and s > 0,
                   "emulated_comm": self.comm.emulated, "graph_mode": self.graphs.mode,
                   # A capture makes this iteration slow for a reason that is not the config: the
                   # A/B readout and cost fits must skip records with capture = true.

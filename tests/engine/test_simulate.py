@@ -51,3 +51,21 @@ def test_simulator_parse_errors_and_solver():
         parse_simulate_accept("0.5,1.5")
     with pytest.raises(ConfigError, match="mean accept length"):
         parse_simulate_accept("fast")
+
+
+def test_records_carry_each_requests_context_before_the_commit():
+    # ctx[i] is request i's KV length when the iteration started: the prompt, then + (accepted + 1)
+    # per iteration, so it follows from the records alone.
+    opts = EngineOptions(max_running_requests=4, context_length=512, speculative_simulate_accept="0.7")
+    e = Engine(opts, Communicator(0, 1), presets.build_target("tiny"), presets.build_head("tiny-eagle3"),
+               torch.device("cpu"), torch.float32)
+    e.apply_config(SpecConfig(steps=3, num_draft_tokens=4, epoch=1))
+    prompts = [[3, 5, 7], [2, 4, 6, 8, 10]]
+    for i, p in enumerate(prompts):
+        e.add_request(GenRequest(f"c{i}", p, max_new_tokens=100, ignore_eos=True))
+    # After prefill a request's KV holds its prompt (the first output token is the next root).
+    want = [len(p) for p in prompts]
+    for _ in range(12):
+        rec = e.step()[1]
+        assert rec["ctx"] == want and len(rec["ctx"]) == len(rec["accepted"]) == rec["bs"]
+        want = [c + a + 1 for c, a in zip(want, rec["accepted"])]
