@@ -91,7 +91,8 @@ def collect(data: RecordingData, segments: list[Any]) -> list[SettingCounts]:
         if c is None:
             c = out[seg.key] = SettingCounts(seg.key, setting_label(seg.key), steps,
                                              topk if isinstance(topk, int) else 1)
-        ts, vs = verifies.between(seg.t0, seg.t1 + 1e-9)
+        # Segments are [t0, t1); the recording's last reading closes the last one.
+        ts, vs = verifies.between(seg.t0, math.nextafter(seg.t1, math.inf) if seg.t1 >= data.t_last else seg.t1)
         for t, v in zip(ts, vs):
             if not all(_same(k.get(t, math.nan), w) for k, w in zip(knobs, (steps, topk, ndt))):
                 continue
