@@ -23,7 +23,7 @@ from probes.names import DRAFT, DRAFT_EXTEND, OTHER, SHARDED, VERIFY, VERIFY_SAM
 from refengine import spec
 from refengine.comm import PHASES, Communicator
 from refengine.graphs import GROUP, LOCAL, GraphCache, graphed_chain, graphed_forward, resolve_mode
-from refengine.config import EngineOptions, ModelLimits, SpecConfig, parse_simulate_accept
+from refengine.config import EngineOptions, ModelLimits, SpecConfig, simulator
 from refengine.draft import DraftPlacement
 from refengine.messages import GenRequest, GenUpdate, SpecStats
 from refengine.models.layers import causal_meta, fuse_projections
@@ -146,7 +146,7 @@ class Engine:
             head = head.to(device, dtype).eval()
             self.draft = DraftPlacement(head, full_embed, self.target.model.embed_tokens, comm,
                                         self.rows + 1, self.row_len, dtype, device, prepare=prepare_head)
-        self.simulate = parse_simulate_accept(opts.speculative_simulate_accept)
+        self.simulate = simulator(opts)
         self.sim_gen = torch.Generator().manual_seed(opts.random_seed + 17)
         self.config = SpecConfig(steps=0, topk=1, num_draft_tokens=1, placement=SHARDED, epoch=-1)
         self.reqs: dict[str, Req] = {}
