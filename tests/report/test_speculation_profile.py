@@ -181,4 +181,4 @@ def test_the_markdown_report_has_the_bucket_table(tmp_path, capsys):
     assert rc == 0, err
     text = (tmp_path / "r.md").read_text()
     assert "Acceptance by batch size and context length" in text
-    assert "batch 8–15" in text and "context 256–511" in text and "context &lt; 256" in text   # escaped as every cell
+    assert "batch 8–15" in text and "context 256–511" in text and "context &lt; 256" in text
