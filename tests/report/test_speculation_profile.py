@@ -101,25 +101,25 @@ def test_read_takes_one_profile_or_a_list_of_one(tmp_path):
 
 # -- export from a recording with known counts ---------------------------------------------------------
 
-def _records(n_iters: int, seed: int = 1) -> list[dict]:
-    """Phase records of one chain setting: batches of 1..12 requests, contexts 50..1500."""
+def _records(n_iters: int, seed: int = 1, topk: int = 1, ndt: int = 4) -> list[dict]:
+    """Phase records of one setting (steps 3): batches of 1..12 requests, contexts 50..1500."""
     rnd = random.Random(seed)
     out = []
     for i in range(n_iters):
         bs = rnd.choice([1, 2, 5, 9, 12])
         acc = [min(3, int(rnd.expovariate(0.6))) for _ in range(bs)]
-        out.append({"seq": i + 1, "t": 1000.0 + i * 0.01, "epoch": 1, "steps": 3, "topk": 1, "num_draft_tokens": 4,
-                    "placement": "sharded", "bs": bs, "wall_ms": 5.0, "phase_ms": {"verify": 4.0},
+        out.append({"seq": i + 1, "t": 1000.0 + i * 0.01, "epoch": 1, "steps": 3, "topk": topk,
+                    "num_draft_tokens": ndt, "placement": "sharded", "bs": bs, "wall_ms": 5.0, "phase_ms": {"verify": 4.0},
                     "accepted": acc, "ctx": [rnd.randint(50, 1500) for _ in range(bs)]})
     return out
 
 
-def _record(path: Path, records: list[dict], page: int = 7) -> None:
+def _record(path: Path, records: list[dict], page: int = 7, setting: dict = CHAIN) -> None:
     info = {"kind": "refengine", "version": "0.1.0", "model": "/models/tiny/target", "tp_size": 2,
-            "launch": {**CHAIN, "model_path": "/models/tiny/target", "speculative_draft_model_path": "/m/eagle3"},
-            "active": dict(CHAIN)}
+            "launch": {**setting, "model_path": "/models/tiny/target", "speculative_draft_model_path": "/m/eagle3"},
+            "active": dict(setting)}
     rec = Recorder(path, {"backend": "refengine", "url": "http://127.0.0.1:1", "server_info": info,
-                          "active": dict(CHAIN), "launch": info["launch"], "command": "test"})
+                          "active": dict(setting), "launch": info["launch"], "command": "test"})
     reader = PhaseStreamReader()
     t0 = 2_000_000_000.0
     out = [Event(t0, "server_info", info)]
@@ -152,6 +152,17 @@ def test_the_export_has_the_recorded_counts_whole_and_per_bucket(tmp_path, capsy
         assert cat["acceptance_length_histogram"] == {str(j + 1): (h[j] if j < len(h) else 0) for j in range(4)}
     assert {"bs1", "bs2", "bs4", "bs8", "ctx1", "ctx256", "ctx512", "ctx1024"} <= set(p["per_category"])
     SP.check(p)
+
+
+def test_a_tree_setting_exports_as_measured_per_k(tmp_path, capsys):
+    tree = {**CHAIN, "speculative_eagle_topk": 2, "speculative_num_draft_tokens": 6}
+    _record(tmp_path / "tree.db", _records(300, topk=2, ndt=6), setting=tree)
+    rc, err = run(capsys, "report", tmp_path / "tree.db", "--speculation-profile", tmp_path / "p.json")
+    assert rc == 0, err
+    [p] = json.loads((tmp_path / "p.json").read_text())
+    assert p["accept_length_model"] == "measured_per_k" and p["num_speculative_tokens"] == 3
+    assert p["measurement_conditions"]["setting"]["speculative_eagle_topk"] == 2
+    assert "tree" in SP.simulator(p).refuse(3, 1)
 
 
 def test_the_export_needs_200_rounds_and_a_known_setting(tmp_path, capsys):
