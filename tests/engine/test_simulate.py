@@ -69,3 +69,24 @@ def test_records_carry_each_requests_context_before_the_commit():
         rec = e.step()[1]
         assert rec["ctx"] == want and len(rec["ctx"]) == len(rec["accepted"]) == rec["bs"]
         want = [c + a + 1 for c, a in zip(want, rec["accepted"])]
+
+
+def test_a_profile_drives_the_simulator_through_its_conditional_rates():
+    from probes.speculation_profile import build
+    from refengine.config import refuse_for_simulator, simulator
+    # Conditional rates 0.9, 0.5, 0.0 (the histogram's): position 3 is never accepted.
+    profile = build([10, 45, 45, 0], 3, chain=True)
+    opts = EngineOptions(max_running_requests=4, context_length=512, speculative_simulate_accept_profile=profile)
+    e = Engine(opts, Communicator(0, 1), presets.build_target("tiny"), presets.build_head("tiny-eagle3"),
+               torch.device("cpu"), torch.float32)
+    e.apply_config(SpecConfig(steps=3, num_draft_tokens=4, epoch=1))
+    for i in range(4):
+        e.add_request(GenRequest(f"p{i}", [3 + i, 5, 7], max_new_tokens=400, ignore_eos=True))
+    recs = [e.step()[1] for _ in range(60)]
+    assert all(r["simulated"] for r in recs)
+    acc = torch.tensor([a for r in recs for a in r["accepted"]], dtype=torch.float64)
+    p1, p2, p3 = ((acc >= k).double().mean().item() for k in (1, 2, 3))
+    assert abs(p1 - 0.9) < 0.08 and abs(p2 - 0.45) < 0.1 and p3 == 0.0
+    with pytest.raises(ConfigError, match="max_supported_k 3"):
+        refuse_for_simulator(simulator(opts), SpecConfig(steps=4, num_draft_tokens=5))
+    refuse_for_simulator(simulator(opts), SpecConfig(steps=2, num_draft_tokens=3))
