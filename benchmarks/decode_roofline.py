@@ -75,6 +75,9 @@ VARIANTS = {
     "compile": {"enable_torch_compile": True},
     "autotune": {"enable_torch_compile": True, "torch_compile_mode": "max-autotune-no-cudagraphs"},
     "eager": {"cuda_graph": "off"},
+    # The same without the overlap scheduler: each iteration read before the next is launched.
+    "graphs-sync": {"disable_overlap_schedule": True},
+    "compile-sync": {"enable_torch_compile": True, "disable_overlap_schedule": True},
 }
 
 

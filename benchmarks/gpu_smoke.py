@@ -109,7 +109,9 @@ def run_part(part: Part, a, report: dict) -> bool:
                  "strict": part.strict, "compile": part.compile}
     ok = True
     try:
-        srv = EngineProcess.start(argv, env={"PYTHONPATH": str(ROOT), **base_env()}, timeout_s=a.start_timeout_s,
+        # Every rank counts its waits for the GPU per step (records' `syncs`, refengine.engine).
+        srv = EngineProcess.start(argv, env={"PYTHONPATH": str(ROOT), "SPECDECODE_COUNT_SYNCS": "1", **base_env()},
+                                  timeout_s=a.start_timeout_s,
                                   cwd=ROOT)
         url = srv.url
         print(f"\n## {part.name}: serve {' '.join(argv)}  (ready in {time.time() - t0:.0f} s)")
@@ -258,12 +260,19 @@ def _costs(http, prompt: list[int], a, state) -> dict:
                           "wall_us": statistics.median(r["wall_ms"] for r in recs) * 1e3,
                           "comm_us": {p: med("comm_ms", p) * 1e3 for p in ("draft", "verify", "draft_extend")},
                           "calls_in_graph": recs[-1].get("comm_calls_in_graph", {}),
-                          "calls": recs[-1]["comm_calls"]}
+                          "calls": recs[-1]["comm_calls"],
+                          # Rank 0's waits for the GPU per iteration (None on CPU: not counted).
+                          "syncs_max": max((r["syncs"] for r in recs if "syncs" in r), default=None),
+                          "syncs_median": statistics.median(r["syncs"] for r in recs) if "syncs" in recs[0] else None,
+                          "sync_calls": sorted({c for r in recs for c in r.get("sync_calls", [])})[:8],
+                          "wall_over_phases": sum(r["wall_ms"] for r in recs) / max(1e-9, sum(
+                              v for r in recs for k, v in r["phase_ms"].items() if k != "other"))}
         c = res[placement]
         print(f"    {placement:<10} iters {c['iterations']:>3}  draft step {c['draft_step_us']:8.1f} µs  verify(4) "
               f"{c['verify4_us']:8.1f} µs  extend {c['draft_extend_us']:8.1f} µs  wall {c['wall_us']:8.1f} µs  "
               f"comm µs draft/verify {fmt(c['comm_us']['draft'], '{:.1f}')}/{fmt(c['comm_us']['verify'], '{:.1f}')}"
-              f"  collectives in graphs {c['calls_in_graph']}")
+              f"  collectives in graphs {c['calls_in_graph']}  syncs/iteration max {c['syncs_max']}"
+              f"  wall/phases {c['wall_over_phases']:.3f}" + (f"  sync calls {c['sync_calls']}" if c["sync_calls"] else ""))
     return res
 
 

@@ -34,6 +34,9 @@ class Clock:
     def sync(self) -> None:
         pass
 
+    def wait(self, mark) -> None:
+        """Until `mark` and everything before it on the stream has run (CPU: already has)."""
+
 
 class CudaClock(Clock):
     """CUDA events on the current stream (GPU path): read only after `sync()`."""
@@ -48,6 +51,10 @@ class CudaClock(Clock):
 
     def sync(self) -> None:
         torch.cuda.synchronize()
+
+    def wait(self, mark) -> None:
+        # The event alone, not the device: work launched after it keeps running.
+        mark.synchronize()
 
 
 @dataclass
@@ -145,18 +152,27 @@ class Communicator:
         for op, nbytes in ops:
             self._graph.append((self.phase, op, nbytes))
 
-    def drain_graph(self) -> tuple[dict[str, int], dict[str, int]]:
-        """Per-phase (calls, bytes) of collectives replayed inside graphs since the last drain."""
+    def take(self) -> tuple[list, list]:
+        """The collectives recorded since the last take, handed over for a later drain (an
+        iteration launched ahead is read after the next one has started recording)."""
+        pending, graph = self._pending, self._graph
+        self._pending, self._graph = [], []
+        return pending, graph
+
+    def drain_graph(self, graph: list | None = None) -> tuple[dict[str, int], dict[str, int]]:
+        """Per-phase (calls, bytes) of collectives replayed inside graphs since the last drain
+        (or in `graph`, from take())."""
         calls: dict[str, int] = defaultdict(int)
         nbytes: dict[str, int] = defaultdict(int)
-        for phase, op, size in self._graph:
+        for phase, op, size in (self._graph if graph is None else graph):
             calls[phase] += 1
             nbytes[phase] += size
             self.totals.calls[phase] += 1
             self.totals.bytes[phase] += size
             self.totals.by_op[op] += 1
             self.totals.graph_calls[phase] += 1
-        self._graph.clear()
+        if graph is None:
+            self._graph.clear()
         return dict(calls), dict(nbytes)
 
     def barrier(self) -> None:
@@ -167,12 +183,13 @@ class Communicator:
     def _op(self, op: str, t: torch.Tensor, factor: int = 1):
         return _Span(self, op, t.numel() * t.element_size() * factor)
 
-    def drain(self) -> tuple[dict[str, float], dict[str, int], dict[str, int]]:
-        """Per-phase (ms, calls, bytes) since the last drain; call after the clock's sync()."""
+    def drain(self, pending: list | None = None) -> tuple[dict[str, float], dict[str, int], dict[str, int]]:
+        """Per-phase (ms, calls, bytes) since the last drain (or in `pending`, from take()); call
+        once the clock's marks are complete (sync() or wait())."""
         ms: dict[str, float] = defaultdict(float)
         calls: dict[str, int] = defaultdict(int)
         nbytes: dict[str, int] = defaultdict(int)
-        for phase, op, size, a, b in self._pending:
+        for phase, op, size, a, b in (self._pending if pending is None else pending):
             t = self.clock.ms(a, b)
             ms[phase] += t
             calls[phase] += 1
@@ -181,7 +198,8 @@ class Communicator:
             self.totals.calls[phase] += 1
             self.totals.bytes[phase] += size
             self.totals.by_op[op] += 1
-        self._pending.clear()
+        if pending is None:
+            self._pending.clear()
         return dict(ms), dict(calls), dict(nbytes)
 
 

@@ -175,6 +175,9 @@ class EngineOptions:
     """CUDA events around every replay, reported per graph key in stats (benchmarks)."""
     cuda_graph_log: bool = True
     """Rank 0 prints one line per capture (they are in the phase records either way)."""
+    disable_overlap_schedule: bool = False
+    """Read each iteration's results before launching the next (SGLang's switch; by default the
+    next iteration is launched first, so host work hides behind the GPU: refengine.engine)."""
     enable_torch_compile: bool = False
     """torch.compile the target's layers and the draft head (refengine.compiled; SGLang's switch)."""
     torch_compile_max_bs: int = 32

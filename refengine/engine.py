@@ -11,7 +11,9 @@ Must not talk to queues or processes (refengine.rank does).
 
 from __future__ import annotations
 
+import os
 import time
+import warnings
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -52,6 +54,10 @@ class Req:
     """Coins for verification and sampling; drawn identically on every rank."""
     draft_gen: torch.Generator | None = None
     """Coins for sampled drafts (rejection sampling); drawn only where the draft runs."""
+    ahead: int = 0
+    """Tokens an iteration launched but not yet read may still commit (at most; 0 when none is)."""
+    launched: int = -1
+    """The launch count of the last iteration this request ran in."""
 
     def coins(self, n: int) -> torch.Tensor:
         return torch.rand(n, generator=self.gen, dtype=torch.float64)
@@ -65,7 +71,10 @@ class Req:
 
 
 class PhaseTimer:
-    """Inclusive time per phase of one iteration, plus the comm part from the communicator."""
+    """Inclusive time per phase of one iteration, plus the comm part from the communicator.
+
+    An iteration's marks and collectives are taken when it has been launched and read when its
+    results are (with the overlap scheduler the next iteration is launched in between)."""
 
     def __init__(self, comm: Communicator):
         self.comm = comm
@@ -81,20 +90,43 @@ class PhaseTimer:
         self.marks.append((name, start, self.comm.clock.mark()))
         self.comm.phase = prev
 
-    def collect(self) -> tuple[dict[str, float], dict[str, float], dict[str, int], dict[str, int]]:
-        """-> (ms, comm ms, comm calls, comm calls inside graphs) per phase. A phase whose
+    def take(self) -> tuple[list, tuple[list, list]]:
+        """What was timed since the last take: (marks, the communicator's (pending, in-graph))."""
+        marks, self.marks = self.marks, []
+        return marks, self.comm.take()
+
+    def collect(self, taken=None) -> tuple[dict[str, float], dict[str, float], dict[str, int], dict[str, int]]:
+        """-> (ms, comm ms, comm calls, comm calls inside graphs) per phase, of `taken` (whose
+        marks must be complete) or of everything so far (after a sync). A phase whose
         collectives ran (partly) inside graphs has no comm ms: their time is not measurable
         here (it comes from traces), and "not available" is not 0."""
-        self.comm.clock.sync()
+        if taken is None:
+            self.comm.clock.sync()
+            taken = self.take()
+        marks, (pending, graph) = taken
         ms = {p: 0.0 for p in PHASES}
-        for name, a, b in self.marks:
+        for name, a, b in marks:
             ms[name] += self.comm.clock.ms(a, b)
-        self.marks.clear()
-        gcalls, _ = self.comm.drain_graph()
-        cms, calls, _ = self.comm.drain()
+        gcalls, _ = self.comm.drain_graph(graph)
+        cms, calls, _ = self.comm.drain(pending)
         return (ms, {p: cms.get(p, 0.0) for p in PHASES if not gcalls.get(p)},
                 {p: calls.get(p, 0) + gcalls.get(p, 0) for p in PHASES},
                 {p: gcalls[p] for p in PHASES if gcalls.get(p)})
+
+
+@dataclass
+class _Launched:
+    """An iteration whose GPU work is queued and whose results the host has not read yet."""
+
+    n: int                      # launch count: which iteration a request was last launched in
+    reqs: list[Req]
+    cfg: SpecConfig
+    n_tok: int
+    host_s: float               # host seconds its launch took (from the command before it)
+    results: torch.Tensor       # [B, 2 + s + 1]: accepted, bonus, tokens on the path (host memory)
+    done: object                # the clock mark after the results' copy: wait on it, then read
+    timed: tuple                # PhaseTimer.take() of this iteration
+    captures: list
 
 
 class _GraphedHead:
@@ -158,6 +190,20 @@ class Engine:
                                  time_replays=opts.cuda_graph_timing, off_reason=why)
         self._since: float | None = None
         """Start of work done between iterations (prefill, config), counted in the next record."""
+        self.overlap = not opts.disable_overlap_schedule
+        self.inflight: _Launched | None = None
+        """With the overlap scheduler: the iteration launched last, read after the next launch."""
+        self._launches = 0
+        self._pinned = self.device.type == "cuda"
+        # Diagnostics (benchmarks/gpu_smoke.py): count the host's waits for the GPU per step.
+        self._count_syncs = self._pinned and os.environ.get("SPECDECODE_COUNT_SYNCS") == "1"
+        self._rows_key: tuple[int, ...] = ()
+        self._rows_dev: torch.Tensor | None = None
+        # Per KV-pool row, on the device: the committed length and the root (the last token, not
+        # yet in the KV). An iteration reads them and writes the next ones, so the next iteration
+        # can be launched before the host has read this one's results.
+        self.row_seq = torch.zeros(self.rows + 1, dtype=torch.long, device=device)
+        self.row_root = torch.zeros(self.rows + 1, dtype=torch.long, device=device)
 
     def compiled_graphs(self) -> int | None:
         """Graphs torch.compile has built on this rank (None when compile is off): a count that
@@ -219,6 +265,8 @@ class Engine:
             else:
                 first = int(last[0, 0].argmax(-1).item())
             r.seq_len = n
+            self.row_seq[r.row] = n
+            self.row_root[r.row] = first
         self.reqs[r.rid] = r
         if self.draft is not None:
             # SGLang's _draft_extend_for_prefill, whatever the steps: tier 0 keeps the draft warm.
@@ -243,28 +291,82 @@ class Engine:
         from here, so the broadcast, config changes and prefills count in that iteration's
         `other`. What was timed while no request ran (idle heartbeats, an idle config change)
         belongs to no iteration and is dropped, or it would show up as comm larger than wall."""
-        if not any(not r.finished for r in self.reqs.values()):
+        if not self.busy:
             self.timer.collect()
         self._since = time.perf_counter()
 
+    @property
+    def busy(self) -> bool:
+        """A request is running or an iteration's results are still to be read."""
+        return self.inflight is not None or any(not r.finished for r in self.reqs.values())
+
+    def _runnable(self) -> list[Req]:
+        """The requests the next iteration runs: every running one, except those that the
+        iteration in flight finishes by length for certain (it commits at least one token)."""
+        return [r for r in self.reqs.values()
+                if not r.finished and not (r.ahead and r.completion_tokens + 1 >= r.params.max_new_tokens)]
+
     @torch.no_grad()
-    def step(self) -> tuple[list[GenUpdate], dict]:
-        """One decode iteration over every running request. Returns (updates, phase record)."""
+    def step(self) -> tuple[list[GenUpdate], dict | None]:
+        """One iteration -> (updates, phase record or None).
+
+        Without overlap: launch an iteration over every running request and read its results.
+        With the overlap scheduler (SGLang's default): launch the next iteration, then read the
+        one in flight, whose GPU work covered this host work; a request that the read finishes
+        ran one more iteration on the GPU, whose results are dropped."""
+        if self._count_syncs:
+            return self._counting_syncs(self._step)
+        return self._step()
+
+    def _step(self) -> tuple[list[GenUpdate], dict | None]:
+        reqs = self._runnable()
+        nxt = self._launch(reqs) if reqs else None
+        if not self.overlap:
+            return self._read(nxt) if nxt is not None else ([], None)
+        prev, self.inflight = self.inflight, nxt
+        return self._read(prev) if prev is not None else ([], None)
+
+    def _counting_syncs(self, fn):
+        """fn() with torch's sync debug mode on: every call that makes the host wait for the
+        stream warns; the count goes in the record as `syncs` (the read's own event wait, which
+        the debug mode does not see, counted as one)."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                updates, record = fn()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        if record is not None:
+            syncs = [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message)]
+            record["syncs"] = len(syncs) + 1
+            if syncs:
+                record["sync_calls"] = syncs[:8]
+        return updates, record
+
+    def drain(self) -> tuple[list[GenUpdate], dict | None]:
+        """Read the iteration in flight, if any: before a setting changes (it ran the old one
+        and its record says so) and at shutdown."""
+        prev, self.inflight = self.inflight, None
+        return self._read(prev) if prev is not None else ([], None)
+
+    def _launch(self, reqs: list[Req]) -> _Launched:
+        """Queue one iteration's work over `reqs`; nothing here waits for the device."""
         t0 = min(time.perf_counter(), self._since or float("inf"))
         self._since = None
-        reqs = [r for r in self.reqs.values() if not r.finished]
         cfg = self.config
         s, k = cfg.steps, cfg.topk
         # Steps 0 is SGLang's tier 0: a one-token verify (N = 1) and, below, a draft-extend.
         n_tok = cfg.num_draft_tokens if s > 0 else 1
-        b, dev = len(reqs), self.device
-        # One host-to-device copy for the per-request ints, and no device read to learn whether
-        # anything samples (each is a launch or a sync on the per-iteration path).
-        rows, seq, roots = torch.tensor([[r.row, r.seq_len, r.tokens[-1]] for r in reqs]).to(dev).unbind(1)
+        b = len(reqs)
+        rows = self._rows([r.row for r in reqs])
+        seq, roots = self.row_seq[rows], self.row_root[rows]
+        # Whether anything samples is known on the host (a device read is a sync).
         sampled = any(r.params.temperature > 0 for r in reqs)
-        temps = torch.tensor([r.params.temperature for r in reqs], device=dev) if sampled else None
+        temps = self._h2d([r.params.temperature for r in reqs], torch.float32) if sampled else None
         rejection = sampled and s > 0 and k == 1 and self.opts.speculative_use_rejection_sampling
-        ctx = self._bucket(max(r.seq_len for r in reqs) + max(n_tok, s * k) + 1)
+        # The host's lengths lag the device's by the iteration in flight: bound them.
+        ctx = self._bucket(max(r.seq_len + r.ahead for r in reqs) + max(n_tok, s * k) + 1)
         q = None
         if s > 0:
             with self.timer.phase(DRAFT):
@@ -278,7 +380,7 @@ class Engine:
                         q = self.comm.broadcast(q.contiguous(), 0)
                 tokens, parents, depth = tree[:, 0], tree[:, 1], tree[:, 2]
                 meta = (causal_meta(rows, seq[:, None] + depth, ctx) if k == 1
-                        else spec.tree_meta(rows, seq, parents, depth, ctx))
+                        else spec.tree_meta(rows, seq, parents, depth, ctx, levels=s))
             else:
                 tokens = roots[:, None]
                 parents = torch.full_like(tokens, -1)
@@ -288,47 +390,73 @@ class Engine:
             path, accepted, bonus = self._accept(reqs, tokens, parents, logits, temps, q, sampled, rejection, s)
             if k > 1 and s > 0:
                 # Tree: move the accepted nodes' K/V to the front of the window (slot seq+t).
-                t_idx = torch.arange(s + 1, device=dev)[None]
+                t_idx = torch.arange(s + 1, device=self.device)[None]
                 src = seq[:, None] + torch.where(path >= 0, path, t_idx)
                 self.kv.copy_slots(rows, src, seq[:, None] + t_idx)
             tok_path = tokens.gather(1, path.clamp(min=0))
-            # One device-to-host read for the iteration's decisions.
-            got = torch.cat([accepted[:, None], bonus[:, None], tok_path], 1).tolist()
-            acc_l, bonus_l, tok_l = [g[0] for g in got], [g[1] for g in got], [g[2:] for g in got]
-            updates, committed = [], 0
-            for i, r in enumerate(reqs):
-                j = acc_l[i]
-                if self.draft is not None:
-                    self._count(r, j, n_tok)
-                r.seq_len += j + 1
-                u = self._commit_tokens(r, tok_l[i][1: j + 1] + [bonus_l[i]])
-                committed += j + 1
-                if u is not None:
-                    updates.append(u)
+            self.row_seq[rows] = seq + accepted + 1
+            self.row_root[rows] = bonus
+            # One device-to-host copy of the iteration's decisions, read later.
+            results = self._d2h(torch.cat([accepted[:, None], bonus[:, None], tok_path], 1))
         if self.draft is not None:
             # Tier 0 included (SGLang's eagle_worker_v2 forward_batch_generation): the draft
             # stays warm, so nothing is caught up when drafting resumes.
             with self.timer.phase(DRAFT_EXTEND):
                 self._extend(rows, seq, tokens, path, accepted, bonus, aux, n_tok, ctx)
+        self._launches += 1
         for r in reqs:
-            if r.finished:
-                self.reqs.pop(r.rid, None)
+            r.ahead, r.launched = s + 1, self._launches
+        done = self.timer.marks[-1][2]
+        return _Launched(self._launches, reqs, cfg, n_tok, time.perf_counter() - t0, results, done, self.timer.take(),
+                         [e.as_dict() for e in self.graphs.drain_events()])
+
+    def _read(self, f: _Launched) -> tuple[list[GenUpdate], dict]:
+        """Wait for a launched iteration, commit its tokens -> (updates, phase record)."""
+        t_read = time.perf_counter()
+        self.comm.clock.wait(f.done)
+        got = f.results.tolist()
+        cfg, s, k = f.cfg, f.cfg.steps, f.cfg.topk
+        updates, committed, acc_l, dropped = [], 0, [], 0
+        ctx_l: list[int] = []     # each request's context before this commit, aligned with acc_l
+        with record_function("specdecode.commit"):   # host work: in `other`, hidden when overlapped
+            for r, g in zip(f.reqs, got):
+                if r.launched == f.n:
+                    r.ahead = 0
+                if r.finished:
+                    dropped += 1        # finished by the iteration before (or aborted)
+                    continue
+                j = g[0]
+                acc_l.append(j)
+                ctx_l.append(r.seq_len)
+                if self.draft is not None:
+                    self._count(r, j, f.n_tok)
+                r.seq_len += j + 1
+                u = self._commit_tokens(r, g[3: 3 + j] + [g[1]])
+                committed += j + 1
+                if u is not None:
+                    updates.append(u)
+        for r in f.reqs:
+            if r.finished and self.reqs.get(r.rid) is r:
+                self.reqs.pop(r.rid)
                 self.free_rows.append(r.row)
-        ms, cms, calls, gcalls = self.timer.collect()
-        captures = [e.as_dict() for e in self.graphs.drain_events()]
+        ms, cms, calls, gcalls = self.timer.collect(f.timed)
+        captures = f.captures
         if captures and self.rank == 0 and self.opts.cuda_graph_log:
             for c in captures:
                 print(f"refengine: graph {'captured' if c['ok'] else 'capture FAILED'} {c['phase']} "
                       f"{c['placement']} rows={c['rows']} shape={c['shape']} in {c['ms']:.1f} ms"
                       + (f" ({c['reason']})" if c["reason"] else ""), flush=True)
-        wall = (time.perf_counter() - t0) * 1e3
+        # The host time of this iteration's launch and read (overlapped, the next launch runs
+        # between them and is its own iteration's): the records' walls add up to the busy time,
+        # and the wait for the GPU is in the read.
+        wall = (f.host_s + time.perf_counter() - t_read) * 1e3
         ms[OTHER] += max(0.0, wall - sum(ms.values()))
         self.iteration += 1
         record = {"t": time.time(), "epoch": cfg.epoch, "steps": s, "topk": k,
-                  "num_draft_tokens": cfg.num_draft_tokens, "placement": cfg.placement, "bs": b,
+                  "num_draft_tokens": cfg.num_draft_tokens, "placement": cfg.placement, "bs": len(f.reqs),
                   "committed": committed, "wall_ms": wall, "phase_ms": ms, "comm_ms": cms,
-                  "comm_calls": calls, "accepted": acc_l,
-                  "ctx": [r.seq_len - a - 1 for r, a in zip(reqs, acc_l)], "simulated": self.simulate is not None and s > 0,
+                  "comm_calls": calls, "accepted": acc_l, "ctx": ctx_l,
+                  "simulated": self.simulate is not None and s > 0,
                   "emulated_comm": self.comm.emulated, "graph_mode": self.graphs.mode,
                   # A capture makes this iteration slow for a reason that is not the config: the
                   # A/B readout and cost fits must skip records with capture = true.
@@ -337,7 +465,35 @@ class Engine:
             record["captures"] = captures
         if gcalls:
             record["comm_calls_in_graph"] = gcalls
+        if dropped:
+            record["dropped"] = dropped
         return updates, record
+
+    # -- host <-> device, without waiting ---------------------------------------------------------
+    def _rows(self, rows: list[int]) -> torch.Tensor:
+        """The batch's KV-pool rows on the device, copied only when the batch changed."""
+        key = tuple(rows)
+        if key != self._rows_key or self._rows_dev is None:
+            self._rows_key, self._rows_dev = key, self._h2d(rows, torch.long)
+        return self._rows_dev
+
+    def _h2d(self, values, dtype: torch.dtype) -> torch.Tensor:
+        return self._to_dev(torch.tensor(values, dtype=dtype))
+
+    def _to_dev(self, t: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the device. From pinned memory and non-blocking on CUDA: a plain copy
+        from pageable memory waits for the whole stream, i.e. for the iteration in flight."""
+        if not self._pinned:
+            return t.to(self.device)
+        return t.pin_memory().to(self.device, non_blocking=True)
+
+    def _d2h(self, t: torch.Tensor) -> torch.Tensor:
+        """A device tensor's copy in host memory, valid once the clock's next mark has run."""
+        if not self._pinned:
+            return t.to("cpu")
+        out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        out.copy_(t, non_blocking=True)
+        return out
 
     # -- graphed forwards ------------------------------------------------------------------------
     def _head(self, phase: str) -> "_GraphedHead":
@@ -369,7 +525,7 @@ class Engine:
                                        s, k, n, ctx)
                 return torch.stack(tree, 1), None
             if rejection:
-                coins = torch.stack([r.draft_gen_draw(s) for r in reqs]).to(dev)
+                coins = self._to_dev(torch.stack([r.draft_gen_draw(s) for r in reqs]))
                 drafts, q = spec.draft_chain_sample(self._head("draft_step"), d.kv, rows, seq, first_logits, hidden, s, ctx,
                                                     temps, coins, self.target.config.vocab_size)
             else:
@@ -385,12 +541,14 @@ class Engine:
     def _accept(self, reqs, tokens, parents, logits, temps, q, sampled, rejection, s):
         """verify_sample's decision: (path [B, s+1] node ids, accepted [B], bonus [B])."""
         b, dev = tokens.shape[0], tokens.device
-        coins = (torch.stack([r.coins(s + 2) for r in reqs]).to(dev) if sampled else None)
+        coins = self._to_dev(torch.stack([r.coins(s + 2) for r in reqs])) if sampled else None
         probs = None
         if sampled:
-            top_k = torch.tensor([r.params.top_k for r in reqs], device=dev)
-            top_p = torch.tensor([r.params.top_p for r in reqs], device=dev, dtype=torch.float64)
-            probs = spec.sampling_probs(logits, temps, top_k, top_p)
+            v = logits.shape[-1]
+            top_k = self._h2d([r.params.top_k for r in reqs], torch.long)
+            top_p = self._h2d([r.params.top_p for r in reqs], torch.float64)
+            filtered = any(0 < r.params.top_k < v or r.params.top_p < 1 for r in reqs)
+            probs = spec.sampling_probs(logits, temps, top_k, top_p, filtered)
         if s == 0:
             path = torch.zeros(b, 1, dtype=torch.long, device=dev)
             accepted = torch.zeros(b, dtype=torch.long, device=dev)
@@ -420,8 +578,8 @@ class Engine:
         from the configured curve (seeded, the same draw on every rank), following each node's
         first child. Output tokens are then the drafts, not the target's choice."""
         alphas = self.simulate.alphas(s)
-        u = torch.rand(tokens.shape[0], s, generator=self.sim_gen).to(tokens.device)
-        ok = u < torch.tensor(alphas, device=tokens.device)[None]
+        u = torch.rand(tokens.shape[0], s, generator=self.sim_gen)
+        ok = self._to_dev(u < torch.tensor(alphas, dtype=u.dtype)[None])
         want = ok.to(torch.int32).cumprod(1).sum(1)
         rows = torch.arange(tokens.shape[0], device=tokens.device)
         if self.config.topk == 1:

@@ -144,7 +144,7 @@ class Follower:
     # rank 0 only -------------------------------------------------------------------------------
     def _next_command(self) -> Command:
         cmd = Command()
-        busy = bool(self.engine.reqs)
+        busy = self.engine.busy
         deadline = time.monotonic() + (0 if busy else HEARTBEAT_S)
         while True:
             timeout = max(0.0, deadline - time.monotonic())
@@ -188,6 +188,10 @@ class Follower:
 
     def _execute(self, cmd: Command) -> bool:
         e = self.engine
+        if cmd.config is not None or cmd.shutdown:
+            # The iteration in flight ran the old setting: read it first, so its record carries
+            # the old epoch and every record after the ack carries the new one.
+            self._publish(*e.drain())
         if cmd.config is not None:
             e.apply_config(cmd.config)
             self.out_q.put(("config_applied", self.rank, cmd.config.epoch))
@@ -202,19 +206,23 @@ class Follower:
         if cmd.shutdown:
             self._send_stats(force=True)
             return True
-        if any(not r.finished for r in e.reqs.values()):
-            updates, record = e.step()
+        if e.busy:
+            self._publish(*e.step())
             if self.profiler is not None:
                 self.profile_steps += 1
                 self.profiler.step()
-            self._accumulate(record)
-            if self.rank == 0:
-                # The record first: a reader woken by a final update already has its iteration.
-                self.out_q.put(("phase", record))
-                for u in updates:
-                    self.out_q.put(("update", u))
         self._send_stats()
         return False
+
+    def _publish(self, updates, record) -> None:
+        if record is None:
+            return
+        self._accumulate(record)
+        if self.rank == 0:
+            # The record first: a reader woken by a final update already has its iteration.
+            self.out_q.put(("phase", record))
+            for u in updates:
+                self.out_q.put(("update", u))
 
     def _emit(self, update) -> None:
         if update is not None and self.rank == 0:

@@ -165,15 +165,18 @@ def draft_tree(head: Eagle3Head, kv: KVPool, rows: torch.Tensor, seq_lens: torch
 
 
 def tree_meta(rows: torch.Tensor, seq_lens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor,
-              ctx: int) -> AttnMeta:
+              ctx: int, levels: int | None = None) -> AttnMeta:
     """Verify inputs for a tree: node i at position seq_len + depth(i), slot seq_len + i, seeing
-    the committed prefix, its ancestors and itself (eagle3.md §2.3)."""
+    the committed prefix, its ancestors and itself (eagle3.md §2.3). levels: an upper bound on the
+    depth known on the host (the draft's steps); without it the depth is read from the device."""
     b, n = parents.shape
     dev = parents.device
     eye = torch.eye(n, dtype=torch.bool, device=dev).expand(b, n, n)
     par = parents.clamp(min=0)
     anc = eye.clone()
-    for _ in range(int(depth.max().item()) if depth.numel() else 0):
+    if levels is None:
+        levels = int(depth.max().item()) if depth.numel() else 0
+    for _ in range(levels):   # extra rounds change nothing: the closure is already complete
         up = anc.gather(1, par[:, :, None].expand(b, n, n)) & (parents >= 0)[:, :, None]
         anc = anc | up
     cols = torch.arange(ctx, device=dev)
@@ -252,16 +255,20 @@ def subtree_height(parents: torch.Tensor, steps: int) -> torch.Tensor:
 
 
 def sampling_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                   top_p: torch.Tensor) -> torch.Tensor:
+                   top_p: torch.Tensor, filtered: bool | None = None) -> torch.Tensor:
     """Target probabilities as SGLang samples them: logits / T, softmax, top-k then top-p
-    renormalisation. Rows with T = 0 become one-hot at the argmax. Shapes [B, N, V] and [B]."""
+    renormalisation. Rows with T = 0 become one-hot at the argmax. Shapes [B, N, V] and [B].
+    filtered: whether any row has top-k < V or top-p < 1, when the caller knows it from host-side
+    values (otherwise it is read from the device: a sync that would stall an overlapped launch)."""
     lf = logits.double() if logits.dtype == torch.float64 else logits.float()
     greedy = temperature <= 0
     t = torch.where(greedy, torch.ones_like(temperature), temperature).to(lf.dtype)
     probs = torch.softmax(lf / t[:, None, None], -1)
     v = probs.shape[-1]
     k = torch.where((top_k <= 0) | (top_k > v), torch.full_like(top_k, v), top_k)
-    if bool((k < v).any()) or bool((top_p < 1).any()):
+    if filtered is None:
+        filtered = bool((k < v).any()) or bool((top_p < 1).any())
+    if filtered:
         sp, si = probs.sort(-1, descending=True)
         ranks = torch.arange(v, device=probs.device)
         cum = sp.cumsum(-1) - sp                               # mass strictly before each token

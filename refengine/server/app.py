@@ -127,6 +127,7 @@ def engine_options(opts: ServerOptions) -> Any:
         "speculative_draft_model_path": opts.speculative_draft_model_path,
         "cuda_graph": "off" if opts.disable_cuda_graph else opts.cuda_graph_mode,
         "enable_torch_compile": opts.enable_torch_compile, "torch_compile_max_bs": opts.torch_compile_max_bs,
+        "disable_overlap_schedule": opts.disable_overlap_schedule,
         "speculative_use_rejection_sampling": opts.speculative_use_rejection_sampling,
     }
     if opts.model_path is not None:

@@ -56,6 +56,7 @@ class ServerOptions:
     skip_server_warmup: bool = False
     disable_cuda_graph: bool = False
     cuda_graph_mode: str = "auto"
+    disable_overlap_schedule: bool = False
     enable_torch_compile: bool = False
     torch_compile_max_bs: int = 32
     random_seed: int = 0
@@ -169,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--cuda-graph-mode", default="auto", choices=("auto", "off", "static", "cuda"),
                    help="auto: CUDA graphs on CUDA, eager on CPU; static: the CPU stand-in with the same "
                         "buffers and keys (for testing)")
+    r.add_argument("--disable-overlap-schedule", action="store_true",
+                   help="read each iteration's results before launching the next (default: overlap them)")
     r.add_argument("--enable-torch-compile", action="store_true",
                    help="torch.compile the decode forwards (target layers, draft head) inside the CUDA graphs")
     r.add_argument("--torch-compile-max-bs", type=_positive_int, default=32,
@@ -285,6 +288,7 @@ def parse_options(argv: list[str]) -> ServerOptions:
         enable_metrics=True, decode_log_interval=a.decode_log_interval,
         emulate_comm_latency=a.emulate_comm_latency, skip_server_warmup=a.skip_server_warmup,
         disable_cuda_graph=a.disable_cuda_graph, cuda_graph_mode=a.cuda_graph_mode,
+        disable_overlap_schedule=a.disable_overlap_schedule,
         enable_torch_compile=a.enable_torch_compile, torch_compile_max_bs=a.torch_compile_max_bs,
         random_seed=a.random_seed,
         # The key by value too: argparse also takes abbreviations (`--api-ke K`, `--api=K`).

@@ -4,6 +4,7 @@ over the committed tokens, so compaction and positions are right, not just the b
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from refengine import presets
@@ -16,10 +17,12 @@ from refengine.models.layers import causal_meta
 torch.set_num_threads(1)
 
 
-def _engine() -> Engine:
+def _engine(overlap: bool = False) -> Engine:
+    """Without overlap by default: the KV checks read the pools after each iteration's own writes
+    (overlapped, the next iteration has already written its drafts there)."""
     target = presets.build_target("tiny-agreeing")
     head = presets.build_head("tiny-agreeing-eagle3")
-    opts = EngineOptions(max_running_requests=3, context_length=128)
+    opts = EngineOptions(max_running_requests=3, context_length=128, disable_overlap_schedule=not overlap)
     return Engine(opts, Communicator(0, 1), target, head, torch.device("cpu"), torch.float64)
 
 
@@ -66,10 +69,11 @@ def test_kv_equals_recomputation_after_every_iteration():
     assert accepted_multi, "no cycle accepted two drafts: the checkpoint does not agree"
 
 
-def test_stops_truncate_after_eos_and_budget():
-    e = _engine()
+@pytest.mark.parametrize("overlap", [False, True])
+def test_stops_truncate_after_eos_and_budget(overlap):
+    e = _engine(overlap)
     e.apply_config(SpecConfig(steps=5, num_draft_tokens=6, epoch=1))
-    plain = _engine()
+    plain = _engine(overlap)
     plain.apply_config(SpecConfig(steps=0, num_draft_tokens=1, epoch=1))
     outs = {}
     for eng, tag in ((plain, "plain"), (e, "spec")):
@@ -90,3 +94,66 @@ def test_stops_truncate_after_eos_and_budget():
                 final = u if u.finished else final
         assert toks == outs["plain"][: outs["plain"].index(stop) + 1]
         assert final.finish_reason == "stop" and final.matched == stop
+
+
+def _scripted(overlap: bool, stop: int) -> tuple[dict[str, list[int]], dict, list[dict]]:
+    """One fixed script: arrivals mid-run, an abort, a stop token, sampled and greedy requests, a
+    chain, tier 0 and a tree, each change made the way the rank loop makes it (the iteration in
+    flight read first). -> (tokens per request, final statistics per request, records)."""
+    e = _engine(overlap)
+    toks: dict[str, list[int]] = {}
+    stats: dict[str, object] = {}
+    records: list[dict] = []
+
+    def keep(updates, rec=None):
+        for u in updates:
+            toks.setdefault(u.rid, []).extend(u.token_ids)
+            if u.finished:
+                stats[u.rid] = (u.finish_reason, u.spec)
+        if rec is not None:
+            records.append(rec)
+
+    def add(rid, prompt, **kw):
+        keep([e.add_request(GenRequest(rid, prompt, **kw))])
+
+    def change(cfg):
+        keep(*e.drain())
+        e.apply_config(cfg)
+
+    e.apply_config(SpecConfig(steps=3, num_draft_tokens=4, epoch=1))
+    add("greedy", [2, 40, 6], max_new_tokens=30, ignore_eos=True)
+    add("sampled", [10, 12, 14], max_new_tokens=25, ignore_eos=True, temperature=0.8, seed=7)
+    script = {2: lambda: add("late", [90, 7, 3], max_new_tokens=12, stop_token_ids=[stop]),
+              4: lambda: keep([e.abort("sampled")]),
+              5: lambda: change(SpecConfig(steps=0, num_draft_tokens=1, epoch=2)),
+              7: lambda: add("again", [5, 6, 7, 8], max_new_tokens=9, ignore_eos=True, temperature=0.5, seed=3),
+              8: lambda: change(SpecConfig(steps=3, topk=2, num_draft_tokens=6, epoch=3))}
+    for it in range(40):
+        if it in script:
+            script[it]()
+        keep(*e.step())
+    keep(*e.drain())
+    assert not e.busy and not e.reqs
+    return toks, stats, records
+
+
+def test_overlap_scheduler_runs_the_same_iterations():
+    """Overlapped, an iteration is launched before the previous one is read; every request must
+    still get exactly the tokens and statistics it gets without overlap (an aborted one: a prefix,
+    since the iteration in flight at the abort is dropped)."""
+    ref = _engine()
+    ref.apply_config(SpecConfig(steps=0, num_draft_tokens=1, epoch=1))
+    late = list(ref.add_request(GenRequest("p", [90, 7, 3], max_new_tokens=8, ignore_eos=True)).token_ids)
+    while ref.busy:
+        late += [t for u in ref.step()[0] for t in u.token_ids]
+    stop = late[5]
+    plain_toks, plain_stats, plain_recs = _scripted(False, stop)
+    toks, stats, recs = _scripted(True, stop)
+    assert plain_stats["late"][0] == "stop" and plain_stats["sampled"][0] == "abort"
+    aborted = toks.pop("sampled")
+    assert aborted == plain_toks.pop("sampled")[:len(aborted)]
+    assert toks == plain_toks
+    assert {k: v for k, v in stats.items() if k != "sampled"} == {k: v for k, v in plain_stats.items() if k != "sampled"}
+    assert [r["epoch"] for r in recs] == sorted(r["epoch"] for r in recs)
+    # A request finished by a stop token ran one more iteration whose result was dropped.
+    assert any(r.get("dropped") for r in recs) and not any(r.get("dropped") for r in plain_recs)

@@ -260,27 +260,33 @@ def test_graphed_chain_equals_the_eager_chain_and_keeps_its_state_in_the_key(tin
     assert c.stats.replays == (4 - 1) + (3 - 1) + (5 - 1) + (2 - 1) - 2
 
 
-def _engine(mode: str):
+def _engine(mode: str, overlap: bool = False):
     from refengine.config import EngineOptions, SpecConfig
     from refengine.engine import Engine
 
     opts = EngineOptions(model_path="tiny-agreeing", load_format="dummy", dtype="float64", max_running_requests=4,
-                         context_length=256, cuda_graph=mode)
+                         context_length=256, cuda_graph=mode, disable_overlap_schedule=not overlap)
     target, head = presets.load_models("tiny-agreeing", None, "dummy")
     e = Engine(opts, Communicator(0, 1), target, head, torch.device("cpu"), torch.float64)
     return e, SpecConfig
 
 
-def _drive(mode: str) -> list[tuple]:
+def _drive(mode: str, overlap: bool = False) -> list[tuple]:
     """A fixed schedule in one process: chain, steps 0 (tier 0: the draft extended every iteration), back on with
-    another placement, a tree. Returns every iteration's (steps, accepted, committed tokens)."""
+    another placement, a tree. Returns every iteration's (steps, accepted, committed tokens). Overlapped, the
+    iteration in flight is read before each change, as the rank loop does."""
     from refengine.messages import GenRequest
 
-    e, SpecConfig = _engine(mode)
+    e, SpecConfig = _engine(mode, overlap)
     out, epoch = [], 0
+
+    def keep(updates, rec):
+        if rec is not None:
+            out.append((rec["steps"], tuple(rec["accepted"]), tuple(tuple(u.token_ids) for u in updates)))
 
     def config(**kw):
         nonlocal epoch
+        keep(*e.drain())
         epoch += 1
         e.apply_config(SpecConfig(**{"steps": 3, "topk": 1, "num_draft_tokens": 4, "placement": "sharded", **kw},
                                   epoch=epoch))
@@ -295,8 +301,8 @@ def _drive(mode: str) -> list[tuple]:
         for kw, n in schedule:
             config(**kw)
             for _ in range(n):
-                updates, rec = e.step()
-                out.append((rec["steps"], tuple(rec["accepted"]), tuple(tuple(u.token_ids) for u in updates)))
+                keep(*e.step())
+        keep(*e.drain())
     return out
 
 
@@ -305,4 +311,5 @@ def test_static_graphs_match_eager_iteration_by_iteration():
     input (e.g. a graph output buffer kept past the next replay), acceptance does."""
     eager, graphed = _drive("off"), _drive("static")
     assert graphed == eager
+    assert _drive("static", overlap=True) == eager, "overlapped iterations must be the same iterations"
     assert sum(sum(acc) for _, acc, _ in eager[7:]) > 0, "the schedule must accept drafts after steps 0"

@@ -46,9 +46,12 @@ def test_graphed_greedy_equals_plain(graphed, plain, placement):
     assert run.tokens == plain
 
 
-def test_live_switches_through_steps_zero_keep_output(graphed, plain):
+def test_live_switches_through_steps_zero_keep_output(graphed, pool1):
     # Tier 0 (steps 0) extends the draft from the verify graph's aux every iteration, at width 1.
-    run = generate(graphed, PROMPTS, MAX_NEW, config={"speculative_num_steps": 3, "speculative_eagle_topk": 1,
+    # Room after the last switch: the overlap scheduler reads the iteration in flight (old setting,
+    # up to 5 tokens) before a change takes effect.
+    plain = generate(pool1, config={"speculative_num_steps": 0}, max_new=2 * MAX_NEW).tokens
+    run = generate(graphed, PROMPTS, 2 * MAX_NEW, config={"speculative_num_steps": 3, "speculative_eagle_topk": 1,
                                                       "speculative_draft_placement": "sharded"},
                    switches=[(3, {"speculative_num_steps": 0}), (9, {"speculative_num_steps": 2,
                                                                      "speculative_draft_placement": "rank0"}),
