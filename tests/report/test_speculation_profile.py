@@ -184,6 +184,8 @@ def test_the_export_needs_200_rounds_and_a_known_setting(tmp_path, capsys):
     assert rc == 0 and json.loads((tmp_path / "p.json").read_text())[0]["measured"] is True
     rc, err = run(capsys, "report", tmp_path / "rec.db", "--setting", LABEL)
     assert rc == 2 and "needs --speculation-profile" in err
+    rc = main(["report", str(tmp_path / "rec.db"), "--speculation-profile", "-", "--setting", LABEL])
+    assert rc == 0 and json.loads(capsys.readouterr().out)[0]["measurement_conditions"]["setting_label"] == LABEL
 
 
 def test_the_markdown_report_has_the_bucket_table(tmp_path, capsys):
@@ -193,3 +195,7 @@ def test_the_markdown_report_has_the_bucket_table(tmp_path, capsys):
     text = (tmp_path / "r.md").read_text()
     assert "Acceptance by batch size and context length" in text
     assert "batch 8–15" in text and "context 256–511" in text and "context &lt; 256" in text
+    rc, err = run(capsys, "report", tmp_path / "rec.db", "--out", tmp_path / "r.json")
+    [setting] = json.loads((tmp_path / "r.json").read_text())["acceptance_by_bucket"]
+    assert setting["setting"] == LABEL and setting["buckets"]["bs8"]["range"] == "batch 8–15"
+    assert setting["verifies"] == sum(b["verifies"] for n, b in setting["buckets"].items() if n.startswith("bs"))

@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write samples.csv (long format), events.csv and settings.csv into DIR")
     p.add_argument("--speculation-profile", type=Path, default=None, metavar="OUT.json",
                    help="also write speculation_profile.json: a list with one acceptance profile per setting "
-                        f"measured over >= {MIN_VERIFIES} verify rounds (buckets in per_category)")
+                        f"measured over >= {MIN_VERIFIES} verify rounds (buckets in per_category); '-' writes to stdout")
     p.add_argument("--setting", default=None, metavar="LABEL",
                    help="with --speculation-profile: only this setting (its label as the report prints it, "
                         "e.g. 'steps=3 topk=1 draft_tokens=4 placement=sharded')")
@@ -61,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"specdecode-tune report: {msg}", file=sys.stderr)
 
     out = args.out
+    if str(args.out) == "-" and str(args.speculation_profile) == "-":
+        say("--out - and --speculation-profile - would both write to stdout; name a file for one")
+        return 2
     if args.setting is not None and args.speculation_profile is None:
         say("--setting picks a profile: it needs --speculation-profile OUT.json")
         return 2
@@ -151,7 +154,11 @@ def _write_profiles(summary, path: Path, setting: str | None, say) -> int:
     if not docs:
         say(f"no setting has {MIN_VERIFIES} verify rounds: no speculation profile written")
         return 1
-    write_text(path, json.dumps(docs, indent=1, allow_nan=False) + "\n")
+    text = json.dumps(docs, indent=1, allow_nan=False) + "\n"
+    if str(path) == "-":
+        sys.stdout.write(text)
+    else:
+        write_text(path, text)
     return 0
 
 
