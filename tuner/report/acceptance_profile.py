@@ -22,6 +22,7 @@ from probes import accept_buckets as AB
 from probes import speculation_profile as SP
 from tuner.core import series as S
 from tuner.report.data import RecordingData, Series
+from tuner.report.summary import setting_label
 
 MIN_VERIFIES = 200
 """A profile needs at least this many verify rounds (request-verifies) of its setting."""
@@ -80,8 +81,6 @@ def collect(data: RecordingData, segments: list[Any]) -> list[SettingCounts]:
         return pos_cache[name]
 
     bucket_verifies = {b: _at(data.get(S.bucket_verifies(b))) for b in bucket_names}
-    from tuner.report.summary import setting_label   # the summary imports this module
-
     out: dict[tuple, SettingCounts] = {}
     for seg in segments:
         steps, topk, ndt = seg.key[0], seg.key[1], seg.key[2]
