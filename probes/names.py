@@ -60,6 +60,9 @@ R_COMM_MS = "comm_ms"
 R_COMM_CALLS = "comm_calls"
 R_COMM_CALLS_IN_GRAPH = "comm_calls_in_graph"
 R_ACCEPTED = "accepted"
+R_CTX = "ctx"
+"""Each request's context length (tokens in its KV before this iteration's commit), aligned with
+`accepted`; from host-side lengths, never a device read. Older recordings and servers lack it."""
 R_SIMULATED = "simulated"
 R_EMULATED_COMM = "emulated_comm"
 R_GRAPH_MODE = "graph_mode"
@@ -67,7 +70,7 @@ R_CAPTURE = "capture"
 R_CAPTURES = "captures"
 RECORD_KEYS: frozenset[str] = frozenset({
     R_SEQ, R_T, R_RANK, R_EPOCH, R_STEPS, R_TOPK, R_DRAFT_TOKENS, R_PLACEMENT, R_BS, R_COMMITTED,
-    R_WALL_MS, R_PHASE_MS, R_COMM_MS, R_COMM_CALLS, R_COMM_CALLS_IN_GRAPH, R_ACCEPTED, R_SIMULATED,
+    R_WALL_MS, R_PHASE_MS, R_COMM_MS, R_COMM_CALLS, R_COMM_CALLS_IN_GRAPH, R_ACCEPTED, R_CTX, R_SIMULATED,
     R_EMULATED_COMM, R_GRAPH_MODE, R_CAPTURE, R_CAPTURES,
 })
 """Every key a record may carry; unknown fields are left out, never null."""

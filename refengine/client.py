@@ -24,7 +24,8 @@ from dataclasses import asdict
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
-from refengine.config import ConfigError, EngineOptions, ModelLimits, SpecConfig, resolve_config
+from refengine.config import (ConfigError, EngineOptions, ModelLimits, SpecConfig, refuse_for_simulator,
+                              resolve_config, simulator)
 from refengine.messages import GenRequest, GenUpdate, SpecStats
 
 __all__ = ["EngineClient", "EngineOptions", "EngineStartError", "ConfigError", "GenRequest", "GenUpdate",
@@ -60,6 +61,8 @@ class EngineClient:
         self._errors: dict[int, str] = {}
         self._config = SpecConfig(epoch=-1)
         self._limits = ModelLimits()
+        # A profile simulator refuses settings it cannot drive, before they reach the ranks.
+        self._simulator = simulator(opts)
         self._closing = False
         self._dead: str | None = None
         self._profiling = False
@@ -83,6 +86,7 @@ class EngineClient:
             client._wait_ready()
             cfg = resolve_config(SpecConfig(steps=0, topk=1, num_draft_tokens=1, placement=opts.speculative_draft_placement,
                                             epoch=0), opts.initial_config(), client._limits)
+            refuse_for_simulator(client._simulator, cfg)
             with client._config_lock:
                 client._apply(cfg if cfg.epoch > 0 else SpecConfig(**{**asdict(cfg), "epoch": 1}))
         except BaseException:
@@ -212,6 +216,7 @@ class EngineClient:
         """
         with self._config_lock:
             cfg = resolve_config(self._config, changes, self._limits)
+            refuse_for_simulator(self._simulator, cfg)
             if cfg == self._config:
                 return self.active_config()
             self._apply(cfg)

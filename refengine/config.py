@@ -150,6 +150,8 @@ class EngineOptions:
     speculative_draft_placement: str = SHARDED
     speculative_simulate_accept: str | None = None
     """Force acceptance: a mean accept length "2.5" or a per-position curve "0.8,0.6,0.4"."""
+    speculative_simulate_accept_profile: dict[str, Any] | None = None
+    """Force acceptance from a checked speculation_profile.json (probes.speculation_profile)."""
     speculative_use_rejection_sampling: bool = False
     """topk = 1 at temperature > 0: sample the chain from q and accept with min(1, p/q) (SGLang's
     --speculative-use-rejection-sampling) instead of target-only sampling."""
@@ -252,3 +254,23 @@ def parse_simulate_accept(spec: str | None) -> SimulateAccept | None:
     if any(not 0.0 <= v <= 1.0 for v in vals):
         raise ConfigError(f"speculative_simulate_accept: a curve needs values in [0, 1], got {spec!r}")
     return SimulateAccept(spec, curve=tuple(vals))
+
+
+def simulator(opts: EngineOptions) -> SimulateAccept | Any:
+    """The engine's acceptance simulator: from a profile, from --speculative-simulate-accept, or
+    None (off). Both kinds answer alphas(steps); a profile also says which settings it refuses."""
+    if opts.speculative_simulate_accept_profile is not None:
+        from probes.speculation_profile import ProfileError, simulator as profile_simulator
+        try:
+            return profile_simulator(opts.speculative_simulate_accept_profile)
+        except ProfileError as e:
+            raise ConfigError(f"speculative_simulate_accept_profile: {e}") from None
+    return parse_simulate_accept(opts.speculative_simulate_accept)
+
+
+def refuse_for_simulator(sim: Any, cfg: SpecConfig) -> None:
+    """Raise ConfigError when the simulator cannot drive `cfg` (a profile: a tree profile for a
+    chain, or steps beyond its max_supported_k); checked before a change reaches the ranks."""
+    why = sim.refuse(cfg.steps, cfg.topk) if hasattr(sim, "refuse") else None
+    if why:
+        raise ConfigError(why)

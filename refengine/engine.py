@@ -25,7 +25,7 @@ from probes.names import DRAFT, DRAFT_EXTEND, OTHER, SHARDED, VERIFY, VERIFY_SAM
 from refengine import spec
 from refengine.comm import PHASES, Communicator
 from refengine.graphs import GROUP, LOCAL, GraphCache, graphed_chain, graphed_forward, resolve_mode
-from refengine.config import EngineOptions, ModelLimits, SpecConfig, parse_simulate_accept
+from refengine.config import EngineOptions, ModelLimits, SpecConfig, simulator
 from refengine.draft import DraftPlacement
 from refengine.messages import GenRequest, GenUpdate, SpecStats
 from refengine.models.layers import causal_meta, fuse_projections
@@ -181,7 +181,7 @@ class Engine:
             head = head.to(device, dtype).eval()
             self.draft = DraftPlacement(head, full_embed, self.target.model.embed_tokens, comm,
                                         self.rows + 1, self.row_len, dtype, device, prepare=prepare_head)
-        self.simulate = parse_simulate_accept(opts.speculative_simulate_accept)
+        self.simulate = simulator(opts)
         self.sim_gen = torch.Generator().manual_seed(opts.random_seed + 17)
         self.config = SpecConfig(steps=0, topk=1, num_draft_tokens=1, placement=SHARDED, epoch=-1)
         self.reqs: dict[str, Req] = {}
@@ -420,6 +420,7 @@ class Engine:
         got = f.results.tolist()
         cfg, s, k = f.cfg, f.cfg.steps, f.cfg.topk
         updates, committed, acc_l, dropped = [], 0, [], 0
+        ctx_l: list[int] = []     # each request's context before this commit, aligned with acc_l
         with record_function("specdecode.commit"):   # host work: in `other`, hidden when overlapped
             for r, g in zip(f.reqs, got):
                 if r.launched == f.n:
@@ -429,6 +430,7 @@ class Engine:
                     continue
                 j = g[0]
                 acc_l.append(j)
+                ctx_l.append(r.seq_len)
                 if self.draft is not None:
                     self._count(r, j, f.n_tok)
                 r.seq_len += j + 1
@@ -456,7 +458,8 @@ class Engine:
         record = {"t": time.time(), "epoch": cfg.epoch, "steps": s, "topk": k,
                   "num_draft_tokens": cfg.num_draft_tokens, "placement": cfg.placement, "bs": len(f.reqs),
                   "committed": committed, "wall_ms": wall, "phase_ms": ms, "comm_ms": cms,
-                  "comm_calls": calls, "accepted": acc_l, "simulated": self.simulate is not None and s > 0,
+                  "comm_calls": calls, "accepted": acc_l, "ctx": ctx_l,
+                  "simulated": self.simulate is not None and s > 0,
                   "emulated_comm": self.comm.emulated, "graph_mode": self.graphs.mode,
                   # A capture makes this iteration slow for a reason that is not the config: the
                   # A/B readout and cost fits must skip records with capture = true.

@@ -122,6 +122,7 @@ def engine_options(opts: ServerOptions) -> Any:
         "dtype": {"float": "float32", "half": "float16"}.get(opts.dtype, opts.dtype),  # SGLang's aliases
         PLACEMENT: opts.speculative_draft_placement,
         "speculative_simulate_accept": opts.speculative_simulate_accept,
+        "speculative_simulate_accept_profile": opts.simulate_profile,
         "emulate_comm_latency": opts.emulate_comm_latency, "random_seed": opts.random_seed,
         "speculative_draft_model_path": opts.speculative_draft_model_path,
         "cuda_graph": "off" if opts.disable_cuda_graph else opts.cuda_graph_mode,
@@ -426,7 +427,7 @@ class ServerApp:
         except Exception:  # noqa: BLE001
             pass
         snap["emulated_comm"] = self.opts.emulate_comm_latency is not None
-        snap["simulated_accept"] = self.opts.speculative_simulate_accept is not None
+        snap["simulated_accept"] = self.opts.simulated_accept
         return snap
 
     def _launch_args(self) -> dict[str, Any]:
@@ -466,7 +467,7 @@ class ServerApp:
             last_gen_throughput=ps["gen_throughput"],
             avg_spec_accept_length=ps["avg_spec_accept_length"],
             emulated_comm=self.opts.emulate_comm_latency is not None,
-            simulated_accept=self.opts.speculative_simulate_accept is not None,
+            simulated_accept=self.opts.simulated_accept,
             torch_compile_graphs=self._compiled_graphs(),
         )
         return {

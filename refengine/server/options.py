@@ -38,6 +38,8 @@ class ServerOptions:
     speculative_num_draft_tokens: int | None = None
     speculative_draft_placement: str = SHARDED
     speculative_simulate_accept: str | None = None
+    speculative_simulate_accept_profile: str | None = None
+    """The profile file as given; its checked contents travel in `simulate_profile`."""
     speculative_use_rejection_sampling: bool = False
     tp_size: int = 1
     device: str = "cpu"
@@ -59,6 +61,13 @@ class ServerOptions:
     torch_compile_max_bs: int = 32
     random_seed: int = 0
     launch_command: list[str] = field(default_factory=list)
+    simulate_profile: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    """The checked speculation profile (read once, here), for the engine's simulator."""
+
+    @property
+    def simulated_accept(self) -> bool:
+        """Acceptance comes from the simulator (a curve, a mean accept length or a profile)."""
+        return self.speculative_simulate_accept is not None or self.simulate_profile is not None
 
     @property
     def speculative(self) -> bool:
@@ -70,6 +79,7 @@ class ServerOptions:
         d["api_key"] = None if self.api_key is None else "<redacted>"
         d["launch_command"] = redact_argv(self.launch_command)
         d["served_model_name"] = self.model_name
+        d.pop("simulate_profile", None)   # the file's contents are the engine's, not a launch argument
         return d
 
     @property
@@ -150,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "min(1, p/q) (SGLang's flag); default: target-only sampling")
     s.add_argument("--speculative-simulate-accept", default=None,
                    help="force acceptance (the engine's simulator); off by default")
+    s.add_argument("--speculative-simulate-accept-profile", default=None, metavar="FILE",
+                   help="simulate acceptance from a speculation_profile.json (measured, chain for a chain; "
+                        "steps up to its max_supported_k)")
     r = p.add_argument_group("runtime")
     r.add_argument("--tp-size", "--tensor-parallel-size", type=_positive_int, default=1)
     r.add_argument("--disable-cuda-graph", action="store_true",
@@ -209,6 +222,31 @@ def _validate_latency(text: str) -> None:
             raise OptionsError(f"--emulate-comm-latency: {part!r} must be >= 0")
 
 
+def _simulate_profile(path: str | None, curve: str | None, steps: int | None,
+                      topk: int | None) -> dict[str, Any] | None:
+    """The checked profile of --speculative-simulate-accept-profile, refused in one line when it is
+    not measured, fails a validation, is a tree profile for a chain, or is shorter than the steps."""
+    if path is None:
+        return None
+    from probes.speculation_profile import ProfileError, read, simulator
+    from refengine.config import EngineOptions
+
+    if curve is not None:
+        raise OptionsError("--speculative-simulate-accept and --speculative-simulate-accept-profile exclude "
+                           "each other")
+    try:
+        profile = read(path)
+        sim = simulator(profile)
+    except ProfileError as e:
+        raise OptionsError(f"--speculative-simulate-accept-profile: {e}") from None
+    defaults = EngineOptions()
+    why = sim.refuse(defaults.speculative_num_steps if steps is None else steps,
+                     defaults.speculative_eagle_topk if topk is None else topk)
+    if why:
+        raise OptionsError(f"--speculative-simulate-accept-profile: {why}")
+    return profile
+
+
 def parse_options(argv: list[str]) -> ServerOptions:
     """Parse `serve` arguments; argparse exits on syntax errors, OptionsError on bad combinations."""
     a = build_parser().parse_args(argv)
@@ -231,6 +269,7 @@ def parse_options(argv: list[str]) -> ServerOptions:
     if a.emulate_comm_latency is not None:
         _validate_latency(a.emulate_comm_latency)
     topk, steps, ndt = a.speculative_eagle_topk, a.speculative_num_steps, a.speculative_num_draft_tokens
+    profile = _simulate_profile(a.speculative_simulate_accept_profile, a.speculative_simulate_accept, steps, topk)
     if (topk in (None, 1)) and steps is not None and ndt is not None and ndt != steps + 1:
         raise OptionsError(
             f"--speculative-num-draft-tokens {ndt} contradicts topk=1 with {steps} steps "
@@ -241,6 +280,7 @@ def parse_options(argv: list[str]) -> ServerOptions:
         speculative_num_steps=steps, speculative_eagle_topk=topk, speculative_num_draft_tokens=ndt,
         speculative_draft_placement=a.speculative_draft_placement,
         speculative_simulate_accept=a.speculative_simulate_accept,
+        speculative_simulate_accept_profile=a.speculative_simulate_accept_profile, simulate_profile=profile,
         speculative_use_rejection_sampling=a.speculative_use_rejection_sampling,
         tp_size=a.tp_size, device=a.device, dtype=a.dtype, host=a.host, port=a.port,
         max_running_requests=a.max_running_requests, context_length=a.context_length, api_key=api_key,

@@ -124,7 +124,7 @@ junk = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st
 
 @given(st.lists(st.fixed_dictionaries({}, optional={
     "seq": junk, "t": junk, "epoch": junk, "steps": junk, "num_draft_tokens": junk, "bs": junk,
-    "wall_ms": junk, "phase_ms": junk, "comm_ms": junk, "accepted": junk}), max_size=5), junk)
+    "wall_ms": junk, "phase_ms": junk, "comm_ms": junk, "accepted": junk, "ctx": junk}), max_size=5), junk)
 def test_malformed_phase_records_never_crash(records, nxt):
     r = PhaseStreamReader()
     r.update(0.0, {"next": 0, "dropped": 0, "records": []})

@@ -52,3 +52,46 @@ def test_simulator_parse_errors_and_solver():
         parse_simulate_accept("0.5,1.5")
     with pytest.raises(ConfigError, match="mean accept length"):
         parse_simulate_accept("fast")
+
+
+@pytest.mark.parametrize("no_overlap", [False, True])
+def test_records_carry_each_requests_context_before_the_commit(no_overlap):
+    # ctx[i] is request i's KV length when the iteration started: the prompt, then + (accepted + 1)
+    # per iteration, so it follows from the records alone.
+    opts = EngineOptions(max_running_requests=4, context_length=512, speculative_simulate_accept="0.7",
+                         disable_overlap_schedule=no_overlap)
+    e = Engine(opts, Communicator(0, 1), presets.build_target("tiny"), presets.build_head("tiny-eagle3"),
+               torch.device("cpu"), torch.float32)
+    e.apply_config(SpecConfig(steps=3, num_draft_tokens=4, epoch=1))
+    prompts = [[3, 5, 7], [2, 4, 6, 8, 10]]
+    for i, p in enumerate(prompts):
+        e.add_request(GenRequest(f"c{i}", p, max_new_tokens=100, ignore_eos=True))
+    # After prefill a request's KV holds its prompt (the first output token is the next root).
+    want = [len(p) for p in prompts]
+    for _ in range(12):
+        rec = e.step()[1]
+        if rec is None:      # overlapped, the first step only launches
+            continue
+        assert rec["ctx"] == want and len(rec["ctx"]) == len(rec["accepted"]) == rec["bs"]
+        want = [c + a + 1 for c, a in zip(want, rec["accepted"])]
+
+
+def test_a_profile_drives_the_simulator_through_its_conditional_rates():
+    from probes.speculation_profile import build
+    from refengine.config import refuse_for_simulator, simulator
+    # Conditional rates 0.9, 0.5, 0.0 (the histogram's): position 3 is never accepted.
+    profile = build([10, 45, 45, 0], 3, chain=True)
+    opts = EngineOptions(max_running_requests=4, context_length=512, speculative_simulate_accept_profile=profile)
+    e = Engine(opts, Communicator(0, 1), presets.build_target("tiny"), presets.build_head("tiny-eagle3"),
+               torch.device("cpu"), torch.float32)
+    e.apply_config(SpecConfig(steps=3, num_draft_tokens=4, epoch=1))
+    for i in range(4):
+        e.add_request(GenRequest(f"p{i}", [3 + i, 5, 7], max_new_tokens=400, ignore_eos=True))
+    recs = [r for r in (e.step()[1] for _ in range(60)) if r is not None]
+    assert all(r["simulated"] for r in recs)
+    acc = torch.tensor([a for r in recs for a in r["accepted"]], dtype=torch.float64)
+    p1, p2, p3 = ((acc >= k).double().mean().item() for k in (1, 2, 3))
+    assert abs(p1 - 0.9) < 0.08 and abs(p2 - 0.45) < 0.1 and p3 == 0.0
+    with pytest.raises(ConfigError, match="max_supported_k 3"):
+        refuse_for_simulator(simulator(opts), SpecConfig(steps=4, num_draft_tokens=5))
+    refuse_for_simulator(simulator(opts), SpecConfig(steps=2, num_draft_tokens=3))

@@ -109,6 +109,20 @@ def test_accept_view_reads_positions_up_to_steps():
     assert views.accept_view(st, 5.0, steps=3).positions == (0.8, 0.5, 0.2)
     assert views.accept_view(st, 5.0, steps=None).positions == (0.8, 0.5, 0.2, 0.1)
     assert views.accept_view(st, 5.0, steps=3).accept_len == 2.5
+    assert views.accept_view(st, 5.0, steps=3).buckets == ()      # a recording from before the buckets
+
+
+def test_accept_view_pools_bucket_counts_over_the_window():
+    # Two pages of the bs8 bucket: 4 rounds (p = 3/4, 1/4) then 6 rounds (p = 1/2, 0): pooled, not averaged.
+    recs = [Sample(4.0, S.bucket_verifies("bs8"), 4.0), Sample(4.0, S.bucket_accept_pos("bs8", 1), 0.75),
+            Sample(4.0, S.bucket_accept_pos("bs8", 2), 0.25),
+            Sample(5.0, S.bucket_verifies("bs8"), 6.0), Sample(5.0, S.bucket_accept_pos("bs8", 1), 0.5),
+            Sample(5.0, S.bucket_accept_pos("bs8", 2), 0.0),
+            Sample(5.0, S.bucket_verifies("ctx256"), 2.0), Sample(5.0, S.bucket_accept_pos("ctx256", 1), 1.0),
+            Sample(5.0, S.bucket_accept_pos("ctx256", 2), 0.5)]
+    [(r1, n1, p1), (r2, n2, p2)] = views.accept_view(_store(recs), 5.0, steps=2).buckets
+    assert (r1, n1) == ("batch 8–15", 10) and p1 == pytest.approx((0.6, 0.1))
+    assert (r2, n2, p2) == ("context 256–511", 2, (1.0, 0.5))
 
 
 def test_gpu_view_finds_every_gpu_and_converts_units():

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from probes import accept_buckets as AB
 from probes.names import DRAFT, DRAFT_EXTEND, VERIFY
 from tuner.core import acceptance as A
 from tuner.core import series as S
@@ -36,6 +37,17 @@ def acceptance_samples(t: float, h: list[float], steps: int | None, num_draft_to
     for k in range(1, n + 1):
         out.append(Sample(t, S.accept_pos(k), acc.p[k - 1] if k <= len(acc.p) else NAN))
         out.append(Sample(t, S.accept_cond(k), acc.alpha[k - 1] if k <= len(acc.alpha) else NAN))
+    return out
+
+
+def bucket_samples(t: float, group: list[Mapping[str, Any]], steps: int) -> list[Sample]:
+    """Per batch-size and context bucket: its request-verifies and p_1..p_steps (probes.accept_buckets).
+    Only buckets the records touched get readings; with the verifies they give the counts back."""
+    out = []
+    for name, h in sorted(AB.histograms(group, steps).items()):
+        acc = AB.position_acceptance(h, steps)
+        out.append(Sample(t, S.bucket_verifies(name), float(acc.verifies)))
+        out += [Sample(t, S.bucket_accept_pos(name, k), acc.p[k - 1]) for k in range(1, steps + 1)]
     return out
 
 
@@ -315,6 +327,8 @@ class PhaseStreamReader:
         if isinstance(steps, int) and steps > 0:
             accepted = [a for r in group for a in _ints(r.get("accepted"))]
             out += acceptance_samples(t, [float(x) for x in A.histogram(accepted)], steps, cfg.get(DRAFT_TOKENS))
+            if steps <= MAX_ACCEPT_POSITION:
+                out += bucket_samples(t, group, steps)
         return out
 
 

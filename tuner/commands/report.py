@@ -1,7 +1,8 @@
 """`specdecode-tune report FILE --out report.html`: a recording as a report people can read.
 
 `--out` picks the format by extension (.html, .md, .json) unless `--format` says; `--perfetto
-trace.json` writes a trace for ui.perfetto.dev; `--csv DIR` writes the series for pandas. A file
+trace.json` writes a trace for ui.perfetto.dev; `--csv DIR` writes the series for pandas;
+`--speculation-profile OUT.json` writes acceptance profiles (speculation_profile.json, a list). A file
 that is not a readable recording is one line on stderr and status 1; a damaged one gives one line
 per problem on stderr and a report of what is readable (status 0, the report says so too). Outputs
 are checked first: an existing one is refused without --overwrite (status 2), the recording itself
@@ -17,6 +18,7 @@ import sys
 from pathlib import Path
 
 from tuner.recording.outputs import OutputError
+from tuner.report.acceptance_profile import MIN_VERIFIES
 
 FORMATS = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md", ".json": "json"}
 
@@ -30,6 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write a Perfetto/Chrome trace (captured kernels and phase spans, series as counters)")
     p.add_argument("--csv", type=Path, default=None, metavar="DIR",
                    help="also write samples.csv (long format), events.csv and settings.csv into DIR")
+    p.add_argument("--speculation-profile", type=Path, default=None, metavar="OUT.json",
+                   help="also write speculation_profile.json: a list with one acceptance profile per setting "
+                        f"measured over >= {MIN_VERIFIES} verify rounds (buckets in per_category); '-' writes to stdout")
+    p.add_argument("--setting", default=None, metavar="LABEL",
+                   help="with --speculation-profile: only this setting (its label as the report prints it, "
+                        "e.g. 'steps=3 topk=1 draft_tokens=4 placement=sharded')")
     p.add_argument("--overwrite", action="store_true",
                    help="replace existing output files (never the recording itself, nor anything but a regular file)")
 
@@ -53,7 +61,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"specdecode-tune report: {msg}", file=sys.stderr)
 
     out = args.out
-    if out is None and args.perfetto is None and args.csv is None:
+    if str(args.out) == "-" and str(args.speculation_profile) == "-":
+        say("--out - and --speculation-profile - would both write to stdout; name a file for one")
+        return 2
+    if args.setting is not None and args.speculation_profile is None:
+        say("--setting picks a profile: it needs --speculation-profile OUT.json")
+        return 2
+    if out is None and args.perfetto is None and args.csv is None and args.speculation_profile is None:
         out = args.file.with_suffix(".html")
     fmt = args.format
     if out is not None and fmt is None:
@@ -67,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     # Every output is checked before the recording is read: an existing file is refused without
     # --overwrite, the input is never written over, and an unwritable place is one line, not a traceback.
     try:
-        for target in _targets(out, args.perfetto, args.csv):
+        for target in _targets(out, args.perfetto, args.csv, args.speculation_profile):
             check_output(target, overwrite=args.overwrite, inputs=_inputs(args.file))
     except OutputError as e:
         say(str(e))
@@ -97,6 +111,13 @@ def run(args: argparse.Namespace) -> int:
         if args.csv is not None:
             from tuner.report.exports import write_csv
             wrote += [str(p) for p in write_csv(summary, args.csv)]
+        if args.speculation_profile is not None:
+            status = _write_profiles(summary, args.speculation_profile, args.setting, say)
+            if status:
+                if wrote:
+                    say("wrote " + ", ".join(wrote))
+                return status
+            wrote.append(str(args.speculation_profile))
     except OutputError as e:
         say(str(e))
         if wrote:
@@ -114,13 +135,41 @@ def _inputs(path: Path) -> list[Path]:
     return [path, Path(str(path) + "-wal"), Path(str(path) + "-shm")]
 
 
-def _targets(out: Path | None, perfetto: Path | None, csv_dir: Path | None) -> list[Path]:
+def _write_profiles(summary, path: Path, setting: str | None, say) -> int:
+    """speculation_profile.json: the list of profiles (or the one --setting names); 0 when written."""
+    from tuner.recording.outputs import write_text
+    from tuner.report.acceptance_profile import profiles
+
+    counts = summary.acceptance
+    if setting is not None:
+        labels = [c.label for c in counts]
+        counts = [c for c in counts if c.label == setting.strip()]
+        if not counts:
+            say(f"--setting {setting!r} is not a speculative setting of this recording (settings: "
+                + ("; ".join(labels) if labels else "none with verify rounds") + ")")
+            return 2
+    docs, notes = profiles(counts, summary.data)
+    for n in notes:
+        say(n)
+    if not docs:
+        say(f"no setting has {MIN_VERIFIES} verify rounds: no speculation profile written")
+        return 1
+    text = json.dumps(docs, indent=1, allow_nan=False) + "\n"
+    if str(path) == "-":
+        sys.stdout.write(text)
+    else:
+        write_text(path, text)
+    return 0
+
+
+def _targets(out: Path | None, perfetto: Path | None, csv_dir: Path | None,
+             profile: Path | None = None) -> list[Path]:
     """The files this run would write (the CSV directory is made here when it is missing)."""
     from tuner.report.exports import CSV_FILES
 
-    targets = [p for p in (out, perfetto) if p is not None and str(p) != "-"]
+    targets = [p for p in (out, perfetto, profile) if p is not None and str(p) != "-"]
     if len(set(map(str, targets))) < len(targets):
-        raise OutputError(f"--out and --perfetto name the same file {out}")
+        raise OutputError("--out, --perfetto and --speculation-profile name the same file")
     if csv_dir is not None:
         if csv_dir.exists() and not csv_dir.is_dir():
             raise OutputError(f"--csv {csv_dir} is not a directory")

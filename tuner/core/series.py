@@ -43,6 +43,16 @@ def accept_cond(k: int) -> str:
     return f"spec/accept_cond/{k}"
 
 
+def bucket_verifies(bucket: str) -> str:
+    """Request-verifies in one acceptance bucket (probes.accept_buckets: bs8, ctx512, ...)."""
+    return f"spec/{bucket}/verifies"
+
+
+def bucket_accept_pos(bucket: str, k: int) -> str:
+    """p_k within one acceptance bucket; with bucket_verifies it gives the bucket's counts back."""
+    return f"spec/{bucket}/accept_pos/{k}"
+
+
 def phase_ms(phase: str) -> str:
     """Inclusive ms per iteration spent in a phase."""
     return f"phase/{phase}_ms"

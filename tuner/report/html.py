@@ -157,6 +157,17 @@ def acceptance_chart(s: Summary) -> str:
                             frame=Frame(height=300, bottom=60 + 16 * ((len(rows) - 1) // 2)))
 
 
+def acceptance_buckets(s: Summary) -> str:
+    from tuner.report.acceptance_profile import bucket_table
+    head, rows = bucket_table(s.acceptance)
+    if not rows:
+        return ""
+    return ("<h3>By batch size and context length</h3>" + '<div class="wide">'
+            + _table(head, [[esc(c) for c in r] for r in rows], left=2) + "</div>"
+            + '<p class="note">p_k / α_k: share of verify rounds accepting draft k, and the same given draft k−1 '
+              "was accepted. A request-verify counts in the bucket of its batch size and of its context length.</p>")
+
+
 def gpu_charts(s: Summary) -> str:
     d = s.data
     gpus = [f"gpu{i}" for i in gpu_indices(d)]
@@ -284,7 +295,7 @@ def render(s: Summary) -> str:
     parts += ["<h2>Over time</h2>", charts_over_time(s),
               "<h2>Settings tried</h2>", settings_table(s),
               "<h2>Phase split per setting</h2>", phase_charts(s),
-              "<h2>Per-position acceptance</h2>", acceptance_chart(s),
+              "<h2>Per-position acceptance</h2>", acceptance_chart(s), acceptance_buckets(s),
               "<h2>GPU activity</h2>", gpu_charts(s),
               "<h2>Trace captures</h2>", captures_section(s),
               tuning_section(s),

@@ -12,6 +12,7 @@ from typing import Any
 
 from tuner import __version__
 from tuner.core import series as S
+from tuner.report.acceptance_profile import bucket_table
 from tuner.report.html import _rel, _when
 from tuner.report.summary import (GPU_TABLE_HEAD, KNOBS, Summary, gpu_table_rows, redact, setting_key,
                                   setting_label)
@@ -103,6 +104,11 @@ def render(s: Summary) -> str:
             out += ["### Per-position acceptance p_k", "",
                     _table(["setting"] + [f"p{k}" for k in ks],
                            [[r.label] + [_n(r.accept_pos.get(k), "{:.3f}") for k in ks] for r in s.rows]), ""]
+        bhead, brows = bucket_table(s.acceptance)
+        if brows:
+            out += ["### Acceptance by batch size and context length", "", _table(bhead, brows), "",
+                    "p_k: share of verify rounds accepting draft k; α_k = p_k / p_(k−1). A request-verify counts in "
+                    "the bucket of its batch size and of its context length (tokens before the verify).", ""]
         gpu_rows = gpu_table_rows(s.rows)
         if gpu_rows:
             out += ["### GPUs per setting (NVML, means over the setting's time)", "",

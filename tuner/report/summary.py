@@ -128,6 +128,7 @@ class Summary:
     predictions: list[dict[str, Any]]
     captures: list[dict[str, Any]]
     excluded: list[tuple[float, float, str]] = field(default_factory=list)   # capture windows
+    acceptance: list[Any] = field(default_factory=list)   # acceptance_profile.SettingCounts per setting
 
     def to_json(self) -> dict[str, Any]:
         d = self.data
@@ -154,6 +155,7 @@ class Summary:
             "captures": self.captures,
             "tuning": self.tuning,
             "predictions": self.predictions,
+            "acceptance_by_bucket": [c.to_json() for c in self.acceptance],
         })
 
 
@@ -552,8 +554,10 @@ def flags_of(data: RecordingData) -> list[str]:
         flags.append(f"EMULATED slow link: every collective was delayed by the engine "
                      f"(--emulate-comm-latency {emu or '?'}); comm times are emulation, not hardware")
     sim = launch.get("speculative_simulate_accept")
-    if sim or info.get("simulated_accept"):
-        flags.append(f"SIMULATED acceptance (--speculative-simulate-accept {sim or '?'}): accept lengths "
+    how = (f"--speculative-simulate-accept {sim}" if sim else "--speculative-simulate-accept-profile"
+           if launch.get("speculative_simulate_accept_profile") else "--speculative-simulate-accept ?")
+    if sim or info.get("simulated_accept") or launch.get("speculative_simulate_accept_profile"):
+        flags.append(f"SIMULATED acceptance ({how}): accept lengths "
                      "come from the simulator, not from the draft model")
     if data.header.get("backend") == "replay":
         flags.append("recorded from a replay, not a live server")
@@ -566,5 +570,6 @@ def summarize(data: RecordingData) -> Summary:
     segments = segments_of(data, gaps + windows)
     rows, ranking = build_rows(data, segments)
     tuning, preds = tuning_of(data)
+    from tuner.report.acceptance_profile import collect
     return Summary(data, segments, gaps, rows, ranking, verdict(rows), flags_of(data), tuning, preds,
-                   captures_of(data), windows)
+                   captures_of(data), windows, collect(data, segments))

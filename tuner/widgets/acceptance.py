@@ -1,7 +1,8 @@
 """Per-position acceptance bars: p_k (unconditional) as a bar and α_k = p_k / p_{k-1} beside it.
 
 The numbers come from the store's `spec/accept_pos/<k>` series (see the design note's
-"Acceptance"); this widget only lays them out.
+"Acceptance"), and per batch-size / context bucket from `spec/<bucket>/...`; this widget only lays
+them out.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from textual.widgets import Static
 from tuner.widgets.fmt import hbar, is_num, num
 
 BAR_COLOR = "#8bc34a"
+MAX_BUCKET_LINES = 8
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,8 @@ class AcceptView:
     positions: tuple[float, ...] = ()
     """p_1, p_2, …: the share of verifies that accepted at least k drafts."""
     steps: int | None = None
+    buckets: tuple[tuple[str, int, tuple[float, ...]], ...] = ()
+    """Per batch-size / context bucket: (range, verify rounds, p_1, p_2, …) over the same window."""
 
 
 class PositionBars(Static):
@@ -37,8 +41,8 @@ class PositionBars(Static):
     def show(self, view: AcceptView) -> None:
         if view != self._view:
             # A new layout only when the number of lines can change (layout is the costly part).
-            self.refresh(layout=(len(view.positions), view.steps == 0) !=
-                         (len(self._view.positions), self._view.steps == 0))
+            self.refresh(layout=(len(view.positions), view.steps == 0, len(view.buckets)) !=
+                         (len(self._view.positions), self._view.steps == 0, len(self._view.buckets)))
             self._view = view
 
     def render(self) -> Group | Text:
@@ -64,4 +68,9 @@ class PositionBars(Static):
                 Text(f"α{num(alpha, 2)}", style="dim"),
             )
             prev = p if is_num(p) else 0.0
-        return Group(head, table)
+        if not view.buckets:
+            return Group(head, table)
+        # Where acceptance varies: one dim line per bucket (p_k only; α_k follows from them).
+        lines = [Text.assemble((f"{label:<16}", "dim"), (" ".join(num(p, 2) for p in ps), ""),
+                               (f"  n={n}", "dim")) for label, n, ps in view.buckets[:MAX_BUCKET_LINES]]
+        return Group(head, table, Text("p_k by bucket", style="bold"), *lines)

@@ -11,6 +11,7 @@ import math
 import re
 from typing import Any, Iterable, Mapping
 
+from probes import accept_buckets as AB
 from probes.names import DRAFT_TOKENS, PINNED_STEPS, PLACEMENT, STEPS, TOPK
 from tuner.core import series as S
 from tuner.core.events import EventKind
@@ -131,7 +132,33 @@ def accept_view(store: Store, t_end: float, steps: int | None, window_s: float =
     positions = tuple(mean(store.window(S.accept_pos(k), t0, t_end).v) for k in range(1, n + 1))
     if positions and not any(is_num(p) for p in positions):
         positions = ()
-    return AcceptView(mean(store.window(S.SPEC_ACCEPT_LEN, t0, t_end).v), positions, steps)
+    return AcceptView(mean(store.window(S.SPEC_ACCEPT_LEN, t0, t_end).v), positions, steps,
+                      bucket_rows(store, t0, t_end, n))
+
+
+def _by_time(w: Any) -> dict[float, float]:
+    return dict(zip(w.t, w.v))
+
+
+def bucket_rows(store: Store, t0: float, t_end: float, steps: int) -> tuple[tuple[str, int, tuple[float, ...]], ...]:
+    """Per batch-size / context bucket over the window: (range, verify rounds, p_1..p_steps), from
+    the counts each page's readings give back (probes.accept_buckets), not a mean of rates."""
+    if steps <= 0:
+        return ()
+    out = []
+    names = {n.split("/")[1] for n in store.series_names("spec/") if n.endswith("/verifies") and n.count("/") == 2}
+    for name in sorted((n for n in names if AB.parse_bucket(n)), key=AB.sort_key):
+        w = store.window(S.bucket_verifies(name), t0, t_end)
+        pos = [_by_time(store.window(S.bucket_accept_pos(name, k), t0, t_end)) for k in range(1, steps + 1)]
+        h: list[int] = []
+        for t, v in zip(w.t, w.v):
+            got = AB.histogram_from_positions(v, [p.get(t, NAN) for p in pos])
+            if got is not None:
+                h = AB.add(h, got)
+        if sum(h):
+            acc = AB.position_acceptance(h, steps)
+            out.append((AB.bucket_range(name), acc.verifies, acc.p))
+    return tuple(out)
 
 
 def _max_position(store: Store) -> int:
