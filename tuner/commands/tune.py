@@ -17,7 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-from probes.names import PLACEMENT, SHARDED
 from tuner.core.text import terminal_safe
 
 
@@ -119,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     from tuner.core.records import thaw
     from tuner.core.session import Session
     from tuner.tuning.live import InlineRunner, Tuner, TunerOptions, TuningError
-    from tuner.tuning.settings import PLACEMENTS, settings_space
+    from tuner.tuning.settings import tune_space
     from tuner.tuning.summary import summary
 
     try:
@@ -160,10 +159,8 @@ def run(args: argparse.Namespace) -> int:
             return 2
     session = Session(backend, recorder=recorder)
     session.start()
-    placements = args.placements or [p for p in PLACEMENTS if p == SHARDED
-                                     or backend.capabilities.can_set(PLACEMENT)]
-    space = settings_space(args.max_steps, args.topk, args.draft_tokens, placements,
-                           include_off=not args.no_off)
+    space = tune_space(backend.capabilities.can_set, args.max_steps, args.topk, args.draft_tokens,
+                       args.placements, include_off=not args.no_off)
     tuner = None
     try:
         try:

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from probes.names import SHARDED
+from tuner.core import setting as vocab
 from tuner.core.records import Event, thaw
 from tuner.tuning.summary import costs, label
 
@@ -21,17 +21,8 @@ TUNING_KINDS = ("tuning_started", "tuning_probe", "tuning_prediction", "tuning_a
                 "tuning_finished")
 
 
-def setting_key(d: Mapping[str, Any]) -> tuple:
-    """A hashable key for a setting dict (steps, topk, num_draft_tokens, placement)."""
-    if d.get("steps") == 0:
-        return (0, 1, 1, SHARDED)
-    return (d.get("steps"), d.get("topk"), d.get("num_draft_tokens"), d.get("placement"))
-
-
-def short_label(d: Mapping[str, Any]) -> str:
-    if not d or d.get("steps") == 0:
-        return "off"
-    return f"s{d['steps']} k{d['topk']} N{d['num_draft_tokens']} {d['placement']}"
+setting_key = vocab.key_of
+short_label = vocab.compact
 
 
 @dataclass(frozen=True)
@@ -97,7 +88,7 @@ def build_view(doc: Mapping[str, Any], *, state: str, stage: str = "", status: s
                                 note="not predicted yet")
     for key, tok in measured.items():
         if key not in rows:
-            d = dict(zip(("steps", "topk", "num_draft_tokens", "placement"), key))
+            d = vocab.from_key(key)
             rows[key] = TuneRow(key, d, short_label(d), measured=tok)
     out = []
     for key, row in rows.items():
@@ -122,7 +113,7 @@ def build_view(doc: Mapping[str, Any], *, state: str, stage: str = "", status: s
 
 
 def _setting(d: Mapping[str, Any]) -> dict:
-    return {k: d.get(k) for k in ("steps", "topk", "num_draft_tokens", "placement")}
+    return {k.key: d.get(k.key) for k in vocab.knobs()}
 
 
 def live_doc(tuner: Any, model_json: Mapping[str, Any] | None) -> dict:

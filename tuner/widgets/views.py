@@ -11,8 +11,8 @@ import math
 import re
 from typing import Any, Iterable, Mapping
 
-from probes.names import DRAFT_TOKENS, PINNED_STEPS, PLACEMENT, STEPS, TOPK
 from tuner.core import series as S
+from tuner.core import setting as vocab
 from tuner.core.events import EventKind
 from tuner.core.records import Event
 from tuner.core.store import Store
@@ -27,51 +27,19 @@ from tuner.widgets.tune_view import short_label
 
 NAN = math.nan
 
-KNOB_SHORT = {
-    STEPS: "steps",
-    TOPK: "topk",
-    DRAFT_TOKENS: "draft",
-    PLACEMENT: "placement",
-    PINNED_STEPS: "steps",
-}
-
-
 def mean(values: Iterable[float]) -> float:
     vals = [v for v in values if is_num(v)]
     return sum(vals) / len(vals) if vals else NAN
 
 
-def knob_name(key: str) -> str:
-    return KNOB_SHORT.get(key, key.removeprefix("speculative_"))
-
-
 def setting_text(active: Mapping[str, Any]) -> str:
     """`steps 3 · topk 1 · draft 4 · sharded` from an active-config dict (either naming)."""
-    def get(*keys: str) -> Any:
-        return next((active[k] for k in keys if k in active and active[k] is not None), None)
-
-    steps = get(STEPS, "steps", PINNED_STEPS)
-    if steps == 0:
-        return "tier 0 (draft kept warm)"
-    parts = []
-    for label, keys in (("steps", (STEPS, "steps", PINNED_STEPS)),
-                        ("topk", (TOPK, "topk")),
-                        ("draft", (DRAFT_TOKENS, "num_draft_tokens"))):
-        v = get(*keys)
-        if v is not None:
-            parts.append(f"{label} {v}")
-    placement = get(PLACEMENT, "placement")
-    if placement:
-        parts.append(str(placement))
-    return " · ".join(parts) or "?"
+    return vocab.words(active)
 
 
 def change_label(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     """The short words for a change, e.g. `steps 3→5` or `placement sharded→rank0`."""
-    order = list(KNOB_SHORT)
-    keys = sorted(new, key=lambda k: order.index(k) if k in order else len(order))
-    diffs = [f"{knob_name(k)} {old.get(k, '?')}→{new[k]}" for k in keys if old.get(k) != new[k]]
-    return ", ".join(diffs) or "setting"
+    return vocab.change_words(old, new)
 
 
 SMOOTH_S = 2.0
@@ -278,4 +246,4 @@ def short_error(error: str, limit: int = 60, keep_path: bool = False) -> str:
 
 
 def _changes(changes: Mapping[str, Any]) -> str:
-    return ", ".join(f"{knob_name(k)}={v}" for k, v in changes.items()) or "nothing"
+    return ", ".join(f"{vocab.word(k)}={v}" for k, v in changes.items()) or "nothing"
