@@ -48,6 +48,29 @@ def knob_bindings() -> list[Binding]:
     return out
 
 
+OTHER_BINDINGS = [
+    Binding("l", "toggle_load", "load"),
+    Binding("c", "capture_trace", "trace"),
+    Binding("y", "pyspy", "py-spy"),
+    Binding("a", "analysis", "analysis"),
+    Binding("u", "tune", "tune"),
+    Binding("space", "pause", "pause"),
+    Binding("full_stop", "step", "step", key_display="."),
+    Binding("left", "seek(-10)", "-10s", key_display="←", priority=True),
+    Binding("right", "seek(10)", "+10s", key_display="→", priority=True),
+    Binding("less_than_sign", "speed(0.5)", "slower", key_display="<"),
+    Binding("greater_than_sign", "speed(2)", "faster", key_display=">"),
+    Binding("question_mark,f1", "help", "help", key_display="?"),
+    Binding("q", "quit", "quit"),
+]
+"""The keys that are not knobs: load, captures, the tune screen, replay, help."""
+
+
+def app_bindings() -> list[Binding]:
+    """The app's keys: the knob table's, then the rest (read when the app class is made)."""
+    return [*knob_bindings(), *OTHER_BINDINGS]
+
+
 def action_id(action: str) -> str:
     """The help's name for a binding's action: a knob move is its knob's name, e.g. "steps"."""
     _, name, params = parse(action)
@@ -77,22 +100,7 @@ class TunerApp(App[None]):
 
     CSS_PATH = "app.tcss"
     TITLE = "specdecode-tune"
-    BINDINGS = [
-        *knob_bindings(),
-        Binding("l", "toggle_load", "load"),
-        Binding("c", "capture_trace", "trace"),
-        Binding("y", "pyspy", "py-spy"),
-        Binding("a", "analysis", "analysis"),
-        Binding("u", "tune", "tune"),
-        Binding("space", "pause", "pause"),
-        Binding("full_stop", "step", "step", key_display="."),
-        Binding("left", "seek(-10)", "-10s", key_display="←", priority=True),
-        Binding("right", "seek(10)", "+10s", key_display="→", priority=True),
-        Binding("less_than_sign", "speed(0.5)", "slower", key_display="<"),
-        Binding("greater_than_sign", "speed(2)", "faster", key_display=">"),
-        Binding("question_mark,f1", "help", "help", key_display="?"),
-        Binding("q", "quit", "quit"),
-    ]
+    BINDINGS = app_bindings()
 
     def __init__(self, session: Session, *, tick_s: float | None = 0.25, load_concurrency: int = 0,
                  prompts: list[dict] | None = None, chart_window_s: float = CHART_WINDOW_S,
