@@ -114,6 +114,8 @@ def test_the_tuners_space_sweeps_it_only_where_the_server_can_change_it(extra_kn
     rec = {"seq": 1, "t": 1.0, "epoch": 1, "steps": 2, "topk": 1, "num_draft_tokens": 3, "placement": "sharded", "bs": 1,
            "wall_ms": 10.0, "phase_ms": {}, "accept_threshold_single": 0.5}
     assert parse_record(rec).setting == s
+    from tuner.tuning.export import sglang_flags
+    assert sglang_flags(s)[-2:] == ["--speculative-accept-threshold-single", "0.5"]
     with pytest.raises(ValueError, match="outside"):
         vocab.Setting(2, extra=(("accept_threshold_single", 1.5),))
 

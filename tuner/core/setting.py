@@ -59,6 +59,8 @@ class Knob:
     """Other server names a server may report the same knob under."""
     tune: tuple[Any, ...] = ()
     """Values the tuner sweeps when the server can change it live (core knobs have their own rule)."""
+    sglang_flag: bool = True
+    """SGLang has a launch flag for it (`--` + arg with dashes); placement is ours alone."""
 
     @property
     def cycled(self) -> bool:
@@ -99,7 +101,7 @@ KNOBS: tuple[Knob, ...] = (
          ("d", "D"), ("d", "D"), ("More draft tokens", "Fewer draft tokens"), lo=1, footer_less=False),
     Knob(PLACEMENT, R_PLACEMENT, "placement", "placement", "placement", "", "CAN_SET_PLACEMENT",
          "move the draft: sharded (target's TP group) → replicated (every rank) → rank0",
-         ("p",), ("p",), ("Next draft placement",), values=PLACEMENTS),
+         ("p",), ("p",), ("Next draft placement",), values=PLACEMENTS, sglang_flag=False),
 )
 """Every knob, in display order. Read it at call time (never copy it at import): a test adds a row."""
 
