@@ -74,11 +74,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(load=4)
 
 
-TUNING_KINDS = ("tuning_started", "tuning_probe", "tuning_prediction", "tuning_applied",
-                "tuning_verified", "tuning_rolled_back", "tuning_refused", "tuning_problem",
-                "tuning_finished")
-
-
 def _say(line: str) -> None:
     print(terminal_safe(line, keep_newlines=True), flush=True)
 
@@ -117,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     from tuner.commands.keys import ApiKeyError, api_key_of
     from tuner.core.records import thaw
     from tuner.core.session import Session
-    from tuner.tuning.live import InlineRunner, Tuner, TunerOptions, TuningError
+    from tuner.tuning.live import TUNING_KINDS, InlineRunner, Tuner, TunerOptions, TuningError
     from tuner.tuning.settings import tune_space
     from tuner.tuning.summary import summary
 

@@ -50,6 +50,10 @@ class EventKinds:
     PROBLEM = "tuning_problem"        # message
 
 
+TUNING_KINDS: tuple[str, ...] = tuple(v for k, v in vars(EventKinds).items() if k.isupper())
+"""Every kind the tuner emits: what the tune screen, `tune` and a replay read back."""
+
+
 @dataclass(frozen=True)
 class TunerOptions:
     budget_s: float = 300.0

@@ -14,11 +14,9 @@ from typing import Any, Iterable, Mapping
 
 from tuner.core import setting as vocab
 from tuner.core.records import Event, thaw
+from tuner.tuning.live import TUNING_KINDS  # noqa: F401  (re-exported for the app)
 from tuner.tuning.summary import costs, label
 
-TUNING_KINDS = ("tuning_started", "tuning_probe", "tuning_prediction", "tuning_applied",
-                "tuning_verified", "tuning_rolled_back", "tuning_refused", "tuning_problem",
-                "tuning_finished")
 
 
 setting_key = vocab.key_of
