@@ -16,7 +16,7 @@ from tuner.core import acceptance as A
 from tuner.core import series as S
 from tuner.core.events import EventKind
 from tuner.core.records import NAN, Event, Sample
-from tuner.backends.base import DRAFT_TOKENS, PLACEMENT, STEPS, TOPK
+from tuner.backends.base import DRAFT_TOKENS, STEPS, TOPK
 from tuner.core import setting as vocab
 from tuner.backends.promtext import MAX_ACCEPT_POSITION, MetricSet, tail_counts
 

@@ -23,7 +23,6 @@ from tuner.widgets.event_log import LogLine
 from tuner.widgets.fmt import is_num
 from tuner.widgets.gpus import GpuRow, GpuView
 from tuner.widgets.phases import PhaseView
-from tuner.widgets.tune_view import short_label
 
 NAN = math.nan
 
@@ -218,20 +217,20 @@ def _tuning_line(e: Event, t: float) -> LogLine | None:
     """The tuner's decisions (tuner.tuning.live's events) in the log; probes stay in the tune screen."""
     d = e.data
     if e.kind == "tuning_started":
-        return LogLine(t, f"tuning from {short_label(d.get('initial') or {})}", "info")
+        return LogLine(t, f"tuning from {vocab.compact(d.get('initial') or {})}", "info")
     if e.kind == "tuning_applied":
         gain = d.get("predicted_gain")
         more = f" (predicted {gain * 100:+.0f}%)" if isinstance(gain, (int, float)) else ""
-        return LogLine(t, f"tuner tries {short_label(d.get('setting') or {})}{more}", "info")
+        return LogLine(t, f"tuner tries {vocab.compact(d.get('setting') or {})}{more}", "info")
     if e.kind == "tuning_verified" and isinstance(d.get("ratio"), (int, float)):
-        return LogLine(t, f"tuner A/B {short_label(d.get('setting') or {})}: {d.get('verdict')} "
+        return LogLine(t, f"tuner A/B {vocab.compact(d.get('setting') or {})}: {d.get('verdict')} "
                           f"{(d['ratio'] - 1) * 100:+.1f}%", "good" if d.get("verdict") == "better" else "info")
     if e.kind == "tuning_rolled_back":
-        return LogLine(t, f"tuner rolled back {short_label(d.get('setting') or {})}: {d.get('reason', '')}", "warn")
+        return LogLine(t, f"tuner rolled back {vocab.compact(d.get('setting') or {})}: {d.get('reason', '')}", "warn")
     if e.kind == "tuning_problem":
         return LogLine(t, f"tuner: {d.get('message', '?')}", "warn")
     if e.kind == "tuning_finished":
-        return LogLine(t, f"tuning done: best {short_label(d.get('best') or {})} ({d.get('stop_reason', '')})", "good")
+        return LogLine(t, f"tuning done: best {vocab.compact(d.get('best') or {})} ({d.get('stop_reason', '')})", "good")
     return None
 
 
