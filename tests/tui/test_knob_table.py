@@ -132,3 +132,13 @@ def test_no_knob_key_shadows_another_key():
     knob_keys = [k for b in tapp.knob_bindings() for k in b.key.split(",")]
     other = [k for b in tapp.OTHER_BINDINGS for k in b.key.split(",")]
     assert len(set(knob_keys)) == len(knob_keys) and not set(knob_keys) & set(other)
+
+
+def test_the_table_names_the_shared_knobs_and_every_row_has_a_capability_flag():
+    from probes import names
+    from tuner.backends.base import Capabilities
+
+    assert vocab.args() == names.KNOBS
+    assert vocab.knob(names.PLACEMENT).values is names.PLACEMENTS
+    assert all(k.capability in Capabilities.__dataclass_fields__ for k in vocab.KNOBS)
+    assert len({k.name for k in vocab.KNOBS}) == len({k.word for k in vocab.KNOBS}) == len(vocab.KNOBS)
