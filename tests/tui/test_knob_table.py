@@ -25,9 +25,10 @@ from tuner.widgets.knobs import KnobsPanel, KnobView
 
 ARG = "speculative_accept_threshold_single"
 EXTRA = vocab.Knob(
-    ARG, "accept_threshold_single", "accept_single", "accept", "accept thr.", "a", "CAN_SET_ACCEPT_THRESHOLD",
-    "raise / lower the single-token acceptance threshold (speculative_accept_threshold_single)",
-    ("j", "J"), ("j", "J"), ("Raise the accept threshold", "Lower the accept threshold"),
+    arg=ARG, key="accept_threshold_single", name="accept_single", word="accept", label="accept thr.",
+    letter="a", capability="CAN_SET_ACCEPT_THRESHOLD",
+    help="raise / lower the single-token acceptance threshold (speculative_accept_threshold_single)",
+    keys=("j", "J"), shown=("j", "J"), palette=("Raise the accept threshold", "Lower the accept threshold"),
     lo=0.0, hi=1.0, step=0.1, tune=(0.5, 1.0))
 ACTIVE = {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4,
           "speculative_draft_placement": "sharded", ARG: 0.7}
@@ -118,6 +119,8 @@ def test_the_tuners_space_sweeps_it_only_where_the_server_can_change_it(extra_kn
     assert sglang_flags(s)[-2:] == ["--speculative-accept-threshold-single", "0.5"]
     with pytest.raises(ValueError, match="outside"):
         vocab.Setting(2, extra=(("accept_threshold_single", 1.5),))
+    with pytest.raises(ValueError, match="accept_single must be a number"):      # a bad record is one line
+        parse_record({**rec, "accept_threshold_single": "high"})
 
 
 def test_a_stepped_knob_stays_in_bounds_and_a_cycled_one_wraps():

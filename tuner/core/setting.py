@@ -18,7 +18,7 @@ from probes.names import (DRAFT_TOKENS, PINNED_STEPS, PLACEMENT, PLACEMENTS, R_D
                           R_STEPS, R_TOPK, SHARDED, STEPS, TOPK, tree_pool)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Knob:
     """One knob, in every spelling the operator side needs.
 
@@ -89,19 +89,25 @@ class Knob:
 
 
 KNOBS: tuple[Knob, ...] = (
-    Knob(STEPS, R_STEPS, "steps", "steps", "steps", "s", "CAN_SET_STEPS",
-         "one more / one fewer draft step (speculative_num_steps; 0 = tier 0, draft kept warm)",
-         ("plus,equals_sign", "minus"), ("+", "-"), ("More draft steps", "Fewer draft steps"),
-         lo=0, aliases=(PINNED_STEPS,)),
-    Knob(TOPK, R_TOPK, "topk", "topk", "topk", "k", "CAN_SET_TOPK",
-         "wider / narrower draft tree (speculative_eagle_topk)",
-         ("t", "T"), ("t", "T"), ("Wider draft tree", "Narrower draft tree"), lo=1, footer_less=False),
-    Knob(DRAFT_TOKENS, R_DRAFT_TOKENS, "draft_tokens", "draft", "draft tokens", "N", "CAN_SET_DRAFT_TOKENS",
-         "more / fewer tokens verified per step (speculative_num_draft_tokens)",
-         ("d", "D"), ("d", "D"), ("More draft tokens", "Fewer draft tokens"), lo=1, footer_less=False),
-    Knob(PLACEMENT, R_PLACEMENT, "placement", "placement", "placement", "", "CAN_SET_PLACEMENT",
-         "move the draft: sharded (target's TP group) → replicated (every rank) → rank0",
-         ("p",), ("p",), ("Next draft placement",), values=PLACEMENTS, sglang_flag=False),
+    Knob(arg=STEPS, key=R_STEPS, name="steps", word="steps", label="steps", letter="s",
+         capability="CAN_SET_STEPS",
+         help="one more / one fewer draft step (speculative_num_steps; 0 = tier 0, draft kept warm)",
+         keys=("plus,equals_sign", "minus"), shown=("+", "-"),
+         palette=("More draft steps", "Fewer draft steps"), lo=0, aliases=(PINNED_STEPS,)),
+    Knob(arg=TOPK, key=R_TOPK, name="topk", word="topk", label="topk", letter="k",
+         capability="CAN_SET_TOPK",
+         help="wider / narrower draft tree (speculative_eagle_topk)",
+         keys=("t", "T"), shown=("t", "T"),
+         palette=("Wider draft tree", "Narrower draft tree"), lo=1, footer_less=False),
+    Knob(arg=DRAFT_TOKENS, key=R_DRAFT_TOKENS, name="draft_tokens", word="draft", label="draft tokens",
+         letter="N", capability="CAN_SET_DRAFT_TOKENS",
+         help="more / fewer tokens verified per step (speculative_num_draft_tokens)",
+         keys=("d", "D"), shown=("d", "D"),
+         palette=("More draft tokens", "Fewer draft tokens"), lo=1, footer_less=False),
+    Knob(arg=PLACEMENT, key=R_PLACEMENT, name="placement", word="placement", label="placement", letter="",
+         capability="CAN_SET_PLACEMENT",
+         help="move the draft: sharded (target's TP group) → replicated (every rank) → rank0",
+         keys=("p",), shown=("p",), palette=("Next draft placement",), values=PLACEMENTS, sglang_flag=False),
 )
 """Every knob, in display order. Read it at call time (never copy it at import): a test adds a row."""
 
@@ -146,7 +152,7 @@ def from_record(record: Mapping[str, Any]) -> dict[str, Any]:
 def key_of(d: Mapping[str, Any]) -> tuple:
     """A hashable key for a setting's JSON (record keys), in table order; tier 0 is one point."""
     if d.get(R_STEPS) == 0:
-        d = {R_STEPS: 0, R_TOPK: 1, R_DRAFT_TOKENS: 1, R_PLACEMENT: SHARDED}
+        d = Setting(0).to_json()
     return tuple(d.get(k.key) for k in KNOBS)
 
 
@@ -158,7 +164,8 @@ def from_key(key: tuple) -> dict[str, Any]:
 # -- the ways a setting is written ------------------------------------------------------------
 
 def _off(d: Mapping[str, Any]) -> bool:
-    return value_of(d, KNOBS[0]) == 0
+    steps = knob(STEPS)
+    return steps is not None and value_of(d, steps) == 0
 
 
 def compact(d: Mapping[str, Any]) -> str:
@@ -284,7 +291,12 @@ def setting_problem(s: Setting) -> str | None:
         k = knob(key)
         if k is None:
             return f"unknown knob {key!r}"
-        if (k.lo is not None and v < k.lo) or (k.hi is not None and v > k.hi):
+        if k.cycled:
+            if v not in k.values:
+                return f"unknown {k.name} {v!r} (expected one of {', '.join(k.values)})"
+        elif isinstance(v, bool) or not isinstance(v, (int, float)):
+            return f"{k.name} must be a number (got {v!r})"      # a record is data: never a TypeError
+        elif (k.lo is not None and v < k.lo) or (k.hi is not None and v > k.hi):
             return f"{k.name}={v} is outside {k.lo}..{k.hi}"
     return None
 
