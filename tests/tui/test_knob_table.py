@@ -145,3 +145,12 @@ def test_the_table_names_the_shared_knobs_and_every_row_has_a_capability_flag():
     assert vocab.knob(names.PLACEMENT).values is names.PLACEMENTS
     assert all(k.capability in Capabilities.__dataclass_fields__ for k in vocab.KNOBS)
     assert len({k.name for k in vocab.KNOBS}) == len({k.word for k in vocab.KNOBS}) == len(vocab.KNOBS)
+
+
+def test_an_sglang_server_says_which_relaunch_flag_changes_it(extra_knob):
+    from tuner.backends.sglang import SGLangBackend
+
+    caps = SGLangBackend("http://127.0.0.1:9").capabilities      # nothing is contacted to say this
+    assert not caps.can_set(ARG)
+    assert caps.why_not(ARG).endswith("relaunch the server with --speculative-accept-threshold-single N")
+    assert ARG in caps.restart_keys

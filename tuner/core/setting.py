@@ -66,6 +66,11 @@ class Knob:
     def cycled(self) -> bool:
         return bool(self.values)
 
+    @property
+    def launch_flag(self) -> str:
+        """SGLang's launch flag (its ServerArgs field as argparse spells it), "" when it has none."""
+        return "--" + self.arg.replace("_", "-") if self.sglang_flag else ""
+
     def moves(self) -> tuple[tuple[str, str, int, str], ...]:
         """(key, shown, delta, footer label) per binding: +1/-1 for a stepped knob, +1 (next) cycled."""
         if self.cycled:

@@ -24,8 +24,8 @@ def sglang_flags(s: Setting) -> list[str]:
     args = s.as_server_args()
     out = ["--speculative-algorithm", "EAGLE3"]
     for k in vocab.knobs():
-        if k.sglang_flag and k.arg in args:
-            out += ["--" + k.arg.replace("_", "-"), str(args[k.arg])]    # SGLang's ServerArgs → argparse rule
+        if k.launch_flag and k.arg in args:
+            out += [k.launch_flag, str(args[k.arg])]
     return out
 
 
