@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write the result (predictions, fitted model, flags) as JSON")
     parser.add_argument("--max-steps", type=int, default=7, help="deepest chain to consider (default 7)")
     parser.add_argument("--topk", type=int_list, default=[1],
-                        help="topk values to consider, e.g. 1,4 (trees need --draft-tokens)")
+                        help="topk values to consider, e.g. 1,4 (chains, topk 1, always are; trees need --draft-tokens)")
     parser.add_argument("--draft-tokens", type=int_list, default=[],
                         help="num_draft_tokens values for trees, e.g. 8,16")
     parser.add_argument("--placements", type=_placements, default=None,
