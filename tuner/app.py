@@ -12,30 +12,79 @@ import time
 from typing import Any, Iterable
 
 from textual import on, work
+from textual.actions import parse
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Static
 
-from probes.names import SHARDED
-from tuner.backends.base import DRAFT_TOKENS as DRAFT
-from tuner.backends.base import PLACEMENT, PLACEMENTS, STEPS, TOPK
+from probes.names import STEPS
+from tuner.core import setting as vocab
 from tuner.core.records import thaw
 from tuner.core.session import Session
 from tuner.messages import CaptureFinished, CaptureProgress, ControlFinished, PySpyFinished
 from tuner.screens.help import HelpScreen
 from tuner.screens.main import CHART_WINDOW_S, MainScreen
 from tuner.screens.tune import TuneScreen
-from tuner.widgets import views
 from tuner.widgets.fmt import rel_time
-from tuner.widgets.knobs import KnobsPanel
+from tuner.widgets.knobs import KnobsPanel, knob_action
 from tuner.widgets.tune_view import TUNING_KINDS, recorded_doc
 
 DEFAULT_LOAD = 4
 TUNE_BUDGET_S = 120.0
 TUNE_MAX_STEPS = 5
-CONTROL_ACTIONS = {"steps", "topk", "draft_tokens", "placement", "toggle_load", "capture_trace", "pyspy"}
+CONTROL_ACTIONS = {"knob", "toggle_load", "capture_trace", "pyspy"}
 REPLAY_ACTIONS = {"pause", "step", "seek", "speed"}
+
+
+def knob_bindings() -> list[Binding]:
+    """One binding per knob move, from the knob table (a stepped knob's "less" key is footer-hidden
+    unless the row says otherwise)."""
+    out = []
+    for k in vocab.knobs():
+        for i, (key, shown, delta, label) in enumerate(k.moves()):
+            out.append(Binding(key, knob_action(k, delta), label, key_display=shown,
+                               show=i == 0 or k.footer_less))
+    return out
+
+
+OTHER_BINDINGS = [
+    Binding("l", "toggle_load", "load"),
+    Binding("c", "capture_trace", "trace"),
+    Binding("y", "pyspy", "py-spy"),
+    Binding("a", "analysis", "analysis"),
+    Binding("u", "tune", "tune"),
+    Binding("space", "pause", "pause"),
+    Binding("full_stop", "step", "step", key_display="."),
+    Binding("left", "seek(-10)", "-10s", key_display="←", priority=True),
+    Binding("right", "seek(10)", "+10s", key_display="→", priority=True),
+    Binding("less_than_sign", "speed(0.5)", "slower", key_display="<"),
+    Binding("greater_than_sign", "speed(2)", "faster", key_display=">"),
+    Binding("question_mark,f1", "help", "help", key_display="?"),
+    Binding("q", "quit", "quit"),
+]
+"""The keys that are not knobs: load, captures, the tune screen, replay, help."""
+
+
+def app_bindings() -> list[Binding]:
+    """The app's keys: the knob table's, then the rest (read when the app class is made)."""
+    return [*knob_bindings(), *OTHER_BINDINGS]
+
+
+def action_id(action: str) -> str:
+    """The help's name for a binding's action: a knob move is its knob's name, e.g. "steps"."""
+    _, name, params = parse(action)
+    return str(params[0]) if name == "knob" and params else name
+
+
+def knob_commands() -> list[tuple[str, str, str, int]]:
+    """(palette title, help, knob name, delta) per knob move, from the knob table."""
+    out = []
+    for k in vocab.knobs():
+        for (_, _, delta, _), title in zip(k.moves(), k.palette):
+            hint = " → ".join(k.values) if k.cycled else f"{k.arg} {'+' if delta > 0 else '-'} {k.step:g}"
+            out.append((title, hint, k.name, delta))
+    return out
 
 
 class TunerApp(App[None]):
@@ -51,28 +100,7 @@ class TunerApp(App[None]):
 
     CSS_PATH = "app.tcss"
     TITLE = "specdecode-tune"
-    BINDINGS = [
-        Binding("plus,equals_sign", "steps(1)", "steps+", key_display="+"),
-        Binding("minus", "steps(-1)", "steps-", key_display="-"),
-        Binding("t", "topk(1)", "topk+"),
-        Binding("T", "topk(-1)", "topk-", show=False),
-        Binding("d", "draft_tokens(1)", "draft+"),
-        Binding("D", "draft_tokens(-1)", "draft-", show=False),
-        Binding("p", "placement", "placement"),
-        Binding("l", "toggle_load", "load"),
-        Binding("c", "capture_trace", "trace"),
-        Binding("y", "pyspy", "py-spy"),
-        Binding("a", "analysis", "analysis"),
-        Binding("u", "tune", "tune"),
-        Binding("space", "pause", "pause"),
-        Binding("full_stop", "step", "step", key_display="."),
-        Binding("left", "seek(-10)", "-10s", key_display="←", priority=True),
-        Binding("right", "seek(10)", "+10s", key_display="→", priority=True),
-        Binding("less_than_sign", "speed(0.5)", "slower", key_display="<"),
-        Binding("greater_than_sign", "speed(2)", "faster", key_display=">"),
-        Binding("question_mark,f1", "help", "help", key_display="?"),
-        Binding("q", "quit", "quit"),
-    ]
+    BINDINGS = app_bindings()
 
     def __init__(self, session: Session, *, tick_s: float | None = 0.25, load_concurrency: int = 0,
                  prompts: list[dict] | None = None, chart_window_s: float = CHART_WINDOW_S,
@@ -175,35 +203,25 @@ class TunerApp(App[None]):
     def tuning_on_screen(self) -> bool:
         return bool(self.screen_stack) and isinstance(self.screen_stack[-1], TuneScreen)
 
-    def action_steps(self, delta: int) -> None:
-        self._bump(STEPS, delta, lo=0)
-
-    def action_topk(self, delta: int) -> None:
-        self._bump(TOPK, delta, lo=1)
-
-    def action_draft_tokens(self, delta: int) -> None:
-        self._bump(DRAFT, delta, lo=1)
-
-    def action_placement(self) -> None:
-        current = self.session.active_config().get(PLACEMENT)
-        nxt = PLACEMENTS[(PLACEMENTS.index(current) + 1) % len(PLACEMENTS)] if current in PLACEMENTS else PLACEMENTS[0]
-        self.request_change(PLACEMENT, nxt)
-
-    def _bump(self, key: str, delta: int, lo: int) -> None:
-        current = self.session.active_config().get(key)
-        if not isinstance(current, int):
-            self.notify(f"the server has not reported {views.knob_name(key)} yet", severity="warning")
+    def action_knob(self, name: str, delta: int = 1) -> None:
+        """One key press on a knob of the table: a step within its bounds, or its next value."""
+        k = vocab.knob(name)
+        if k is None:
             return
-        self.request_change(key, max(lo, current + delta))
+        nxt = k.bumped(self.session.active_config().get(k.arg), delta)
+        if nxt is None:
+            self.notify(f"the server has not reported {k.word} yet", severity="warning")
+            return
+        self.request_change(k.arg, nxt)
 
     def request_change(self, key: str, value: Any) -> None:
         """Send one change, unless the backend cannot do it (then say why)."""
         reason = self.capability(key)
         if reason:
-            self.notify(reason, title=f"{views.knob_name(key)} cannot change here", severity="warning")
+            self.notify(reason, title=f"{vocab.word(key)} cannot change here", severity="warning")
             return
         old = self.session.active_config().get(key)
-        self.pending = f"{views.knob_name(key)} {old} → {value}"
+        self.pending = f"{vocab.word(key)} {old} → {value}"
         self.refused = ""
         self._send_change(key, value)
         self.main.query_one("#knobs", KnobsPanel).show(self.main.knob_view(self.session.active_config()))
@@ -221,7 +239,7 @@ class TunerApp(App[None]):
     def _control_finished(self, message: ControlFinished) -> None:
         self.pending = ""
         if not message.ok:
-            self.refused = f"{views.knob_name(message.key)}={message.value}: {message.reason or 'no reason given'}"
+            self.refused = f"{vocab.word(message.key)}={message.value}: {message.reason or 'no reason given'}"
             self.notify(self.refused, title="refused", severity="error")
         self.main.query_one("#knobs", KnobsPanel).show(self.main.knob_view(self.session.active_config()))
 
@@ -347,15 +365,11 @@ class TunerApp(App[None]):
         self.push_screen(TuneScreen(tuner))
 
     def tune_space(self) -> list:
-        """Chains 1..tune_max_steps, tier 0 (draft kept warm), every placement the server can set live, and
-        trees for each tune topk > 1 × draft-token count when the server changes topk live."""
-        from tuner.tuning.settings import PLACEMENTS as ALL, settings_space
+        """tuning.settings.tune_space over what this server can change live (tune_max_steps deep)."""
+        from tuner.tuning.settings import tune_space
 
-        placements = [p for p in (self.tune_placements or ALL) if p == SHARDED or not self.capability(PLACEMENT)]
-        trees = not self.capability(TOPK) and self.tune_draft_tokens
-        topks = sorted(set(self.tune_topks) | {1}) if trees else [1]
-        return settings_space(self.tune_max_steps, topks, list(self.tune_draft_tokens) if trees else [],
-                              placements, include_off=True)
+        return tune_space(lambda arg: not self.capability(arg), self.tune_max_steps, self.tune_topks,
+                          self.tune_draft_tokens, self.tune_placements, include_off=True)
 
     def _new_tuner(self) -> tuple[Any, str]:
         """A Tuner over the session, or None and why not (one line)."""
@@ -443,10 +457,9 @@ class TunerApp(App[None]):
         keys = []
         for b in self.BINDINGS:
             assert isinstance(b, Binding)
-            name = b.action.split("(")[0]
-            if self.check_action(name, ()) is False:
+            if self.check_action(parse(b.action)[1], ()) is False:
                 continue
-            keys.append((b.key_display or b.key.split(",")[0], name, b.description))
+            keys.append((b.key_display or b.key.split(",")[0], action_id(b.action), b.description))
         keys.append(("ctrl+p", "command_palette", "palette"))
         return keys
 
@@ -456,9 +469,8 @@ class TunerApp(App[None]):
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         if not self.read_only:
-            yield SystemCommand("More draft steps", "speculative_num_steps + 1", lambda: self.action_steps(1))
-            yield SystemCommand("Fewer draft steps", "speculative_num_steps - 1", lambda: self.action_steps(-1))
-            yield SystemCommand("Next draft placement", "sharded → replicated → rank0", self.action_placement)
+            for title, hint, name, delta in knob_commands():
+                yield SystemCommand(title, hint, lambda name=name, delta=delta: self.action_knob(name, delta))
             yield SystemCommand("Toggle the load driver", "start or stop the client load", self.action_toggle_load)
             yield SystemCommand("Capture a trace", "torch profiler on every rank, then the analysis",
                                 self.action_capture_trace)

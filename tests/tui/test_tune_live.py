@@ -53,7 +53,7 @@ def test_tune_screen_runs_the_tuner_and_applies_a_row(engine):
             screen = app.screen
             assert isinstance(screen, TuneScreen) and app.tuner is screen.tuner
             # The knob keys belong to the tuner while its screen is up.
-            assert app.check_action("steps", (1,)) is False
+            assert app.check_action("knob", ("steps", 1)) is False
             seen = set()
             # The tuner keeps its own budget (20 s of its clock); the wait only bounds a hang, so a
             # busy machine that stretches the tuner's iterations does not fail it.

@@ -166,11 +166,13 @@ def test_setting_text():
 def test_knob_markup_parses_with_every_control_and_hides_them_read_only():
     from tuner.widgets.knobs import KnobsPanel, KnobView
 
-    view = KnobView(steps=3, topk=1, num_draft_tokens=4, placement="sharded", load="off",
+    view = KnobView({"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4,
+                     "speculative_draft_placement": "sharded"}, load="off",
                     refused="draft=5: [not] markup", pending="steps 3 → 4")
     text = KnobsPanel.markup(view).plain
     assert " - " in text and " + " in text and " p " in text and "[not] markup" in text
-    read_only = KnobsPanel.markup(KnobView(steps=3, placement="rank0", read_only=True)).plain
+    read_only = KnobsPanel.markup(KnobView({"speculative_num_steps": 3, "speculative_draft_placement": "rank0"},
+                                           read_only=True)).plain
     assert " + " not in read_only and "rank0" in read_only
 
 

@@ -46,7 +46,7 @@ def test_tune_applies_and_explains_on_a_slow_link(slow_link_server, tmp_path):
     rec = tmp_path / "tune.db"
     proc, res = _tune(url, tmp_path, "--apply", "--out", str(rec))
     text = proc.stdout
-    assert "tuning from steps 3 topk 1 N 4 sharded" in text
+    assert "tuning from steps 3 topk 1 draft 4 sharded" in text
     assert "predicted vs measured" in text and "fitted costs:" in text
     # The measured collective share of the sharded draft is large on the slowed link ...
     w = res["what_if"] or {}

@@ -43,8 +43,8 @@ def test_summary_explains_the_choice():
     drive(clock, engine, session, tuner)
     doc = json.loads(json.dumps(tuner.result.to_json()))
     text = "\n".join(summary(doc))
-    assert "best: steps 3 topk 1 N 4 replicated" in text
-    assert "A/B steps 3 topk 1 N 4 replicated vs steps 5 topk 1 N 6 sharded: better" in text
+    assert "best: steps 3 topk 1 draft 4 replicated" in text
+    assert "A/B steps 3 topk 1 draft 4 replicated vs steps 5 topk 1 draft 6 sharded: better" in text
     assert "draft step" in text and "acceptance p_k" in text
     assert "acceptance-only policy" in text
     assert "has no SGLang 0.5.23 flag" in text          # the placement note

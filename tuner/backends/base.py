@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from tuner.core import setting as vocab
 from tuner.core.bus import Bus
 from tuner.core.clock import Clock
 from tuner.core.events import EventKind
@@ -48,9 +49,9 @@ class Capabilities:
         object.__setattr__(self, "reasons", MappingProxyType(dict(self.reasons)))
 
     def can_set(self, key: str) -> bool:
-        """Whether `key` can be changed live."""
-        return {STEPS: self.CAN_SET_STEPS, TOPK: self.CAN_SET_TOPK, DRAFT_TOKENS: self.CAN_SET_DRAFT_TOKENS,
-                PLACEMENT: self.CAN_SET_PLACEMENT}.get(key, False) and not self.READ_ONLY
+        """Whether `key` (a server-arg name) can be changed live: its knob-table row's flag."""
+        k = vocab.knob(key)
+        return k is not None and k.arg == key and bool(getattr(self, k.capability, False)) and not self.READ_ONLY
 
     def why_not(self, key: str) -> str | None:
         """None when `key` can be changed live, else the reason to show in place of the control."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tuner.backends.base import DRAFT_TOKENS, KNOBS, PLACEMENT, STEPS, TOPK
+from tuner.backends.base import DRAFT_TOKENS, PLACEMENT, STEPS, TOPK
+from tuner.core import setting as vocab
 from tuner.core.text import terminal_safe
 
 SECRET_HINTS = ("api_key", "apikey", "api-key", "token", "password", "passwd", "secret")
@@ -81,7 +82,7 @@ def active_knobs(raw: dict[str, Any]) -> dict[str, Any]:
     value of a type no knob has (a list, an object) reads as absent too. Strings are made terminal-safe."""
     st = internal_state(raw)
     out: dict[str, Any] = {}
-    for k in (*KNOBS, *ACTIVE_EXTRA):
+    for k in (*vocab.args(), *ACTIVE_EXTRA):
         v = st.get(k)
         if isinstance(v, str):
             out[k] = shown(v, 64)

@@ -17,7 +17,8 @@ from tuner.core import acceptance as A
 from tuner.core import series as S
 from tuner.core.events import EventKind
 from tuner.core.records import NAN, Event, Sample
-from tuner.backends.base import DRAFT_TOKENS, PLACEMENT, STEPS, TOPK
+from tuner.backends.base import DRAFT_TOKENS, STEPS, TOPK
+from tuner.core import setting as vocab
 from tuner.backends.promtext import MAX_ACCEPT_POSITION, MetricSet, tail_counts
 
 # sglang:forward_execution_seconds_total categories -> our phases (sglang-0.5.23.md §7.4).
@@ -207,9 +208,8 @@ def _went_down(a: _Counters, b: _Counters) -> bool:
 
 
 def config_of(record: Mapping[str, Any]) -> dict[str, Any]:
-    """The knobs a phase record ran with, under their server-arg names."""
-    return {STEPS: record.get("steps"), TOPK: record.get("topk"),
-            DRAFT_TOKENS: record.get("num_draft_tokens"), PLACEMENT: record.get("placement")}
+    """The knobs a phase record ran with, under their server-arg names (the knob table's keys)."""
+    return vocab.from_record(record)
 
 
 @dataclass

@@ -15,12 +15,11 @@ from abc import abstractmethod
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
-from tuner.backends.base import (
-    KNOBS, Backend, Capabilities, ConnectionMonitor, ConnectionState, ControlResult,
-)
+from tuner.backends.base import Backend, Capabilities, ConnectionMonitor, ConnectionState, ControlResult
 from tuner.backends.derive import MetricsDeriver, PhaseStreamReader
 from tuner.backends.http import DEFAULT_DEADLINE_S, BadAnswer, HttpClient, ServerError, ServerSlow, ServerUnreachable
 from tuner.backends.promtext import MetricsParseError, parse_metrics, rank_info
+from tuner.core import setting as vocab
 from tuner.core.bus import Bus
 from tuner.core.clock import Clock, SystemClock
 from tuner.core.events import EventKind
@@ -346,9 +345,10 @@ class LiveBackend(Backend):
         if not changes:
             return refuse("nothing to change")
         caps = self.capabilities
-        unknown = [k for k in changes if k not in KNOBS]
+        known = vocab.args()
+        unknown = [k for k in changes if k not in known]
         if unknown:
-            return refuse(f"unknown setting {unknown[0]!r} (known: {', '.join(KNOBS)})")
+            return refuse(f"unknown setting {unknown[0]!r} (known: {', '.join(known)})")
         cannot = [caps.why_not(k) for k in changes if not caps.can_set(k)]
         if cannot:
             return refuse("; ".join(r for r in cannot if r))

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from tuner.backends.base import DRAFT_TOKENS, PLACEMENT, STEPS, TOPK, Capabilities
+from tuner.backends.base import PLACEMENT, STEPS, Capabilities
 from tuner.backends.common_info import common_info, internal_state, shown
 from tuner.backends.http import ServerError
 from tuner.backends.live import LiveBackend
+from tuner.core import setting as vocab
 
 PIN_KEY = "specdecode_num_steps"
 TIMERS_KEY = "specdecode_timers"
@@ -73,12 +74,11 @@ class SGLangBackend(LiveBackend):
             # Never str.format a template holding a server string: "{build}" in a version is data.
             return f"SGLang {version} cannot change {what} live: relaunch the server with {flag}"
 
-        reasons = {
-            TOPK: relaunch("topk", "--speculative-eagle-topk N"),
-            DRAFT_TOKENS: relaunch("num_draft_tokens", "--speculative-num-draft-tokens N"),
-            PLACEMENT: (f"SGLang {version} has no draft placement setting: the draft runs on the target's "
-                        "TP group (a relaunch with attention-DP moves it)"),
-        }
+        # Every knob with a launch flag but steps (the plugin's, below) needs a relaunch on SGLang.
+        reasons = {k.arg: relaunch(k.label, f"{k.launch_flag} N") for k in vocab.knobs()
+                   if k.launch_flag and k.arg != STEPS}
+        reasons[PLACEMENT] = (f"SGLang {version} has no draft placement setting: the draft runs on the target's "
+                              "TP group (a relaunch with attention-DP moves it)")
         if not plugin:
             reasons[STEPS] = (f"SGLang {version} cannot change steps live without the specdecode plugin "
                               "(install specdecode-tune[sglang] into the server's environment, launch with "
@@ -93,7 +93,7 @@ class SGLangBackend(LiveBackend):
             HAS_PHASE_TIMERS=plugin and self.phase_stream is not False,
             HAS_PHASE_STREAM=bool(self.phase_stream),
             LOCAL_GPUS=self.local_gpus(), reasons=reasons,
-            restart_keys=frozenset({STEPS, TOPK, DRAFT_TOKENS, PLACEMENT}),
+            restart_keys=frozenset(vocab.args()),
         )
 
     def wire_changes(self, changes: Mapping[str, Any]) -> dict[str, Any]:

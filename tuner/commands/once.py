@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from probes.names import KNOBS
+from tuner.core import setting as vocab
 from tuner.core.text import terminal_safe
 
 DEFAULT_PROMPTS = [
@@ -87,7 +87,7 @@ def readings(session: Any, t0: float) -> dict[str, Any]:
     for key, series in (("wall_ms", S.PHASE_WALL_MS), ("idle_ms", S.PHASE_IDLE_MS)):
         out[key] = _mean(st, series, t0)
     caps = session.backend.capabilities if session.backend is not None else None
-    out["live"] = {k: (caps.why_not(k) or "live") for k in KNOBS} if caps else {}
+    out["live"] = {k: (caps.why_not(k) or "live") for k in vocab.args()} if caps else {}
     out["has_phase_timers"] = bool(caps and caps.HAS_PHASE_TIMERS)
     out["problems"] = [e.data.get("error") for e in st.events(("poll_error", "load_error"))]
     return _nan_to_none(out)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from probes.names import DRAFT_TOKENS, PLACEMENT, STEPS, TOPK
+from tuner.core.setting import pairs as setting_pairs
 from tuner.core.text import terminal_safe
 
 TICK_S = 0.1
@@ -325,9 +325,7 @@ class RecordLoop:
 
 
 def _setting(active: Any) -> str:
-    short = {STEPS: "steps", TOPK: "topk",
-             DRAFT_TOKENS: "draft_tokens", PLACEMENT: "placement"}
-    return " ".join(f"{v}={active[k]}" for k, v in short.items() if k in active)
+    return setting_pairs(active)
 
 
 # -- the command ------------------------------------------------------------------------------------

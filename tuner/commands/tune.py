@@ -17,7 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-from probes.names import PLACEMENT, SHARDED
 from tuner.core.text import terminal_safe
 
 
@@ -65,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write the result (predictions, fitted model, flags) as JSON")
     parser.add_argument("--max-steps", type=int, default=7, help="deepest chain to consider (default 7)")
     parser.add_argument("--topk", type=int_list, default=[1],
-                        help="topk values to consider, e.g. 1,4 (trees need --draft-tokens)")
+                        help="topk values to consider, e.g. 1,4 (chains, topk 1, always are; trees need --draft-tokens)")
     parser.add_argument("--draft-tokens", type=int_list, default=[],
                         help="num_draft_tokens values for trees, e.g. 8,16")
     parser.add_argument("--placements", type=_placements, default=None,
@@ -73,11 +72,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-off", action="store_true", help="do not consider tier 0 (steps 0, draft kept warm)")
     add_load_arguments(parser)
     parser.set_defaults(load=4)
-
-
-TUNING_KINDS = ("tuning_started", "tuning_probe", "tuning_prediction", "tuning_applied",
-                "tuning_verified", "tuning_rolled_back", "tuning_refused", "tuning_problem",
-                "tuning_finished")
 
 
 def _say(line: str) -> None:
@@ -118,8 +112,8 @@ def run(args: argparse.Namespace) -> int:
     from tuner.commands.keys import ApiKeyError, api_key_of
     from tuner.core.records import thaw
     from tuner.core.session import Session
-    from tuner.tuning.live import InlineRunner, Tuner, TunerOptions, TuningError
-    from tuner.tuning.settings import PLACEMENTS, settings_space
+    from tuner.tuning.live import TUNING_KINDS, InlineRunner, Tuner, TunerOptions, TuningError
+    from tuner.tuning.settings import tune_space
     from tuner.tuning.summary import summary
 
     try:
@@ -160,10 +154,8 @@ def run(args: argparse.Namespace) -> int:
             return 2
     session = Session(backend, recorder=recorder)
     session.start()
-    placements = args.placements or [p for p in PLACEMENTS if p == SHARDED
-                                     or backend.capabilities.can_set(PLACEMENT)]
-    space = settings_space(args.max_steps, args.topk, args.draft_tokens, placements,
-                           include_off=not args.no_off)
+    space = tune_space(backend.capabilities.can_set, args.max_steps, args.topk, args.draft_tokens,
+                       args.placements, include_off=not args.no_off)
     tuner = None
     try:
         try:

@@ -17,8 +17,9 @@ from tuner import __version__
 from tuner.core import series as S
 from tuner.core.records import thaw
 from tuner.report import svg
-from tuner.report.summary import (GPU_TABLE_HEAD, KNOBS, SHORT, Summary, gpu_indices, gpu_table_rows, redact,
-                                  setting_key, setting_label)
+from tuner.core import setting as vocab
+from tuner.report.summary import (GPU_TABLE_HEAD, Summary, gpu_indices, gpu_table_rows, redact, setting_key,
+                                  setting_label)
 from tuner.report.svg import PALETTE, PHASE_COLORS, Band, Frame, Line, Marker, esc
 
 CSS = """
@@ -73,8 +74,8 @@ def _markers(s: Summary) -> tuple[list[Marker], list[Band]]:
     markers, bands = [], []
     for seg in s.segments:
         if seg.source in ("config_changed", "server_info"):
-            markers.append(Marker(seg.t0, " ".join(f"{SHORT[k]}={v}" for k, v in zip(KNOBS, seg.key)
-                                                   if v is not None and k != TOPK)))
+            markers.append(Marker(seg.t0, " ".join(f"{k.name}={v}" for k, v in zip(vocab.knobs(), seg.key)
+                                                   if v is not None and k.arg != TOPK)))
     for a, b, err in s.gaps:
         bands.append(Band(a, b, f"server gone: {err}", "#F4CCCC"))
     for a, b, tid in s.excluded:
@@ -219,10 +220,10 @@ def tuning_section(s: Summary) -> str:
         measured = {setting_label(r.key): r.tok_s for r in s.rows}
         rows = []
         for p in sorted(s.predictions, key=lambda p: -(p.get("tok_s") or 0))[:40]:
-            key = (p.get("steps"), p.get("topk"), p.get("num_draft_tokens"), p.get("placement"))
+            label = vocab.pairs(p) or "unknown setting"
             m = p.get("measured_tok_s")
-            m = m if m is not None else measured.get(setting_label(key))
-            rows.append([esc(setting_label(key)), _n(p.get("tok_s")), _n(p.get("sd")), _n(p.get("tau"), "{:.2f}"),
+            m = m if m is not None else measured.get(label)
+            rows.append([esc(label), _n(p.get("tok_s")), _n(p.get("sd")), _n(p.get("tau"), "{:.2f}"),
                          _n(p.get("t_ms"), "{:.2f}"), _n(m), esc(p.get("basis") or "")])
         out.append("<h3>Predictions (last fit)</h3>" +
                    _table(["setting", "predicted tok/s", "± sd", "τ", "T ms", "measured tok/s", "basis"], rows))
@@ -253,8 +254,9 @@ def config_section(s: Summary) -> str:
     start = info.get("active") or s.data.header.get("active") or {}
     last = s.segments[-1].key if s.segments else setting_key(start)
     rows = [[esc(k), esc(v)] for k, v in sorted(launch.items())]
-    act = [[esc(k), esc(start.get(k)), esc(dict(zip(KNOBS, last)).get(k, start.get(k)))]
-           for k in sorted(set(start) | set(KNOBS)) if k in start or k in KNOBS]
+    knobs = vocab.args()
+    act = [[esc(k), esc(start.get(k)), esc(dict(zip(knobs, last)).get(k, start.get(k)))]
+           for k in sorted(set(start) | set(knobs)) if k in start or k in knobs]
     out = ["<h3>Active setting (internal_states)</h3>", _table(["key", "at start", "at end"], act, left=3),
            "<details><summary>Launch arguments (/server_info top level; never change)</summary>",
            _table(["argument", "value"], rows, left=2), "</details>"]

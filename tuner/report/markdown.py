@@ -14,8 +14,8 @@ from tuner import __version__
 from tuner.core import series as S
 from tuner.report.acceptance_profile import bucket_table
 from tuner.report.html import _rel, _when
-from tuner.report.summary import (GPU_TABLE_HEAD, KNOBS, Summary, gpu_table_rows, redact, setting_key,
-                                  setting_label)
+from tuner.core import setting as vocab
+from tuner.report.summary import GPU_TABLE_HEAD, Summary, gpu_table_rows, redact, setting_key, setting_label
 from tuner.report.svg import fmt_clock
 
 
@@ -137,7 +137,7 @@ def render(s: Summary) -> str:
         if s.predictions:
             out += ["### Predictions (last fit)", "",
                     _table(["setting", "predicted tok/s", "sd", "tau", "T ms", "measured tok/s"],
-                           [[setting_label((p.get("steps"), p.get("topk"), p.get("num_draft_tokens"), p.get("placement"))),
+                           [[vocab.pairs(p) or "unknown setting",
                              _n(p.get("tok_s")), _n(p.get("sd")), _n(p.get("tau"), "{:.2f}"), _n(p.get("t_ms"), "{:.2f}"),
                              _n(p.get("measured_tok_s"))]
                             for p in sorted(s.predictions, key=lambda p: -(p.get("tok_s") or 0))[:40]]), ""]
@@ -146,7 +146,7 @@ def render(s: Summary) -> str:
     start = info.get("active") or h.get("active") or {}
     launch = redact(info.get("launch") or h.get("launch") or {})
     out += ["## Server configuration", "", "Active at start: " +
-            ", ".join(_code(f"{k}={start.get(k)}") for k in KNOBS if k in start), "",
+            ", ".join(_code(f"{k}={start.get(k)}") for k in vocab.args() if k in start), "",
             "<details><summary>Launch arguments</summary>", "",
             _table(["argument", "value"], [[k, v] for k, v in sorted(launch.items())]), "", "</details>", ""]
     if h.get("command"):

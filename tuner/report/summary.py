@@ -19,25 +19,24 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from probes.names import DRAFT_TOKENS, KNOBS, PLACEMENT, STEPS, TOPK
 from tuner import __version__
 from tuner.core import series as S
+from tuner.core import setting as vocab
 from tuner.core.ab import MIN_WINDOWS, SETTLE_ITERATIONS, SETTLE_S, WINDOW_S, ratio_of_medians
 from tuner.core.records import thaw
 from tuner.report.data import RecordingData, Series
 
-SHORT = {STEPS: "steps", TOPK: "topk",
-         DRAFT_TOKENS: "draft_tokens", PLACEMENT: "placement"}
 TUNING_PREFIX = "tuning_"
 
 
 def setting_key(active: Any) -> tuple:
-    return tuple((active or {}).get(k) for k in KNOBS)
+    """The report's columns: each table knob's active value (server-arg names), in table order."""
+    return tuple((active or {}).get(k) for k in vocab.args())
 
 
 def setting_label(key: tuple) -> str:
-    parts = [f"{SHORT[k]}={v}" for k, v in zip(KNOBS, key) if v is not None]
-    return " ".join(parts) if parts else "unknown setting"
+    """`steps=3 topk=1 draft_tokens=4 placement=sharded` for a `setting_key`."""
+    return vocab.pairs(dict(zip(vocab.args(), key))) or "unknown setting"
 
 
 @dataclass
@@ -79,7 +78,7 @@ class SettingRow:
 
     def to_json(self) -> dict[str, Any]:
         return _clean({
-            "setting": dict(zip(KNOBS, self.key)), "label": self.label, "seconds": self.seconds,
+            "setting": dict(zip(vocab.args(), self.key)), "label": self.label, "seconds": self.seconds,
             "settled_s": self.settled_s, "windows": len(self.windows), "tok_per_s_median": self.tok_s,
             "server_tok_per_s": self.server_tok_s, "client_tok_per_s": self.client_tok_s,
             "accept_len": self.accept_len, "accept_rate": self.accept_rate,
@@ -482,9 +481,7 @@ def tuning_of(data: RecordingData) -> tuple[list[dict[str, Any]], list[dict[str,
 
 def _tuning_text(kind: str, d: dict[str, Any]) -> str:
     def lab(s: Any) -> str:
-        if isinstance(s, dict):
-            return " ".join(f"{k}={s[k]}" for k in ("steps", "topk", "num_draft_tokens", "placement") if k in s)
-        return str(s)
+        return vocab.pairs(s) if isinstance(s, dict) else str(s)
 
     def num(x: Any, f: str = "{:.1f}") -> str:
         return f.format(x) if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"

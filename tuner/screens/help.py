@@ -13,12 +13,11 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Markdown, Static
 
-# action name -> what the key does, in words (the footer's labels are too short to explain).
+from tuner.core import setting as vocab
+
+# action name -> what the key does, in words (the footer's labels are too short to explain); a knob's
+# keys are named by the knob and explained by its row of the knob table (action_help).
 ACTION_HELP = {
-    "steps": "one more / one fewer draft step (speculative_num_steps; 0 = tier 0, draft kept warm)",
-    "topk": "wider / narrower draft tree (speculative_eagle_topk)",
-    "draft_tokens": "more / fewer tokens verified per step (speculative_num_draft_tokens)",
-    "placement": "move the draft: sharded (target's TP group) → replicated (every rank) → rank0",
     "toggle_load": "start or stop the client load (--load N requests in flight, 4 by default)",
     "capture_trace": "capture a profiler trace on every rank, then show where the time went",
     "pyspy": "sample the server's Python stacks with py-spy: its top functions",
@@ -55,18 +54,24 @@ PANELS = """
 """
 
 
+def action_help() -> dict[str, str]:
+    """What each action's keys do: the knob table's sentences, then the other actions'."""
+    return {**{k.name: k.help for k in vocab.knobs()}, **ACTION_HELP}
+
+
 def keys_table(keys: list[tuple[str, str, str]]) -> Table:
     """(key, action name, footer label) rows as a two-column table."""
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold #e0b040", no_wrap=True)
     table.add_column()
+    helps = action_help()
     seen: set[str] = set()
     for key, action, label in keys:
-        text = ACTION_HELP.get(action, label)
-        if action in seen and text == ACTION_HELP.get(action):
+        text = helps.get(action, label)
+        if action in seen and text == helps.get(action):
             # `+` and `-` share one sentence; show the pair on one line.
             continue
-        pair = [k for k, a, _ in keys if a == action] if action in ACTION_HELP else [key]
+        pair = [k for k, a, _ in keys if a == action] if action in helps else [key]
         seen.add(action)
         table.add_row(" ".join(pair), Text(text))
     return table

@@ -15,8 +15,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from tuner.backends.base import DRAFT_TOKENS as DRAFT
-from tuner.backends.base import PLACEMENT, STEPS, TOPK
+from probes.names import STEPS
+from tuner.core import setting as vocab
 from tuner.widgets import views
 from tuner.widgets.ab import ABReadout, ABView, Metric
 from tuner.widgets.acceptance import PositionBars
@@ -174,10 +174,9 @@ class MainScreen(Screen[None]):
         return "   ".join(parts) + f"   [dim]{views.SMOOTH_S:g}-s means · red: setting changed[/]"
 
     def knob_view(self, active: dict) -> KnobView:
-        unavailable = {k: r for k in (STEPS, TOPK, DRAFT, PLACEMENT) if (r := self.app.capability(k))}
+        unavailable = {k.arg: r for k in vocab.knobs() if (r := self.app.capability(k.arg))}
         return KnobView(
-            steps=active.get(STEPS), topk=active.get(TOPK), num_draft_tokens=active.get(DRAFT),
-            placement=active.get(PLACEMENT), unavailable=unavailable, pending=self.app.pending,
+            values=vocab.by_arg(active), unavailable=unavailable, pending=self.app.pending,
             refused=self.app.refused, load=self._load_text(), read_only=self.app.read_only)
 
     def _load_text(self) -> str:

@@ -13,6 +13,7 @@ import json
 from typing import Mapping
 
 from probes.names import SHARDED
+from tuner.core import setting as vocab
 from tuner.tuning.settings import Setting
 
 
@@ -20,10 +21,12 @@ def sglang_flags(s: Setting) -> list[str]:
     """Launch flags for one setting (empty when speculation is off: launch without them)."""
     if s.steps == 0:
         return []
-    return ["--speculative-algorithm", "EAGLE3",
-            "--speculative-num-steps", str(s.steps),
-            "--speculative-eagle-topk", str(s.topk),
-            "--speculative-num-draft-tokens", str(s.num_draft_tokens)]
+    args = s.as_server_args()
+    out = ["--speculative-algorithm", "EAGLE3"]
+    for k in vocab.knobs():
+        if k.launch_flag and k.arg in args:
+            out += [k.launch_flag, str(args[k.arg])]
+    return out
 
 
 def placement_note(s: Setting) -> str | None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from probes.names import DRAFT_TOKENS, PLACEMENT, REPLICATED, SHARDED, STEPS, TOPK
+from tuner.core.setting import extra_knobs
 from tuner.core import ab as core_ab
 from tuner.core.records import Event
 from tuner.tuning.adaptive_policy import acceptance_only_pick
@@ -47,6 +48,10 @@ class EventKinds:
     REFUSED = "tuning_refused"        # setting, reason
     FINISHED = "tuning_finished"      # result (TuningResult.to_json())
     PROBLEM = "tuning_problem"        # message
+
+
+TUNING_KINDS: tuple[str, ...] = tuple(v for k, v in vars(EventKinds).items() if k.isupper())
+"""Every kind the tuner emits: what the tune screen, `tune` and a replay read back."""
 
 
 @dataclass(frozen=True)
@@ -303,7 +308,9 @@ class Tuner:
             return False
         if s.steps > 0 and s.placement != SHARDED and not c.can_set(PLACEMENT):
             return False
-        return True
+        # An extra table knob the server cannot change live would be dropped from the request, so the
+        # setting could never be measured as itself.
+        return all(c.can_set(k.arg) for k in extra_knobs() if s.get(k) is not None)
 
     def _changes(self, s: Setting) -> dict[str, Any]:
         args = s.as_server_args()

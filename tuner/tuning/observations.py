@@ -13,7 +13,7 @@ from typing import Iterable, Mapping, Sequence
 
 from probes.names import DECODE_PHASES as PHASES
 from probes.names import DRAFT, DRAFT_EXTEND, SHARDED, VERIFY, VERIFY_SAMPLE
-from tuner.tuning.settings import Setting
+from tuner.core.setting import Setting, extra_knobs
 
 
 # "What better means": after a change, drop the first 2 s or 20 iterations (whichever is later).
@@ -61,8 +61,9 @@ def parse_record(rec: Mapping) -> Iteration:
     topk = int(_num(rec, "topk", int)) if steps > 0 else 1
     n = int(_num(rec, "num_draft_tokens", int)) if steps > 0 else 1
     placement = rec.get("placement", SHARDED)
+    extra = tuple((k.key, rec[k.key]) for k in extra_knobs() if rec.get(k.key) is not None)
     try:
-        setting = Setting(steps, topk, n, str(placement))
+        setting = Setting(steps, topk, n, str(placement), extra)
     except ValueError as e:
         raise ValueError(f"phase record {rec.get('seq', '?')}: {e}") from None
     phases, comms = rec.get("phase_ms"), rec.get("comm_ms", {})

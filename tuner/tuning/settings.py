@@ -1,88 +1,18 @@
-"""Speculative-decoding settings and the space the tuner searches.
+"""The space the tuner searches, built from the knob table (`tuner.core.setting`).
 
-A `Setting` is one point of (steps, topk, num_draft_tokens, placement) with the engine's
-semantics: steps=0 is SGLang's tier 0 (a one-token verify, the draft kept warm), topk=1 forces
-num_draft_tokens = steps+1, and a tree must fit its candidate pool (N-1 <= k + (s-1)*k^2). This module only describes settings; it never
-talks to a server and never measures anything.
+One rule for the TUI's tune key and the `tune` command: chains 1..max_steps, tier 0, trees for each
+topk > 1 × draft-token count when the server can change both live, every placement it can set live,
+and each extra table knob's `tune` values when it can change that knob live. This module only
+describes settings; it never talks to a server and never measures anything.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
-from probes.names import DRAFT_TOKENS, PLACEMENT, PLACEMENTS, SHARDED, STEPS, TOPK, tree_pool
-
-
-@dataclass(frozen=True, order=True)
-class Setting:
-    steps: int
-    topk: int = 1
-    num_draft_tokens: int = 0  # 0 = derived (steps+1 for a chain, 1 at tier 0)
-    placement: str = SHARDED
-
-    def __post_init__(self) -> None:
-        if self.steps == 0:
-            # Tier 0 drafts nothing (only the draft-extend runs), so topk and N do not exist for
-            # it: one canonical point, whatever placement the server reports.
-            object.__setattr__(self, "topk", 1)
-            object.__setattr__(self, "num_draft_tokens", 1)
-            object.__setattr__(self, "placement", SHARDED)
-        elif self.topk == 1 and self.num_draft_tokens == 0:
-            object.__setattr__(self, "num_draft_tokens", self.steps + 1)
-        problem = setting_problem(self)
-        if problem:
-            raise ValueError(problem)
-
-    @property
-    def is_chain(self) -> bool:
-        return self.topk == 1
-
-    @property
-    def speculative(self) -> bool:
-        return self.steps > 0
-
-    def label(self) -> str:
-        if self.steps == 0:
-            return f"off/{self.placement}"
-        return f"s{self.steps} k{self.topk} N{self.num_draft_tokens} {self.placement}"
-
-    def as_server_args(self) -> dict[str, object]:
-        """The /set_internal_state body for this setting (the engine's key names)."""
-        args: dict[str, object] = {STEPS: self.steps}
-        if self.steps > 0:
-            args[TOPK] = self.topk
-            args[DRAFT_TOKENS] = self.num_draft_tokens
-            args[PLACEMENT] = self.placement
-        return args
-
-    def to_json(self) -> dict[str, object]:
-        return {"steps": self.steps, "topk": self.topk,
-                "num_draft_tokens": self.num_draft_tokens, "placement": self.placement}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Setting":
-        return cls(int(d["steps"]), int(d.get("topk", 1)), int(d.get("num_draft_tokens", 0)),
-                   str(d.get("placement", SHARDED)))
-
-
-def setting_problem(s: Setting) -> str | None:
-    """Why this setting is invalid, or None."""
-    if not isinstance(s.placement, str) or s.placement not in PLACEMENTS:
-        return f"unknown placement {s.placement!r} (expected one of {', '.join(PLACEMENTS)})"
-    if s.steps < 0 or s.topk < 1 or s.num_draft_tokens < 1:
-        return f"steps must be >= 0, topk and num_draft_tokens >= 1 (got {s})"
-    if s.steps == 0:
-        return None
-    if s.num_draft_tokens < 2:
-        return "speculation needs num_draft_tokens >= 2 (the root plus at least one draft)"
-    if s.topk == 1 and s.num_draft_tokens != s.steps + 1:
-        return "topk=1 requires num_draft_tokens = steps+1"
-    pool = tree_pool(s.steps, s.topk)
-    if s.num_draft_tokens - 1 > pool:
-        return (f"num_draft_tokens={s.num_draft_tokens} exceeds the candidate pool "
-                f"{pool}+1 of steps={s.steps}, topk={s.topk}")
-    return None
+from probes.names import DRAFT_TOKENS, PLACEMENT, SHARDED, TOPK
+from tuner.core import setting as vocab
+from tuner.core.setting import PLACEMENTS, Setting, setting_problem  # noqa: F401  (re-exported)
 
 
 def settings_space(max_steps: int = 7, topks: Iterable[int] = (1,),
@@ -105,4 +35,22 @@ def settings_space(max_steps: int = 7, topks: Iterable[int] = (1,),
                         continue  # N beyond this tree's candidate pool
     # Settings are unique by value; keep a stable order.
     return sorted(set(out), key=lambda x: (PLACEMENTS.index(x.placement), x.topk, x.steps,
-                                           x.num_draft_tokens))
+                                           x.num_draft_tokens, x.extra))
+
+
+def tune_space(can_set: Callable[[str], bool], max_steps: int, topks: Iterable[int] = (1,),
+               draft_tokens: Iterable[int] = (), placements: Iterable[str] | None = None,
+               include_off: bool = True) -> list[Setting]:
+    """The tuner's space for a server that can change the knobs `can_set` says (server-arg names).
+
+    placements: the ones to consider (None: every one the server can set live; sharded always).
+    Trees need both topk and the draft-token count settable live; an extra knob is swept over its
+    `tune` values only when settable live, else the server keeps its value.
+    """
+    chosen = [p for p in (placements or PLACEMENTS) if p == SHARDED or can_set(PLACEMENT)]
+    trees = can_set(TOPK) and can_set(DRAFT_TOKENS) and bool(list(draft_tokens))
+    space = settings_space(max_steps, sorted(set(topks) | {1}) if trees else [1],
+                           list(draft_tokens) if trees else [], chosen, include_off)
+    extras = {k.key: k.tune for k in vocab.extra_knobs() if k.tune and can_set(k.arg)}
+    return sorted(vocab.with_extras(space, extras),
+                  key=lambda x: (PLACEMENTS.index(x.placement), x.topk, x.steps, x.num_draft_tokens, x.extra))

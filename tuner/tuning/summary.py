@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
+from tuner.core import setting as vocab
+
 
 def label(s: Mapping[str, Any]) -> str:
-    if not s or s.get("steps") == 0:
-        return "tier 0 (draft kept warm)"
-    return f"steps {s['steps']} topk {s['topk']} N {s['num_draft_tokens']} {s['placement']}"
+    """`steps 3 topk 1 draft 4 sharded` (the TUI header's words, spaced for a table)."""
+    return vocab.words(s, sep=" ") if s else vocab.TIER0_WORDS
 
 
 def _num(v: Any, fmt: str = ".1f") -> str:
@@ -22,16 +23,14 @@ def _num(v: Any, fmt: str = ".1f") -> str:
 
 def table(result: Mapping[str, Any], limit: int | None = None) -> list[str]:
     """Settings ranked by predicted tok/s, with the measured figure where there is one."""
-    measured = {(m["steps"], m["topk"], m["num_draft_tokens"], m["placement"]): m["tok_s"]
-                for m in result.get("measured_tok_s", [])}
+    measured = {vocab.key_of(m): m["tok_s"] for m in result.get("measured_tok_s", [])}
     best = result.get("best", {})
     rows = sorted(result.get("predictions", []),
                   key=lambda p: -(p["tok_s"] if p["tok_s"] is not None else -1))
     out = [f"  {'setting':<34} {'predicted tok/s':>17} {'measured':>9}  {'tau':>5}  basis"]
     for p in rows[:limit] if limit else rows:
-        key = (p["steps"], p["topk"], p["num_draft_tokens"], p["placement"])
-        mark = "*" if (p["steps"], p["topk"], p["num_draft_tokens"], p["placement"]) == (
-            best.get("steps"), best.get("topk"), best.get("num_draft_tokens"), best.get("placement")) else " "
+        key = vocab.key_of(p)
+        mark = "*" if best and key == vocab.key_of(best) else " "
         if p["tok_s"] is None:
             out.append(f"{mark} {label(p):<34} {'—':>17} {_num(measured.get(key)):>9}  {'':>5}  {p['reason']}")
             continue

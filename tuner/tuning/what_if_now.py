@@ -16,8 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from probes.names import (DRAFT, DRAFT_EXTEND, DRAFT_TOKENS, PINNED_STEPS, PLACEMENT, REPLICATED, SHARDED, STEPS,
-                          TOPK, VERIFY, VERIFY_SAMPLE)
+from probes.names import DRAFT, DRAFT_EXTEND, REPLICATED, SHARDED, VERIFY, VERIFY_SAMPLE
 from tuner.core import ab as core_ab
 from tuner.core import series as S
 from tuner.core.events import EventKind
@@ -56,18 +55,7 @@ class WhatIfReadout:
 
 def active_setting(active: Mapping[str, Any]) -> Setting | None:
     """The Setting of an active-config dict (server-arg names), None when incomplete or invalid."""
-    steps = active.get(STEPS, active.get(PINNED_STEPS))
-    if not isinstance(steps, int):
-        return None
-    try:
-        if steps == 0:
-            return Setting(0)
-        topk = active.get(TOPK, 1)
-        n = active.get(DRAFT_TOKENS, 0)
-        placement = active.get(PLACEMENT, SHARDED)
-        return Setting(steps, int(topk or 1), int(n or 0), str(placement or SHARDED))
-    except (TypeError, ValueError):
-        return None
+    return Setting.from_args(active)
 
 
 def _values(store: Store, series: str, t0: float, t1: float) -> list[float]:

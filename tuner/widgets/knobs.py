@@ -8,20 +8,19 @@ never talks to the backend: clicks and keys become app actions, the app sends th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from textual.content import Content
 from textual.markup import escape
 from textual.widgets import Static
 
-from probes.names import DRAFT_TOKENS, PLACEMENT, STEPS, TOPK
+from tuner.core import setting as vocab
 
 
 @dataclass(frozen=True)
 class KnobView:
-    steps: int | None = None
-    topk: int | None = None
-    num_draft_tokens: int | None = None
-    placement: str | None = None
+    values: Mapping[str, Any] = field(default_factory=dict)
+    """knob server-arg name -> its active value (a knob the server has not reported is absent)."""
     unavailable: dict[str, str] = field(default_factory=dict)
     """knob key -> why it cannot be changed here (and what would), for knobs the backend lacks."""
     pending: str = ""
@@ -34,18 +33,21 @@ class KnobView:
     """Replay: show the setting, no controls."""
 
 
-# (view attribute, label, action for "less", key, action for "more", key, capability key)
-ROWS = (
-    ("steps", "steps", "app.steps(-1)", "-", "app.steps(1)", "+", STEPS),
-    ("topk", "topk", "app.topk(-1)", "T", "app.topk(1)", "t", TOPK),
-    ("num_draft_tokens", "draft tokens", "app.draft_tokens(-1)", "D", "app.draft_tokens(1)", "d",
-     DRAFT_TOKENS),
-)
+def knob_action(k: vocab.Knob, delta: int) -> str:
+    """The app action of one knob move: what its key is bound to and what its key hint clicks."""
+    return f"knob({k.name!r}, {delta})"
 
 
 def _button(action: str, key: str) -> str:
-    # Quoted: the markup parser reads `steps(-1)` unquoted as a broken value.
+    # Quoted: the markup parser reads `knob(...)` unquoted as a broken value.
     return f"[@click=\"{action}\"][reverse] {escape(key)} [/reverse][/]"
+
+
+def _controls(k: vocab.Knob) -> str:
+    """The clickable key hints of one knob: "less more" for a stepped knob, "next" for a cycled one."""
+    if k.cycled:
+        return f"{_button('app.' + knob_action(k, 1), k.shown[0])} [dim]next[/]"
+    return f"{_button('app.' + knob_action(k, -1), k.shown[1])} {_button('app.' + knob_action(k, 1), k.shown[0])}"
 
 
 class KnobsPanel(Static):
@@ -67,26 +69,20 @@ class KnobsPanel(Static):
     @staticmethod
     def markup(view: KnobView) -> Content:
         lines: list[str] = []
-        for attr, label, less, less_key, more, more_key, cap in ROWS:
-            value = getattr(view, attr)
-            shown = "[dim]   ?[/]" if value is None else f"[b]{value:>4}[/]"
-            line = f"{label:<13}{shown}"
+        for k in vocab.knobs():
+            value = view.values.get(k.arg)
+            if k.cycled:     # a word: shown bold, "?" until reported
+                shown = f"[b]{escape(str(value or '?')):>4}[/]"
+            else:
+                shown = "[dim]   ?[/]" if value is None else f"[b]{escape(str(value)):>4}[/]"
+            line = f"{k.label:<13}{shown}"
             if view.read_only:
                 pass
-            elif cap in view.unavailable:
-                line += f"  [dim i]{escape(view.unavailable[cap])}[/]"
+            elif k.arg in view.unavailable:
+                line += f"  [dim i]{escape(view.unavailable[k.arg])}[/]"
             else:
-                line += f"  {_button(less, less_key)} {_button(more, more_key)}"
+                line += f"  {_controls(k)}"
             lines.append(line)
-        placement = view.placement or "?"
-        line = f"{'placement':<13}[b]{escape(placement):>4}[/]"
-        cap = PLACEMENT
-        if not view.read_only:
-            if cap in view.unavailable:
-                line += f"  [dim i]{escape(view.unavailable[cap])}[/]"
-            else:
-                line += f"  {_button('app.placement', 'p')} [dim]next[/]"
-        lines.append(line)
         if view.load:
             load = f"{'load':<13}{escape(view.load)}"
             if not view.read_only:

@@ -12,31 +12,15 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from probes.names import SHARDED
+from tuner.core import setting as vocab
 from tuner.core.records import Event, thaw
+from tuner.tuning.live import TUNING_KINDS  # noqa: F401  (re-exported for the app)
 from tuner.tuning.summary import costs, label
-
-TUNING_KINDS = ("tuning_started", "tuning_probe", "tuning_prediction", "tuning_applied",
-                "tuning_verified", "tuning_rolled_back", "tuning_refused", "tuning_problem",
-                "tuning_finished")
-
-
-def setting_key(d: Mapping[str, Any]) -> tuple:
-    """A hashable key for a setting dict (steps, topk, num_draft_tokens, placement)."""
-    if d.get("steps") == 0:
-        return (0, 1, 1, SHARDED)
-    return (d.get("steps"), d.get("topk"), d.get("num_draft_tokens"), d.get("placement"))
-
-
-def short_label(d: Mapping[str, Any]) -> str:
-    if not d or d.get("steps") == 0:
-        return "off"
-    return f"s{d['steps']} k{d['topk']} N{d['num_draft_tokens']} {d['placement']}"
 
 
 @dataclass(frozen=True)
 class TuneRow:
-    key: tuple                       # setting_key of the setting
+    key: tuple                       # vocab.key_of the setting
     setting: Mapping[str, Any]       # setting dict (to apply it)
     label: str
     predicted: float = math.nan
@@ -69,7 +53,7 @@ def _f(v: Any) -> float:
 def verification_line(v: Mapping[str, Any]) -> str:
     pr = v.get("predicted_ratio")
     pred = f", predicted {(pr - 1) * 100:+.1f}%" if isinstance(pr, (int, float)) and math.isfinite(pr) else ""
-    return (f"{short_label(v['setting'])} vs {short_label(v['incumbent'])}: {v['verdict']}, "
+    return (f"{vocab.compact(v['setting'])} vs {vocab.compact(v['incumbent'])}: {v['verdict']}, "
             f"{(v['ratio'] - 1) * 100:+.1f}% [{(v['lo'] - 1) * 100:+.1f}, {(v['hi'] - 1) * 100:+.1f}]{pred}")
 
 
@@ -77,28 +61,28 @@ def build_view(doc: Mapping[str, Any], *, state: str, stage: str = "", status: s
                progress: float = 0.0, current: Mapping[str, Any] | None = None,
                space: Iterable[Mapping[str, Any]] = (), read_only: bool = False) -> TuneView:
     """The view of a result-shaped dict; `space` adds settings not predicted yet (while probing)."""
-    measured = {setting_key(m): _f(m.get("tok_s")) for m in doc.get("measured_tok_s") or ()}
+    measured = {vocab.key_of(m): _f(m.get("tok_s")) for m in doc.get("measured_tok_s") or ()}
     verdicts: dict[tuple, str] = {}
     for v in doc.get("verifications") or ():
-        verdicts[setting_key(v["setting"])] = v["verdict"]
-    best = setting_key(doc["best"]) if doc.get("best") else None
-    now = setting_key(current) if current else None
+        verdicts[vocab.key_of(v["setting"])] = v["verdict"]
+    best = vocab.key_of(doc["best"]) if doc.get("best") else None
+    now = vocab.key_of(current) if current else None
     rows: dict[tuple, TuneRow] = {}
     for p in doc.get("predictions") or ():
-        key = setting_key(p)
-        rows[key] = TuneRow(key, _setting(p), short_label(p), _f(p.get("tok_s")), _f(p.get("sd")),
+        key = vocab.key_of(p)
+        rows[key] = TuneRow(key, _setting(p), vocab.compact(p), _f(p.get("tok_s")), _f(p.get("sd")),
                             _f(p.get("tau")), measured.get(key, _f(p.get("measured_tok_s"))),
                             p.get("basis", "") if p.get("tok_s") is not None else "",
                             "" if p.get("tok_s") is not None else str(p.get("reason", "")))
     for s in space:
-        key = setting_key(s)
+        key = vocab.key_of(s)
         if key not in rows:
-            rows[key] = TuneRow(key, _setting(s), short_label(s), measured=measured.get(key, math.nan),
+            rows[key] = TuneRow(key, _setting(s), vocab.compact(s), measured=measured.get(key, math.nan),
                                 note="not predicted yet")
     for key, tok in measured.items():
         if key not in rows:
-            d = dict(zip(("steps", "topk", "num_draft_tokens", "placement"), key))
-            rows[key] = TuneRow(key, d, short_label(d), measured=tok)
+            d = vocab.from_key(key)
+            rows[key] = TuneRow(key, d, vocab.compact(d), measured=tok)
     out = []
     for key, row in rows.items():
         marks = ("★" if key == best else "") + ("▶" if key == now else "")
@@ -122,7 +106,7 @@ def build_view(doc: Mapping[str, Any], *, state: str, stage: str = "", status: s
 
 
 def _setting(d: Mapping[str, Any]) -> dict:
-    return {k: d.get(k) for k in ("steps", "topk", "num_draft_tokens", "placement")}
+    return {k.key: d.get(k.key) for k in vocab.knobs()}
 
 
 def live_doc(tuner: Any, model_json: Mapping[str, Any] | None) -> dict:
@@ -160,7 +144,7 @@ def recorded_doc(events: Iterable[Event]) -> tuple[dict, str] | None:
             doc.update(predictions=d.get("predictions") or [], model=d.get("model"), bs=d.get("bs"),
                        best=d.get("best"))
         elif e.kind == "tuning_probe" and isinstance(d.get("tok_s"), (int, float)):
-            sums[setting_key(d["setting"])] = (d["setting"], d["tok_s"])
+            sums[vocab.key_of(d["setting"])] = (d["setting"], d["tok_s"])
         elif e.kind == "tuning_verified":
             doc["verifications"].append(d)
     doc["measured_tok_s"] = [{**s, "tok_s": v} for s, v in sums.values()]

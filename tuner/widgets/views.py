@@ -12,8 +12,8 @@ import re
 from typing import Any, Iterable, Mapping
 
 from probes import accept_buckets as AB
-from probes.names import DRAFT_TOKENS, PINNED_STEPS, PLACEMENT, STEPS, TOPK
 from tuner.core import series as S
+from tuner.core import setting as vocab
 from tuner.core.events import EventKind
 from tuner.core.records import Event
 from tuner.core.store import Store
@@ -24,55 +24,22 @@ from tuner.widgets.event_log import LogLine
 from tuner.widgets.fmt import is_num
 from tuner.widgets.gpus import GpuRow, GpuView
 from tuner.widgets.phases import PhaseView
-from tuner.widgets.tune_view import short_label
 
 NAN = math.nan
-
-KNOB_SHORT = {
-    STEPS: "steps",
-    TOPK: "topk",
-    DRAFT_TOKENS: "draft",
-    PLACEMENT: "placement",
-    PINNED_STEPS: "steps",
-}
-
 
 def mean(values: Iterable[float]) -> float:
     vals = [v for v in values if is_num(v)]
     return sum(vals) / len(vals) if vals else NAN
 
 
-def knob_name(key: str) -> str:
-    return KNOB_SHORT.get(key, key.removeprefix("speculative_"))
-
-
 def setting_text(active: Mapping[str, Any]) -> str:
     """`steps 3 · topk 1 · draft 4 · sharded` from an active-config dict (either naming)."""
-    def get(*keys: str) -> Any:
-        return next((active[k] for k in keys if k in active and active[k] is not None), None)
-
-    steps = get(STEPS, "steps", PINNED_STEPS)
-    if steps == 0:
-        return "tier 0 (draft kept warm)"
-    parts = []
-    for label, keys in (("steps", (STEPS, "steps", PINNED_STEPS)),
-                        ("topk", (TOPK, "topk")),
-                        ("draft", (DRAFT_TOKENS, "num_draft_tokens"))):
-        v = get(*keys)
-        if v is not None:
-            parts.append(f"{label} {v}")
-    placement = get(PLACEMENT, "placement")
-    if placement:
-        parts.append(str(placement))
-    return " · ".join(parts) or "?"
+    return vocab.words(active)
 
 
 def change_label(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     """The short words for a change, e.g. `steps 3→5` or `placement sharded→rank0`."""
-    order = list(KNOB_SHORT)
-    keys = sorted(new, key=lambda k: order.index(k) if k in order else len(order))
-    diffs = [f"{knob_name(k)} {old.get(k, '?')}→{new[k]}" for k in keys if old.get(k) != new[k]]
-    return ", ".join(diffs) or "setting"
+    return vocab.change_words(old, new)
 
 
 SMOOTH_S = 2.0
@@ -277,20 +244,20 @@ def _tuning_line(e: Event, t: float) -> LogLine | None:
     """The tuner's decisions (tuner.tuning.live's events) in the log; probes stay in the tune screen."""
     d = e.data
     if e.kind == "tuning_started":
-        return LogLine(t, f"tuning from {short_label(d.get('initial') or {})}", "info")
+        return LogLine(t, f"tuning from {vocab.compact(d.get('initial') or {})}", "info")
     if e.kind == "tuning_applied":
         gain = d.get("predicted_gain")
         more = f" (predicted {gain * 100:+.0f}%)" if isinstance(gain, (int, float)) else ""
-        return LogLine(t, f"tuner tries {short_label(d.get('setting') or {})}{more}", "info")
+        return LogLine(t, f"tuner tries {vocab.compact(d.get('setting') or {})}{more}", "info")
     if e.kind == "tuning_verified" and isinstance(d.get("ratio"), (int, float)):
-        return LogLine(t, f"tuner A/B {short_label(d.get('setting') or {})}: {d.get('verdict')} "
+        return LogLine(t, f"tuner A/B {vocab.compact(d.get('setting') or {})}: {d.get('verdict')} "
                           f"{(d['ratio'] - 1) * 100:+.1f}%", "good" if d.get("verdict") == "better" else "info")
     if e.kind == "tuning_rolled_back":
-        return LogLine(t, f"tuner rolled back {short_label(d.get('setting') or {})}: {d.get('reason', '')}", "warn")
+        return LogLine(t, f"tuner rolled back {vocab.compact(d.get('setting') or {})}: {d.get('reason', '')}", "warn")
     if e.kind == "tuning_problem":
         return LogLine(t, f"tuner: {d.get('message', '?')}", "warn")
     if e.kind == "tuning_finished":
-        return LogLine(t, f"tuning done: best {short_label(d.get('best') or {})} ({d.get('stop_reason', '')})", "good")
+        return LogLine(t, f"tuning done: best {vocab.compact(d.get('best') or {})} ({d.get('stop_reason', '')})", "good")
     return None
 
 
@@ -305,4 +272,4 @@ def short_error(error: str, limit: int = 60, keep_path: bool = False) -> str:
 
 
 def _changes(changes: Mapping[str, Any]) -> str:
-    return ", ".join(f"{knob_name(k)}={v}" for k, v in changes.items()) or "nothing"
+    return ", ".join(f"{vocab.word(k)}={v}" for k, v in changes.items()) or "nothing"

@@ -1,0 +1,156 @@
+"""The knob table is the operator side's one vocabulary: a row added to it (and nothing else) shows up
+in the keys, the help, the palette, the knobs panel, the recorded active config, the report's
+columns and the tuner's search space.
+
+The extra row is SGLang's `speculative_accept_threshold_single`, the knob issue 21 names; the table
+is monkeypatched, so nothing else in the product is edited for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import math
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+import tuner.app as tapp
+from tuner.core import setting as vocab
+from tuner.core.records import Event
+from tuner.core.session import Session
+from tuner.screens.help import HelpScreen, keys_table
+from tuner.widgets.knobs import KnobsPanel, KnobView
+
+ARG = "speculative_accept_threshold_single"
+EXTRA = vocab.Knob(
+    arg=ARG, key="accept_threshold_single", name="accept_single", word="accept", label="accept thr.",
+    letter="a", capability="CAN_SET_ACCEPT_THRESHOLD",
+    help="raise / lower the single-token acceptance threshold (speculative_accept_threshold_single)",
+    keys=("j", "J"), shown=("j", "J"), palette=("Raise the accept threshold", "Lower the accept threshold"),
+    lo=0.0, hi=1.0, step=0.1, tune=(0.5, 1.0))
+ACTIVE = {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4,
+          "speculative_draft_placement": "sharded", ARG: 0.7}
+
+
+@pytest.fixture
+def extra_knob(monkeypatch):
+    monkeypatch.setattr(vocab, "KNOBS", (*vocab.KNOBS, EXTRA))
+    return EXTRA
+
+
+def test_bindings_help_palette_and_panel_carry_the_new_knob(extra_knob):
+    class App(tapp.TunerApp):     # the app class as it is made once the table has the row
+        BINDINGS = tapp.app_bindings()
+        CSS_PATH = str(Path(tapp.__file__).with_name("app.tcss"))
+
+    async def scenario():
+        session = Session()
+        session.put(Event(session.now(), "server_info", {"kind": "refengine", "active": ACTIVE}))
+        app = App(session, tick_s=None)
+        async with app.run_test(size=(120, 40)) as pilot:
+            app.tick()
+            keys = {(k, a, label) for k, a, label in app.key_help()}
+            assert {("j", "accept_single", "accept+"), ("J", "accept_single", "accept-")} <= keys
+            titles = {c.title for c in app.get_system_commands(app.screen)}
+            assert {"Raise the accept threshold", "Lower the accept threshold"} <= titles
+            panel = KnobsPanel.markup(app.main.knob_view(ACTIVE)).plain
+            assert "accept thr." in panel and "0.7" in panel
+            assert "no server to change" in panel.split("accept thr.")[1]      # said why, per knob
+            await pilot.press("question_mark")
+            await pilot.pause()
+            assert isinstance(app.screen, HelpScreen)
+            console = Console(width=200, record=True, file=io.StringIO())
+            console.print(keys_table(app.screen._keys))
+            line = next(x for x in console.export_text().splitlines() if "acceptance threshold" in x)
+            assert line.split()[:2] == ["j", "J"]          # the pair on one line, like + and -
+            # The key is bound: without a server it says why instead of sending anything.
+            await pilot.press("escape")
+            await pilot.pause()
+            await pilot.press("j")
+            await pilot.pause()
+            notes = [(n.title, n.message) for n in app._notifications]
+            assert ("accept cannot change here", "no server to change") in notes, notes
+    asyncio.run(scenario())
+
+
+def test_the_panel_draws_the_new_knob_with_its_keys(extra_knob):
+    text = KnobsPanel.markup(KnobView(vocab.by_arg(ACTIVE))).plain
+    line = next(x for x in text.splitlines() if x.startswith("accept thr."))
+    assert "0.7" in line and " J " in line and " j " in line
+
+
+def test_recorded_active_config_and_the_record_progress_carry_it(extra_knob):
+    from tuner.backends.common_info import active_knobs
+    from tuner.backends.derive import config_of
+    from tuner.commands.record import _setting
+
+    assert active_knobs({"internal_states": [ACTIVE]})[ARG] == 0.7
+    assert config_of({"steps": 3, "topk": 1, "num_draft_tokens": 4, "placement": "sharded",
+                      "accept_threshold_single": 0.7})[ARG] == 0.7
+    assert _setting(ACTIVE).endswith("accept_single=0.7")
+
+
+def test_report_columns_carry_it(extra_knob):
+    from tuner.report.summary import setting_key, setting_label
+
+    key = setting_key(ACTIVE)
+    assert key[-1] == 0.7 and len(key) == len(vocab.KNOBS)
+    assert setting_label(key) == "steps=3 topk=1 draft_tokens=4 placement=sharded accept_single=0.7"
+
+
+def test_the_tuners_space_sweeps_it_only_where_the_server_can_change_it(extra_knob):
+    from tuner.tuning.observations import parse_record
+    from tuner.tuning.settings import tune_space
+
+    everything = tune_space(lambda arg: True, 2)
+    values = {s.get(EXTRA) for s in everything if s.steps > 0}
+    assert values == {0.5, 1.0}
+    s = next(s for s in everything if s.steps == 2 and s.get(EXTRA) == 0.5)
+    assert s.as_server_args()[ARG] == 0.5 and vocab.Setting.from_json(s.to_json()) == s
+    assert [x for x in everything if x.steps == 0] == [vocab.Setting(0)]     # tier 0 stays one point
+    held = tune_space(lambda arg: arg != ARG, 2)
+    assert {s.get(EXTRA) for s in held} == {None}
+    rec = {"seq": 1, "t": 1.0, "epoch": 1, "steps": 2, "topk": 1, "num_draft_tokens": 3, "placement": "sharded", "bs": 1,
+           "wall_ms": 10.0, "phase_ms": {}, "accept_threshold_single": 0.5}
+    assert parse_record(rec).setting == s
+    from tuner.tuning.export import sglang_flags
+    assert sglang_flags(s)[-2:] == ["--speculative-accept-threshold-single", "0.5"]
+    with pytest.raises(ValueError, match="outside"):
+        vocab.Setting(2, extra=(("accept_threshold_single", 1.5),))
+    with pytest.raises(ValueError, match="accept_single must be a number"):      # a bad record is one line
+        parse_record({**rec, "accept_threshold_single": "high"})
+
+
+def test_a_stepped_knob_stays_in_bounds_and_a_cycled_one_wraps():
+    steps, placement = vocab.knob("steps"), vocab.knob("placement")
+    assert steps.bumped(0, -1) == 0 and steps.bumped(3, 1) == 4 and steps.bumped(None, 1) is None
+    assert placement.bumped("rank0", 1) == "sharded" and placement.bumped("?", 1) == "sharded"
+    assert EXTRA.bumped(0.7, 1) == 0.8 and EXTRA.bumped(1.0, 1) == 1.0 and EXTRA.bumped(0.0, -1) == 0.0
+    assert not math.isnan(EXTRA.bumped(0.2, 1))
+
+
+def test_no_knob_key_shadows_another_key():
+    knob_keys = [k for b in tapp.knob_bindings() for k in b.key.split(",")]
+    other = [k for b in tapp.OTHER_BINDINGS for k in b.key.split(",")]
+    assert len(set(knob_keys)) == len(knob_keys) and not set(knob_keys) & set(other)
+
+
+def test_the_table_names_the_shared_knobs_and_every_row_has_a_capability_flag():
+    from probes import names
+    from tuner.backends.base import Capabilities
+
+    assert vocab.args() == names.KNOBS
+    assert vocab.knob(names.PLACEMENT).values is names.PLACEMENTS
+    assert all(k.capability in Capabilities.__dataclass_fields__ for k in vocab.KNOBS)
+    assert len({k.name for k in vocab.KNOBS}) == len({k.word for k in vocab.KNOBS}) == len(vocab.KNOBS)
+
+
+def test_an_sglang_server_says_which_relaunch_flag_changes_it(extra_knob):
+    from tuner.backends.sglang import SGLangBackend
+
+    caps = SGLangBackend("http://127.0.0.1:9").capabilities      # nothing is contacted to say this
+    assert not caps.can_set(ARG)
+    assert caps.why_not(ARG).endswith("relaunch the server with --speculative-accept-threshold-single N")
+    assert ARG in caps.restart_keys
