@@ -13,12 +13,13 @@ from typing import Iterable, Mapping, Sequence
 
 from probes.names import DECODE_PHASES as PHASES
 from probes.names import DRAFT, DRAFT_EXTEND, SHARDED, VERIFY, VERIFY_SAMPLE
+from tuner.core.windows import SETTLE_ITERATIONS, SETTLE_S, settled
 from tuner.tuning.settings import Setting
 
 
-# "What better means": after a change, drop the first 2 s or 20 iterations (whichever is later).
-WARMUP_ITERS = 20
-WARMUP_S = 2.0
+# "What better means" (tuner.core.windows): after a change, drop the later of 2 s and 20 iterations.
+WARMUP_ITERS = SETTLE_ITERATIONS
+WARMUP_S = SETTLE_S
 
 
 @dataclass(frozen=True)
@@ -98,15 +99,18 @@ def parse_record(rec: Mapping) -> Iteration:
 
 def settle(iters: Sequence[Iteration], warmup_iters: int = WARMUP_ITERS,
            warmup_s: float = WARMUP_S) -> list[Iteration]:
-    """Drop each config epoch's warm-up: its first `warmup_iters` iterations and first `warmup_s`
-    seconds, whichever removes more. Iterations are taken in the order given (stream order)."""
+    """Drop each config epoch's warm-up (tuner.core.windows.settled): an iteration counts once
+    `warmup_iters` iterations of its epoch came before it and `warmup_s` seconds passed since the
+    epoch's first (the records carry server time only, so the change itself is not on their
+    clock). Iterations are taken in the order given (stream order)."""
     out: list[Iteration] = []
     first_t: dict[int, float] = {}
-    seen: dict[int, int] = {}
+    before: dict[int, int] = {}
     for it in iters:
         t0 = first_t.setdefault(it.epoch, it.t)
-        seen[it.epoch] = seen.get(it.epoch, 0) + 1
-        if seen[it.epoch] > warmup_iters and it.t - t0 >= warmup_s:
+        n = before.get(it.epoch, 0)
+        before[it.epoch] = n + 1
+        if settled(n, it.t - t0, warmup_s, warmup_iters):
             out.append(it)
     return out
 
