@@ -18,6 +18,7 @@ from typing import Sequence
 from tuner.core import series as S
 from tuner.core import windows as W
 from tuner.core.events import AB_BOUNDARY_KINDS, EventKind
+from tuner.core.records import thaw
 from tuner.core.store import Store
 from tuner.core.windows import (BOOTSTRAP_ROUNDS, MIN_WINDOWS, SEED, SETTLE_ITERATIONS, SETTLE_S, WINDOW_S,
                                 ratio_of_medians)
@@ -99,8 +100,8 @@ def outages(store: Store, settle_s: float = SETTLE_S, settle_iterations: int = S
 
 def captures(store: Store) -> list[tuple[float, float]]:
     """The time each profiler capture slowed the server (tuner.core.windows.capture_span): from its
-    stated length before its event, or its first profiled iteration, to the catch-up after it
-    (not settled: see `excluded`)."""
+    stated length before its event, or its first profiled iteration, or else the stall before it,
+    to the catch-up after it (not settled: see `excluded`)."""
     out = []
     for e in store.events(EventKind.TRACE_CAPTURED):
         starts = []
@@ -109,8 +110,10 @@ def captures(store: Store) -> list[tuple[float, float]]:
             starts.append(e.t - float(secs))
         for tr in store.traces(str(e.data.get("trace_id", ""))):
             starts += first_iterations(tr.analysis)
-        if starts:
-            out.append(W.capture_span(e.t, starts))
+        if not starts:
+            its = store.window(S.SERVER_ITER_PER_S, e.t - W.CAPTURE_LOOKBACK_S, e.t)
+            starts.append(W.stall_start(e.t, its.t, its.v))
+        out.append(W.capture_span(e.t, starts))
     return out
 
 
@@ -124,6 +127,7 @@ def first_iterations(analysis: object) -> list[float]:
     """Where a capture's analysis says each rank's first profiled iteration began, less the time
     the capture request takes (tuner.core.windows.CAPTURE_REQUEST_S), in seconds."""
     out = []
+    analysis = thaw(analysis)          # a Trace's analysis in the store is frozen
     if isinstance(analysis, dict):
         for r in analysis.get("ranks") or []:
             its = r.get("iterations") or [] if isinstance(r, dict) else []

@@ -32,6 +32,8 @@ SEED = 0
 CONFIDENCE = 0.95
 CAPTURE_CATCH_UP_S = 2.0     # after a capture the server works off the requests it held back
 CAPTURE_REQUEST_S = 1.0      # a capture starts about this long before its first profiled iteration
+CAPTURE_STALL_MIN_S = 2.0    # a capture known only by its event: at least this long before it ...
+CAPTURE_LOOKBACK_S = 120.0   # ... and at most this long
 
 BETTER = "better"
 WORSE = "worse"
@@ -129,6 +131,19 @@ def capture_span(event_t: float, starts: Iterable[float]) -> tuple[float, float]
     its known `starts` (its stated length before the event, its first profiled iteration less
     CAPTURE_REQUEST_S) to CAPTURE_CATCH_UP_S after it (the burst of held-back work)."""
     return min(starts, default=event_t), event_t + CAPTURE_CATCH_UP_S
+
+
+def stall_start(event_t: float, iter_ts: Sequence[float], iter_per_s: Sequence[float]) -> float:
+    """Where a capture that states neither its length nor its first iteration began (an older
+    recording): the profiler stalls a CPU server, so go back from its event while the server ran no
+    iterations, at most CAPTURE_LOOKBACK_S and at least CAPTURE_STALL_MIN_S."""
+    t0 = event_t - CAPTURE_STALL_MIN_S
+    lo, hi = bisect_left(iter_ts, event_t - CAPTURE_LOOKBACK_S), bisect_left(iter_ts, event_t)
+    for k in range(hi - 1, lo - 1, -1):
+        if iter_per_s[k] > 0:
+            break
+        t0 = min(t0, iter_ts[k])
+    return t0
 
 
 def ratio_of_medians(before: Sequence[float], after: Sequence[float], rounds: int = BOOTSTRAP_ROUNDS,

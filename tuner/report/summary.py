@@ -196,16 +196,8 @@ def capture_windows(data: RecordingData) -> list[tuple[float, float, str]]:
             if tr.trace_id == tid:
                 starts += first_iterations(tr.analysis)
         if not starts:
-            # An older recording with neither: the profiler stalls a CPU server, so go back while
-            # the server ran no iterations (at most two minutes).
             its = data.get(S.SERVER_ITER_PER_S)
-            ts, vs = its.between(e.t - 120.0, e.t)
-            t0 = e.t - 2.0
-            for ti, vi in zip(reversed(ts), reversed(vs)):
-                if vi > 0:
-                    break
-                t0 = min(t0, ti)
-            starts.append(t0)
+            starts.append(W.stall_start(e.t, its.t, its.v))
         t0, t1 = W.capture_span(e.t, starts)
         out.append((max(t0, data.t_first), t1, tid))
     return out
