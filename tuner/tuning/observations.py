@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from probes.names import DECODE_PHASES as PHASES
-from probes.names import DRAFT, DRAFT_EXTEND, SHARDED, VERIFY, VERIFY_SAMPLE
+from probes.names import DRAFT, DRAFT_EXTEND, DRAFT_TOKENS, PLACEMENT, SHARDED, STEPS, TOPK, VERIFY, VERIFY_SAMPLE
+from tuner.backends.phase_pages import RECORD_KNOBS, record_config
 from tuner.core.windows import SETTLE_ITERATIONS, SETTLE_S, settled
 from tuner.tuning.settings import Setting
 
@@ -47,10 +48,13 @@ class Iteration:
         return max(self.wall_ms - work, 0.0)
 
 
-def _num(d: Mapping, key: str, kind: type = float) -> float:
+def _num(d: Mapping, key: str, kind: type = float, rec: Mapping | None = None) -> float:
+    """d[key] as a finite number; `rec` is the record `d` was read from (d itself by default)."""
+    rec = d if rec is None else rec
     v = d.get(key)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ValueError(f"phase record {d.get('seq', '?')}: {key!r} is not a finite number: {v!r}")
+        name = RECORD_KNOBS.get(key, key)   # a knob is named as the record spells it
+        raise ValueError(f"phase record {rec.get('seq', '?')}: {name!r} is not a finite number: {v!r}")
     return kind(v)
 
 
@@ -58,10 +62,11 @@ def parse_record(rec: Mapping) -> Iteration:
     """One phase-stream record → Iteration; ValueError (one line) when it is malformed."""
     if not isinstance(rec, Mapping):
         raise ValueError(f"phase record is not an object: {type(rec).__name__}")
-    steps = int(_num(rec, "steps", int))
-    topk = int(_num(rec, "topk", int)) if steps > 0 else 1
-    n = int(_num(rec, "num_draft_tokens", int)) if steps > 0 else 1
-    placement = rec.get("placement", SHARDED)
+    knobs = record_config(rec)              # the one reading of a record's knobs (the panels' too)
+    steps = int(_num(knobs, STEPS, int, rec))
+    topk = int(_num(knobs, TOPK, int, rec)) if steps > 0 else 1
+    n = int(_num(knobs, DRAFT_TOKENS, int, rec)) if steps > 0 else 1
+    placement = SHARDED if knobs[PLACEMENT] is None else knobs[PLACEMENT]
     try:
         setting = Setting(steps, topk, n, str(placement))
     except ValueError as e:
