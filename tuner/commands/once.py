@@ -159,18 +159,22 @@ def run(args: argparse.Namespace) -> int:
         return 2
     rc = 0
     with Session(backend) as session:
+        changed = False
         if changes:
             res = session.set_config(changes, by="once")
+            changed = res.ok
             if not res.ok:
                 print(terminal_safe(f"specdecode-tune once: change refused: {res.reason}"), file=sys.stderr)
                 rc = 1
         if args.load > 0:
             session.start_load(prompts, args.load, max_new_tokens=args.max_new_tokens)
+            changed = True
         # Settle first when something changed (tuner.core.windows: the later of 2 s and 20 decode
         # iterations after it), then watch. Iterations need traffic: without any, the wait ends at
-        # SETTLE_WAIT_MAX_S and the readings say what they say. Nothing changed: only the first polls.
+        # SETTLE_WAIT_MAX_S and the readings say what they say. Nothing changed (a refused change
+        # changes nothing): only the first polls.
         changed_at = session.now()
-        if changes or args.load:
+        if changed:
             end_settle = time.time() + SETTLE_WAIT_MAX_S
             while time.time() < end_settle and session.now() < settle_end(session.store, changed_at):
                 session.tick()
