@@ -44,8 +44,8 @@ def redact(d: Any, _depth: int = 0) -> Any:
     if _depth > MAX_DEPTH:
         return "***"
     if isinstance(d, dict):
-        return {k: ("***" if v and is_secret_key(k) and not isinstance(v, (bool, int, float)) else redact(v, _depth + 1))
-                for k, v in d.items()}
+        return {k: "***" if v and is_secret_key(k) and not isinstance(v, (bool, int, float))
+                else redact(v, _depth + 1) for k, v in d.items()}
     if isinstance(d, list):
         out, hide = [], False
         for v in d:

@@ -6,9 +6,10 @@ server was gone (`disconnected` .. `connected`) or a profiler capture ran belong
 Figures follow ARCHITECTURE "What better means" through tuner.core.windows, the rule the TUI's A/B
 and the tuner use: after each change (and each load start/stop, reconnect or capture) drop the
 settling, cut the rest into 1-s windows and take the median of the window means for tok/s
-(client-side tokens when the load driver ran in every setting, else the server's decode rate). Phase times are the mean per-iteration
-readings (inclusive), their collective parts alongside, never added to them. "Why" decomposes
-tok/s = B * tau / T into batch, accept length and iteration time, and names the phases that moved.
+(client-side tokens when the load driver ran in every setting, else the server's decode rate).
+Phase times are the mean per-iteration readings (inclusive), their collective parts alongside,
+never added to them. "Why" decomposes tok/s = B * tau / T into batch, accept length and iteration
+time, and names the phases that moved.
 
 Pure functions over RecordingData; must not import textual or read files itself.
 """
