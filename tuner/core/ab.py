@@ -13,12 +13,11 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from tuner.core import series as S
 from tuner.core import windows as W
 from tuner.core.events import AB_BOUNDARY_KINDS, EventKind
-from tuner.core.records import thaw
 from tuner.core.store import Store
 from tuner.core.windows import (BOOTSTRAP_ROUNDS, MIN_WINDOWS, SEED, SETTLE_ITERATIONS, SETTLE_S, WINDOW_S,
                                 ratio_of_medians)
@@ -125,17 +124,18 @@ def _settled_after(store: Store, spans: list[tuple[float, float]], settle_s: flo
 
 def first_iterations(analysis: object) -> list[float]:
     """Where a capture's analysis says each rank's first profiled iteration began, less the time
-    the capture request takes (tuner.core.windows.CAPTURE_REQUEST_S), in seconds."""
+    the capture request takes (tuner.core.windows.CAPTURE_REQUEST_S), in seconds. Reads a frozen
+    analysis (the store's) as it is: thawing it on every tick would copy every iteration."""
     out = []
-    analysis = thaw(analysis)          # a Trace's analysis in the store is frozen
-    if isinstance(analysis, dict):
-        for r in analysis.get("ranks") or []:
-            its = r.get("iterations") or [] if isinstance(r, dict) else []
-            base = r.get("base_time_ns") if isinstance(r, dict) else None
-            if its and isinstance(its[0], dict) and isinstance(base, (int, float)) and base:
-                start = its[0].get("start_us", 0)
-                if isinstance(start, (int, float)):
-                    out.append(float(base) / 1e9 + float(start) / 1e6 - W.CAPTURE_REQUEST_S)
+    ranks = analysis.get("ranks") if isinstance(analysis, Mapping) else None
+    for r in ranks if isinstance(ranks, (list, tuple)) else ():
+        its = r.get("iterations") if isinstance(r, Mapping) else None
+        base = r.get("base_time_ns") if isinstance(r, Mapping) else None
+        if isinstance(its, (list, tuple)) and its and isinstance(its[0], Mapping) \
+                and isinstance(base, (int, float)) and base:
+            start = its[0].get("start_us", 0)
+            if isinstance(start, (int, float)):
+                out.append(float(base) / 1e9 + float(start) / 1e6 - W.CAPTURE_REQUEST_S)
     return out
 
 
