@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from tuner.backends.derive import MetricsDeriver
 from tuner.backends.promtext import parse_metrics
-from tuner.core import ab
+from tuner.core import ab, windows
 from tuner.core.events import EventKind
 from tuner.core.records import Event, Sample
 from tuner.core.store import Store
@@ -101,7 +101,7 @@ def main() -> None:
     st = Store()
     st.add_many(Sample(i * 0.25, "server/tok_per_s", 100 + (i % 7)) for i in range(4 * 240))
     st.add_many([Event(120.0, EventKind.CONFIG_CHANGED, {"old": {}, "new": {}})])
-    cold = timed(lambda: (ab._ratio_of_medians.cache_clear(), ab.compare_last_change(st, "server/tok_per_s", 240.0)), 3)
+    cold = timed(lambda: (windows._ratio_of_medians.cache_clear(), ab.compare_last_change(st, "server/tok_per_s", 240.0)), 3)
     warm = timed(lambda: ab.compare_last_change(st, "server/tok_per_s", 240.0), 50)
     r = ab.compare_last_change(st, "server/tok_per_s", 240.0)
     print(f"A/B ({r.n_before}+{r.n_after} windows, {ab.BOOTSTRAP_ROUNDS} bootstrap rounds): cold {cold * 1e3:.0f} ms, "

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from tuner.core import ab
+from tuner.core import ab, windows
 from tuner.core import series as S
 from tuner.core.events import EventKind
 from tuner.core.records import Event, Sample
@@ -135,12 +135,13 @@ def test_outage_before_the_change_is_left_out_of_the_before_side():
     _change(st, 20.0, 3)
     _feed(st, 20.0, 30.0, 110.0)
     r = ab.compare_last_change(st, S.SERVER_TOK_PER_S, 30.0)
-    # [0, 5) and [11, 20): 5 + 9 windows, none of them from the outage or its settling.
-    assert r.n_before == 14 and r.median_before == pytest.approx(100.0)
+    # [2, 5) and [11, 20): 3 + 9 windows, none of them from the start's settling (the start of the
+    # data settles like a change, as in the report), the outage or the settling after it.
+    assert r.n_before == 12 and r.median_before == pytest.approx(100.0)
     assert r.ratio == pytest.approx(1.1)
 
 
 def test_spans_minus_outages():
-    assert ab._spans(0.0, 10.0, [(2.0, 3.0), (5.0, math.inf)]) == [(0.0, 2.0), (3.0, 5.0)]
-    assert ab._spans(0.0, 10.0, [(-5.0, 1.0)]) == [(1.0, 10.0)]
-    assert ab._spans(0.0, 10.0, []) == [(0.0, 10.0)]
+    assert windows.spans(0.0, 10.0, [(2.0, 3.0), (5.0, math.inf)]) == [(0.0, 2.0), (3.0, 5.0)]
+    assert windows.spans(0.0, 10.0, [(-5.0, 1.0)]) == [(1.0, 10.0)]
+    assert windows.spans(0.0, 10.0, []) == [(0.0, 10.0)]

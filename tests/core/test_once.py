@@ -32,3 +32,35 @@ def test_one_line_errors(capsys):
     assert err.count("\n") == 0 and "cannot connect" in err
     assert main(["once", "http://127.0.0.1:9", "--set", "nonsense"]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_a_change_settles_for_twenty_iterations_before_watching(standin, capsys):
+    # The stand-in runs one iteration every 0.15 s after the change, the first 20 of them slow to
+    # draft (the warm-up). Twenty take 3 s, longer than the 2-s time rule: `once` used to watch from
+    # 2 s on and averaged warm-up iterations in; the one rule (tuner.core.windows) waits for them.
+    import threading
+
+    from harness import wait_until
+
+    stop = threading.Event()
+
+    def server_iterations() -> None:
+        wait_until(lambda: standin.posts or stop.is_set(), 60, "the change")
+        n = 0
+        while not stop.is_set():
+            n += 1
+            warm = n <= 20
+            standin.iterate([1, 1], phase_ms={"draft": 100.0 if warm else 3.0, "verify": 5.0, "verify_sample": 0.5,
+                                              "draft_extend": 1.0, "other": 0.5})
+            stop.wait(0.15)            # the stand-in's decode rate (pacing, not synchronisation)
+
+    producer = threading.Thread(target=server_iterations, daemon=True)
+    producer.start()
+    try:
+        assert main(["once", standin.url, "--seconds", "1", "--json", "--set", "speculative_num_steps=2"]) == 0
+    finally:
+        stop.set()
+        producer.join(timeout=10)
+    r = json.loads(capsys.readouterr().out)
+    assert r["active"]["speculative_num_steps"] == 2
+    assert r["phase_ms"]["draft"] == 3.0, "warm-up iterations were watched"

@@ -2,61 +2,21 @@
 
 SGLang (and our engine, which mirrors it) put the launch values at the top level, where they never
 change, and the active configuration in `internal_states[i]` (one per DP rank). Only the latter says
-what runs now. Secrets are redacted before anything is stored or recorded.
+what runs now. Secrets are redacted (tuner.core.redact) before anything is stored or recorded.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from tuner.backends.base import DRAFT_TOKENS, PLACEMENT, STEPS, TOPK
 from tuner.core import setting as vocab
+from tuner.core.redact import redact, redact_text
 from tuner.core.text import terminal_safe
 
-SECRET_HINTS = ("api_key", "apikey", "api-key", "token", "password", "passwd", "secret")
 ACTIVE_EXTRA = ("config_epoch", "speculative_algorithm", "speculative_adaptive", "specdecode_num_steps")
-# A secret flag inside a command-line string (SGLang's launch_command, a wrapper's argv): the flag,
-# abbreviated or not (`--api-key K`, `--api-ke=K`, `--admin-api-key K`, `--hf-token K`), then its value.
-_SECRET_FLAG = re.compile(
-    r"""(--?[\w-]*(?:api[-_]?k(?:ey?)?|token|passw(?:or)?d|secret)[\w-]*)(=|\s+)("[^"]*"|'[^']*'|\S+)""",
-    re.IGNORECASE)
 # Server strings shown to people are cut to this many characters.
 MAX_SHOWN = 200
-
-
-def _is_secret_key(k: Any) -> bool:
-    low = k.lower() if isinstance(k, str) else ""
-    return any(h in low.replace("tokenizer", "") for h in SECRET_HINTS)
-
-
-def redact_text(text: str) -> str:
-    """`text` with the value after any secret-looking flag replaced by ***."""
-    return _SECRET_FLAG.sub(lambda m: f"{m.group(1)}{m.group(2)}***", text)
-
-
-def redact(d: Any, _depth: int = 0) -> Any:
-    """A copy of `d` with secrets replaced by ***: values under secret-looking keys, and flag values
-    inside strings that look like command lines, at any depth (lists of argv included)."""
-    if _depth > 64:
-        return "***"
-    if isinstance(d, dict):
-        return {k: ("***" if v and _is_secret_key(k) and not isinstance(v, (bool, int, float)) else redact(v, _depth + 1))
-                for k, v in d.items()}
-    if isinstance(d, list):
-        out, hide = [], False
-        for v in d:
-            if hide:
-                out.append("***")
-                hide = False
-                continue
-            if isinstance(v, str) and v.startswith("-") and "=" not in v and _SECRET_FLAG.match(v + " x"):
-                hide = True          # an argv list: the next element is the secret
-            out.append(redact(v, _depth + 1))
-        return out
-    if isinstance(d, str):
-        return redact_text(d)
-    return d
 
 
 def shown(x: Any, limit: int = MAX_SHOWN) -> str:

@@ -18,7 +18,7 @@ from tuner.core import series as S
 from tuner.core.events import EventKind
 from tuner.core.records import NAN, Event, Sample
 from tuner.backends.base import DRAFT_TOKENS, STEPS, TOPK
-from tuner.core import setting as vocab
+from tuner.backends.phase_pages import PhasePage, phase_page, record_config, restarted
 from tuner.backends.promtext import MAX_ACCEPT_POSITION, MetricSet, tail_counts
 
 # sglang:forward_execution_seconds_total categories -> our phases (sglang-0.5.23.md §7.4).
@@ -209,7 +209,7 @@ def _went_down(a: _Counters, b: _Counters) -> bool:
 
 def config_of(record: Mapping[str, Any]) -> dict[str, Any]:
     """The knobs a phase record ran with, under their server-arg names (the knob table's keys)."""
-    return vocab.from_record(record)
+    return record_config(record)
 
 
 @dataclass
@@ -228,30 +228,23 @@ class PhaseStreamReader:
     _last_now: float = NAN
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def after(self) -> int:
-        return 0 if self.cursor is None else self.cursor
-
     def reset(self) -> None:
         self.cursor = None
         self._last_server_t = NAN
 
-    def update(self, now: float, page: Mapping[str, Any], history: bool = False) -> tuple[list[Sample], list[Event]]:
-        """Digest one page. Raises ValueError (one line) when the page is not a phase page.
+    def update(self, now: float, page: PhasePage | Mapping[str, Any], history: bool = False
+               ) -> tuple[list[Sample], list[Event]]:
+        """Digest one page (tuner.backends.phase_pages). Raises ValueError (one line) when the page is
+        not a phase page.
 
         history=True: the page is from before we attached (catching up): only adopt its cursor and
         configuration.
         """
-        if not isinstance(page, Mapping) or "records" not in page or "next" not in page:
-            raise ValueError("/specdecode/phases answered something that is not a phase page")
-        raw = page["records"]
-        records = [r for r in raw if isinstance(r, Mapping)] if isinstance(raw, list) else []
-        try:
-            nxt = int(page["next"])
-        except (TypeError, ValueError, OverflowError):
-            raise ValueError(f"/specdecode/phases: 'next' is not a sequence number: {page['next']!r:.40}") from None
+        checked = page if isinstance(page, PhasePage) else phase_page(page)
+        records, nxt = checked.records, checked.next
         samples: list[Sample] = []
         events: list[Event] = []
-        if self.cursor is not None and nxt < self.cursor:
+        if restarted(self.cursor, checked):
             self.reset()                     # the server restarted: its sequence began again
         first_page = self.cursor is None or history
         self.cursor = nxt
@@ -262,10 +255,8 @@ class PhaseStreamReader:
                 self._last_server_t = _num(records[-1].get("t"))
             self._last_now = now
             return samples, events
-        dropped = _num(page.get("dropped") or 0)
-        dropped = int(dropped) if math.isfinite(dropped) else 0
-        if dropped > 0:
-            events.append(Event(now, EventKind.PHASE_GAP, {"dropped": dropped}))
+        if checked.dropped > 0:
+            events.append(Event(now, EventKind.PHASE_GAP, {"dropped": checked.dropped}))
         dt = now - self._last_now if math.isfinite(self._last_now) else NAN
         self._last_now = now
         if not records:
@@ -299,7 +290,7 @@ class PhaseStreamReader:
 
     def _adopt(self, record: Mapping[str, Any]) -> None:
         self.epoch = record.get("epoch")
-        self.config = config_of(record)
+        self.config = record_config(record)
         self.extra = {"simulated": record.get("simulated"), "emulated_comm": record.get("emulated_comm")}
 
     def _aggregate(self, t: float, group: list[Mapping[str, Any]]) -> list[Sample]:
@@ -320,7 +311,7 @@ class PhaseStreamReader:
                 for w, r in zip(walls, group)]
         out.append(Sample(t, S.PHASE_IDLE_MS, mean(idle)))
         out.append(Sample(t, S.SERVER_BATCH, mean(_num(r.get("bs")) for r in group)))
-        cfg = config_of(group[0])
+        cfg = record_config(group[0])
         for series, key in ((S.SPEC_NUM_STEPS, STEPS), (S.SPEC_TOPK, TOPK), (S.SPEC_NUM_DRAFT_TOKENS, DRAFT_TOKENS)):
             out.append(Sample(t, series, _num(cfg.get(key))))
         steps = cfg.get(STEPS)

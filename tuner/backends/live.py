@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
 from tuner.backends.base import Backend, Capabilities, ConnectionMonitor, ConnectionState, ControlResult
+from tuner.backends import phase_pages
 from tuner.backends.derive import MetricsDeriver, PhaseStreamReader
 from tuner.backends.http import DEFAULT_DEADLINE_S, BadAnswer, HttpClient, ServerError, ServerSlow, ServerUnreachable
 from tuner.backends.promtext import MetricsParseError, parse_metrics, rank_info
@@ -29,7 +30,7 @@ from tuner.core.text import terminal_safe
 METRICS_INTERVAL_S = 0.25
 PHASES_INTERVAL_S = 0.25
 INFO_INTERVAL_S = 1.0
-PHASE_PAGE_LIMIT = 1024
+PHASE_PAGE_LIMIT = phase_pages.PAGE_LIMIT
 
 
 def is_loopback_url(url: str) -> bool:
@@ -280,16 +281,12 @@ class LiveBackend(Backend):
             self._restarted.clear()
             self.phases.reset()
         try:
-            history = self.phases.cursor is None
-            page = self._fetch_phases()
-            # On attaching, page through the server's backlog without reporting it as current.
-            for _ in range(16):
-                if not history or len(page.get("records") or ()) < PHASE_PAGE_LIMIT:
-                    break
-                self.phases.update(self._now(), page, history=True)
-                page = self._fetch_phases()
+            # On attaching, the server's backlog is paged through without being reported as current.
+            pages, history = phase_pages.read(self._fetch_phases, self.phases.cursor)
             now = self._now()
-            samples, events = self.phases.update(now, page, history=history)
+            for page in pages[:-1]:
+                self.phases.update(now, page, history=True)
+            samples, events = self.phases.update(now, pages[-1], history=history)
         except BadAnswer as e:
             if e.status == 404:
                 self._no_phase_stream()
@@ -312,12 +309,8 @@ class LiveBackend(Backend):
         self._put(events + samples)
         return True
 
-    def _fetch_phases(self) -> Any:
-        page = self._http["phases"].get_json("/specdecode/phases",
-                                             {"after": self.phases.after(), "limit": PHASE_PAGE_LIMIT})
-        if not isinstance(page, dict):
-            raise ValueError("/specdecode/phases answered something that is not a phase page")
-        return page
+    def _fetch_phases(self, after: int) -> Any:
+        return self._http["phases"].get_json("/specdecode/phases", {"after": after, "limit": PHASE_PAGE_LIMIT})
 
     def _no_phase_stream(self) -> None:
         self.phase_stream = False

@@ -46,7 +46,8 @@ def add_tui_tune_arguments(parser: argparse.ArgumentParser) -> None:
 def tui_inputs(args: argparse.Namespace, prog: str) -> tuple[list[dict], dict] | None:
     """(prompts, make_app's tune_* keywords) from attach's and demo's flags, or None after a
     one-line error on stderr."""
-    from tuner.commands.tune import int_list, parse_duration
+    from tuner.commands.duration import parse_duration
+    from tuner.commands.tune import int_list
 
     def fail(msg: str) -> None:
         print(f"specdecode-tune {prog}: {msg}", file=sys.stderr)

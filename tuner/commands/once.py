@@ -17,6 +17,10 @@ from typing import Any
 from tuner.core import setting as vocab
 from tuner.core.text import terminal_safe
 
+TICK_S = 0.1
+FIRST_READINGS_S = 0.5        # rates need two polls
+SETTLE_WAIT_MAX_S = 10.0      # settling waits for decode iterations, which need traffic
+
 DEFAULT_PROMPTS = [
     {"text": "The quick brown fox jumps over the lazy dog. " * 4},
     {"text": "def fibonacci(n):\n    if n < 2:\n        return n\n    return"},
@@ -143,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
     from tuner.backends import ServerError, connect
     from tuner.backends.load import PromptFileError, load_prompts
     from tuner.commands.keys import api_key_of
+    from tuner.core.ab import settle_end
     from tuner.core.session import Session
 
     try:
@@ -154,24 +159,36 @@ def run(args: argparse.Namespace) -> int:
         return 2
     rc = 0
     with Session(backend) as session:
+        changed = False
         if changes:
             res = session.set_config(changes, by="once")
+            changed = res.ok
             if not res.ok:
                 print(terminal_safe(f"specdecode-tune once: change refused: {res.reason}"), file=sys.stderr)
                 rc = 1
         if args.load > 0:
             session.start_load(prompts, args.load, max_new_tokens=args.max_new_tokens)
-        # Settle first when something changed (ARCHITECTURE "What better means"), then watch.
-        settle = 2.0 if changes or args.load else 0.5
-        end_settle = time.time() + settle
-        while time.time() < end_settle:
-            session.tick()
-            time.sleep(0.1)
+            changed = True
+        # Settle first when something changed (tuner.core.windows: the later of 2 s and 20 decode
+        # iterations after it), then watch. Iterations need traffic: without any, the wait ends at
+        # SETTLE_WAIT_MAX_S and the readings say what they say. Nothing changed (a refused change
+        # changes nothing): only the first polls.
+        changed_at = session.now()
+        if changed:
+            end_settle = time.time() + SETTLE_WAIT_MAX_S
+            while time.time() < end_settle and session.now() < settle_end(session.store, changed_at):
+                session.tick()
+                time.sleep(TICK_S)
+        else:
+            end_settle = time.time() + FIRST_READINGS_S
+            while time.time() < end_settle:
+                session.tick()
+                time.sleep(TICK_S)
         t0 = session.now()
         end = time.time() + args.seconds
         while time.time() < end:
             session.tick()
-            time.sleep(0.1)
+            time.sleep(TICK_S)
         session.stop_load()
     # Read after close: a poll still in flight when the time was up (a slow server) has ended by
     # then (its deadline bounds it), and what it found belongs to this look.

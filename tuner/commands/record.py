@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 import shlex
 import signal
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from tuner.core.setting import pairs as setting_pairs
+from tuner.commands.duration import parse_duration
 from tuner.core.text import terminal_safe
 
 TICK_S = 0.1
@@ -39,25 +39,6 @@ def record_store():
     """The bounded store the headless recorder uses."""
     from tuner.core.store import Store
     return Store(capacity=STORE_READINGS, trace_capacity=STORE_TRACES)
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
-_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|min|s|m|h|d)?")
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from `90`, `90s`, `5m`, `2h`, `1h30m`, `1.5h`; raises ArgumentTypeError (one line)."""
-    s = str(text).strip().lower().replace(" ", "")
-    pos, total, parts = 0, 0.0, 0
-    while pos < len(s):
-        m = _PART.match(s, pos)
-        if m is None or m.end() == pos:
-            raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 90, 5m, 2h, 1h30m)")
-        if m.group(2) is None and m.end() != len(s):
-            raise argparse.ArgumentTypeError(f"not a duration: {text!r} (a unit is needed between parts)")
-        total += float(m.group(1)) * _UNITS[m.group(2) or "s"]
-        pos, parts = m.end(), parts + 1
-    if parts == 0 or not math.isfinite(total) or total <= 0:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 90, 5m, 2h)")
-    return total
 
 
 @dataclass(frozen=True, order=True)

@@ -12,23 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from pathlib import Path
 
+from tuner.commands.duration import parse_duration
 from tuner.core.text import terminal_safe
-
-
-def parse_duration(text: str) -> float:
-    """'300', '90s', '5m', '1h' -> seconds; ValueError (one line) otherwise."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
-    if not m:
-        raise ValueError(f"not a duration: {text!r} (use e.g. 300, 90s, 5m)")
-    value = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
-    if value <= 0:
-        raise ValueError("the budget must be positive")
-    return value
 
 
 def int_list(text: str) -> list[int]:

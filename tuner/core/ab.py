@@ -1,38 +1,36 @@
 """The A/B comparator (ARCHITECTURE "What better means"): was the last change better, and by how much?
 
-After a change, drop the settling time (the later of 2 s and 20 iterations), cut each side into 1-s
-windows, take each window's mean reading, and report the ratio of the sides' medians with a 95 %
-bootstrap interval (fixed seed, so the same data always gives the same answer). Until each side has
-5 windows the answer is "not yet". Time the server was away (from `disconnected` to the end of the
-settling after `connected`) belongs to neither side: the load driver counts 0 tok/s while the server
-is down, which says nothing about the setting. Pure functions over a Store; it must not talk to servers.
+The rule itself (settling, 1-s windows, ratio of medians, bootstrap interval, "not yet" below 5
+windows a side, outages and captures left out) is tuner.core.windows'; this module applies it to the
+Store around the newest config change. Time the server was away (from `disconnected` to the end of
+the settling after `connected`) belongs to neither side: the load driver counts 0 tok/s while the
+server is down, which says nothing about the setting. So does a profiler capture's time. Pure
+functions over a Store; it must not talk to servers.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import random
 import statistics
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from tuner.core import series as S
+from tuner.core import windows as W
 from tuner.core.events import AB_BOUNDARY_KINDS, EventKind
 from tuner.core.store import Store
+from tuner.core.windows import (BOOTSTRAP_ROUNDS, MIN_WINDOWS, SEED, SETTLE_ITERATIONS, SETTLE_S, WINDOW_S,
+                                ratio_of_medians)
 
 NAN = math.nan
-SETTLE_S = 2.0
-SETTLE_ITERATIONS = 20
-WINDOW_S = 1.0
-MIN_WINDOWS = 5
 MAX_SIDE_S = 120.0          # older windows of a long-running setting say nothing new
-BOOTSTRAP_ROUNDS = 1000
-SEED = 0
 
 NOT_YET = "not yet"
 READY = "ready"
 NO_CHANGE = "no change"
+
+__all__ = ["ABResult", "BOOTSTRAP_ROUNDS", "MIN_WINDOWS", "SEED", "SETTLE_ITERATIONS", "SETTLE_S", "WINDOW_S",
+           "compare_last_change", "excluded", "outages", "ratio_of_medians", "settle_end", "window_means"]
 
 
 @dataclass(frozen=True)
@@ -73,72 +71,19 @@ class ABResult:
 
 def window_means(store: Store, series: str, t0: float, t1: float, width: float = WINDOW_S,
                  exclude: Sequence[tuple[float, float]] = ()) -> list[float]:
-    """Means of the available readings in consecutive [t0 + i*w, t0 + (i+1)*w) windows within [t0, t1].
-
-    Only complete windows count; windows with no available reading are skipped. `exclude` holds
-    [a, b) intervals left out (outages): the windows restart after each one.
-    """
-    if exclude:
-        return [m for a, b in _spans(t0, t1, exclude) for m in window_means(store, series, a, b, width)]
-    if not (t1 - t0 >= width):
-        return []
-    n = int((t1 - t0) // width)
-    win = store.window(series, t0, t0 + n * width)
-    sums = [0.0] * n
-    counts = [0] * n
-    for t, v in win:
-        if math.isnan(v):
-            continue
-        i = min(int((t - t0) // width), n - 1)
-        if t >= t0 + (i + 1) * width:      # a reading exactly on the last edge belongs to no window
-            continue
-        sums[i] += v
-        counts[i] += 1
-    return [s / c for s, c in zip(sums, counts) if c]
+    """tuner.core.windows.window_means over one series of the store, within [t0, t1]."""
+    win = store.window(series, t0, t1)
+    return W.window_means(win.t, win.v, t0, t1, width, exclude)
 
 
-def ratio_of_medians(before: Sequence[float], after: Sequence[float], rounds: int = BOOTSTRAP_ROUNDS,
-                     seed: int = SEED, confidence: float = 0.95) -> tuple[float, float, float]:
-    """(median(after)/median(before), lo, hi): the ratio and its percentile-bootstrap interval."""
-    # Views ask every tick, but the windows change only once a second: remember recent answers.
-    return _ratio_of_medians(tuple(before), tuple(after), rounds, seed, confidence)
-
-
-@functools.lru_cache(maxsize=64)
-def _ratio_of_medians(before: tuple[float, ...], after: tuple[float, ...], rounds: int, seed: int,
-                      confidence: float) -> tuple[float, float, float]:
-    mb, ma = statistics.median(before), statistics.median(after)
-    ratio = ma / mb if mb else NAN
-    rng = random.Random(seed)
-    nb, na = len(before), len(after)
-    ratios = []
-    median = statistics.median
-    for _ in range(rounds):
-        b = median(rng.choices(before, k=nb))
-        a = median(rng.choices(after, k=na))
-        if b:
-            ratios.append(a / b)
-    if not ratios:
-        return ratio, NAN, NAN
-    ratios.sort()
-    tail = (1 - confidence) / 2
-    lo = ratios[int(tail * (len(ratios) - 1))]
-    hi = ratios[int(math.ceil((1 - tail) * (len(ratios) - 1)))]
-    return ratio, lo, hi
-
-
-def _spans(t0: float, t1: float, exclude: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    """[t0, t1] minus the [a, b) intervals of `exclude`, as ordered spans."""
-    spans, start = [], t0
-    for a, b in sorted(exclude):
-        if b <= start or a >= t1:
-            continue
-        if a > start:
-            spans.append((start, a))
-        start = max(start, b)
-    if start < t1:
-        spans.append((start, t1))
-    return spans
+def settle_end(store: Store, change_t: float, settle_s: float = SETTLE_S,
+               settle_iterations: int = SETTLE_ITERATIONS) -> float:
+    """When readings after a change start to count (tuner.core.windows.settle_end), from the store's
+    iteration counter (series server/iterations_total, where the server has a phase stream)."""
+    if store.latest(S.SERVER_ITERATIONS) is None:
+        return W.settle_end(change_t, None, settle_s=settle_s)
+    base = store.value(S.SERVER_ITERATIONS, at=change_t)
+    return W.settle_end(change_t, store.window(S.SERVER_ITERATIONS, change_t), base, settle_s, settle_iterations)
 
 
 def outages(store: Store, settle_s: float = SETTLE_S, settle_iterations: int = SETTLE_ITERATIONS
@@ -147,35 +92,58 @@ def outages(store: Store, settle_s: float = SETTLE_S, settle_iterations: int = S
 
     A reconnect is treated like a change: the server (maybe restarted, with cold caches) settles
     again before its readings count."""
-    out: list[tuple[float, float]] = []
-    down = None
-    for e in store.events((EventKind.DISCONNECTED, EventKind.CONNECTED)):
-        if e.kind == EventKind.DISCONNECTED and down is None:
-            down = e.t
-        elif e.kind == EventKind.CONNECTED and down is not None:
-            out.append((down, settle_end(store, e.t, settle_s, settle_iterations)))
-            down = None
-    if down is not None:
-        out.append((down, math.inf))
+    moves = ((float(e.data.get("since", e.t) or e.t), e.kind == EventKind.CONNECTED, "")
+             for e in store.events((EventKind.DISCONNECTED, EventKind.CONNECTED)))
+    return _settled_after(store, [(a, b) for a, b, _ in W.gaps(moves)], settle_s, settle_iterations)
+
+
+def captures(store: Store) -> list[tuple[float, float]]:
+    """The time each profiler capture slowed the server (tuner.core.windows.capture_span): from its
+    stated length before its event, or its first profiled iteration, or else the stall before it,
+    to the catch-up after it (not settled: see `excluded`)."""
+    out = []
+    for e in store.events(EventKind.TRACE_CAPTURED):
+        starts = []
+        secs = e.data.get("seconds")
+        if isinstance(secs, (int, float)) and secs > 0:
+            starts.append(e.t - float(secs))
+        for tr in store.traces(str(e.data.get("trace_id", ""))):
+            starts += first_iterations(tr.analysis)
+        if not starts:
+            its = store.window(S.SERVER_ITER_PER_S, e.t - W.CAPTURE_LOOKBACK_S, e.t)
+            starts.append(W.stall_start(e.t, its.t, its.v))
+        out.append(W.capture_span(e.t, starts))
     return out
 
 
-def settle_end(store: Store, change_t: float, settle_s: float = SETTLE_S,
-               settle_iterations: int = SETTLE_ITERATIONS) -> float:
-    """When readings after a change start to count: the later of +settle_s and +settle_iterations.
+def _settled_after(store: Store, spans: list[tuple[float, float]], settle_s: float,
+                   settle_iterations: int) -> list[tuple[float, float]]:
+    # The server comes back from an outage or a capture like from a change: it settles again.
+    return [(a, settle_end(store, b, settle_s, settle_iterations) if math.isfinite(b) else b) for a, b in spans]
 
-    Iterations are known only where the server has a phase stream (series server/iterations_total);
-    otherwise the time rule alone applies.
-    """
-    end = change_t + settle_s
-    base = store.latest(S.SERVER_ITERATIONS, at=change_t)
-    if base is None:
-        return end
-    win = store.window(S.SERVER_ITERATIONS, change_t)
-    for t, v in win:
-        if v - base.value >= settle_iterations:
-            return max(end, t)
-    return math.inf                 # not enough iterations yet: nothing after the change counts
+
+def first_iterations(analysis: object) -> list[float]:
+    """Where a capture's analysis says each rank's first profiled iteration began, less the time
+    the capture request takes (tuner.core.windows.CAPTURE_REQUEST_S), in seconds. Reads a frozen
+    analysis (the store's) as it is: thawing it on every tick would copy every iteration."""
+    out = []
+    ranks = analysis.get("ranks") if isinstance(analysis, Mapping) else None
+    for r in ranks if isinstance(ranks, (list, tuple)) else ():
+        its = r.get("iterations") if isinstance(r, Mapping) else None
+        base = r.get("base_time_ns") if isinstance(r, Mapping) else None
+        if isinstance(its, (list, tuple)) and its and isinstance(its[0], Mapping) \
+                and isinstance(base, (int, float)) and base:
+            start = its[0].get("start_us", 0)
+            if isinstance(start, (int, float)):
+                out.append(float(base) / 1e9 + float(start) / 1e6 - W.CAPTURE_REQUEST_S)
+    return out
+
+
+def excluded(store: Store, settle_s: float = SETTLE_S, settle_iterations: int = SETTLE_ITERATIONS
+             ) -> list[tuple[float, float]]:
+    """Time that belongs to no setting: outages (with their settling) and profiler captures."""
+    return outages(store, settle_s, settle_iterations) + _settled_after(store, captures(store), settle_s,
+                                                                        settle_iterations)
 
 
 def compare_last_change(store: Store, series: str, now: float, *, settle_s: float = SETTLE_S,
@@ -193,7 +161,9 @@ def compare_last_change(store: Store, series: str, now: float, *, settle_s: floa
         if e is not change and e.t < change.t:
             prev = e
             break
-    b0 = settle_end(store, prev.t, settle_s, settle_iterations) if prev else store.t_first
+    # The start of the data settles like a change: the first readings after attaching (or the
+    # start of a recording) may be a half-warm server's.
+    b0 = settle_end(store, prev.t if prev else store.t_first, settle_s, settle_iterations)
     b0 = max(b0, change.t - max_side_s)
     # A boundary after the change (load stopped or started) ends the "after" side.
     later = [e for e in store.events(AB_BOUNDARY_KINDS, t0=change.t, t1=now)
@@ -201,10 +171,10 @@ def compare_last_change(store: Store, series: str, now: float, *, settle_s: floa
     a1 = min([now] + [e.t for e in later])
     a0 = settle_end(store, change.t, settle_s, settle_iterations)
     a0 = max(a0, a1 - max_side_s) if math.isfinite(a0) else a0
-    away = outages(store, settle_s, settle_iterations)
+    away = excluded(store, settle_s, settle_iterations)
     before = window_means(store, series, b0, change.t, width, away) if math.isfinite(b0) else []
     after = window_means(store, series, a0, a1, width, away) if math.isfinite(a0) else []
-    if len(before) < min_windows or len(after) < min_windows:
+    if not W.enough(before, after, min_windows):
         return ABResult(series, NOT_YET, change_t=change.t, n_before=len(before), n_after=len(after))
     ratio, lo, hi = ratio_of_medians(before, after, rounds, seed)
     return ABResult(series, READY, change.t, ratio, lo, hi, statistics.median(before),

@@ -178,18 +178,24 @@ class Session:
 
     # -- views over the store (same answers live and on replay) -----------------------------------
 
-    def throughput_series(self) -> str:
-        """The tok/s series A/B uses: the load driver's client count when it runs, else the server's."""
-        started = self.store.last_event(EventKind.LOAD_STARTED)
-        stopped = self.store.last_event(EventKind.LOAD_STOPPED)
+    def throughput_series(self, at: float = math.inf) -> str:
+        """The tok/s series A/B uses: the load driver's client count when it runs (at `at`, default
+        now), else the server's."""
+        started = self.store.last_event(EventKind.LOAD_STARTED, at=at)
+        stopped = self.store.last_event(EventKind.LOAD_STOPPED, at=at)
         if started is not None and (stopped is None or started.t > stopped.t):
             return S.LOAD_TOK_PER_S
         return S.SERVER_TOK_PER_S
 
     def ab(self, series: str | None = None, now: float | None = None) -> _ab.ABResult:
-        """Before/after the last config change for a series (default: decode tok/s)."""
-        return _ab.compare_last_change(self.store, series or self.throughput_series(),
-                                       self.now() if now is None else now)
+        """Before/after the last config change for a series (default: decode tok/s, counted by the
+        load driver when it ran at the change: its sides end where the load started or stopped, and
+        the report ranks by the same count)."""
+        now = self.now() if now is None else now
+        if series is None:
+            change = self.store.last_event(EventKind.CONFIG_CHANGED, at=now)
+            series = self.throughput_series(change.t if change is not None else now)
+        return _ab.compare_last_change(self.store, series, now)
 
     def server_info(self) -> dict:
         """The newest server_info event's data (kind, version, model, tp_size, launch, active, ...)."""

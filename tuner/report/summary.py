@@ -2,12 +2,14 @@
 
 A setting is the active (steps, topk, draft tokens, placement) between two change points
 (`config_changed`, or a `server_info` whose active setting differs after a relaunch); time while the
-server was gone (`disconnected` .. `connected`) belongs to no setting. Figures follow ARCHITECTURE
-"What better means": after each change drop the later of 2 s and 20 iterations, cut the rest into
-1-s windows and take the median of the window means for tok/s (client-side tokens when the load
-driver ran in every setting, else the server's decode rate). Phase times are the mean per-iteration
-readings (inclusive), their collective parts alongside, never added to them. "Why" decomposes
-tok/s = B * tau / T into batch, accept length and iteration time, and names the phases that moved.
+server was gone (`disconnected` .. `connected`) or a profiler capture ran belongs to no setting.
+Figures follow ARCHITECTURE "What better means" through tuner.core.windows, the rule the TUI's A/B
+and the tuner use: after each change (and each load start/stop, reconnect or capture) drop the
+settling, cut the rest into 1-s windows and take the median of the window means for tok/s
+(client-side tokens when the load driver ran in every setting, else the server's decode rate).
+Phase times are the mean per-iteration readings (inclusive), their collective parts alongside,
+never added to them. "Why" decomposes tok/s = B * tau / T into batch, accept length and iteration
+time, and names the phases that moved.
 
 Pure functions over RecordingData; must not import textual or read files itself.
 """
@@ -22,7 +24,10 @@ from typing import Any
 from tuner import __version__
 from tuner.core import series as S
 from tuner.core import setting as vocab
-from tuner.core.ab import MIN_WINDOWS, SETTLE_ITERATIONS, SETTLE_S, WINDOW_S, ratio_of_medians
+from tuner.core import windows as W
+from tuner.core.ab import first_iterations
+from tuner.core.redact import redact
+from tuner.core.windows import MIN_WINDOWS
 from tuner.core.records import thaw
 from tuner.report.data import RecordingData, Series
 
@@ -158,13 +163,6 @@ class Summary:
         })
 
 
-def redact(launch: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for k, v in launch.items():
-        out[k] = "***" if ("key" in k.lower() or "token" in k.lower() and "tokens" not in k.lower()) and v else v
-    return out
-
-
 def _clean(x: Any) -> Any:
     """JSON-ready: NaN/inf -> None, tuples -> lists, keys -> str."""
     if isinstance(x, float):
@@ -180,16 +178,9 @@ def _clean(x: Any) -> Any:
 
 def gaps_of(data: RecordingData) -> list[tuple[float, float, str]]:
     """(t0, t1, error) for every time the server was away; an open gap runs to the end."""
-    out, since, err = [], None, ""
-    for e in data.events_of("disconnected", "connected"):
-        if e.kind == "disconnected" and since is None:
-            since, err = float(e.data.get("since", e.t) or e.t), str(e.data.get("error", ""))
-        elif e.kind == "connected" and since is not None:
-            out.append((since, e.t, err))
-            since = None
-    if since is not None:
-        out.append((since, data.t_last, err))
-    return out
+    moves = ((float(e.data.get("since", e.t) or e.t), e.kind == "connected", str(e.data.get("error", "")))
+             for e in data.events_of("disconnected", "connected"))
+    return W.gaps(moves, data.t_last)
 
 
 def capture_windows(data: RecordingData) -> list[tuple[float, float, str]]:
@@ -204,31 +195,25 @@ def capture_windows(data: RecordingData) -> list[tuple[float, float, str]]:
         if isinstance(secs, (int, float)) and secs > 0:
             starts.append(e.t - float(secs))
         for tr in data.traces:
-            a = tr.analysis
-            if tr.trace_id == tid and a:
-                for r in a.get("ranks") or []:
-                    its = r.get("iterations") or []
-                    if its and r.get("base_time_ns"):
-                        starts.append(float(r["base_time_ns"]) / 1e9 + float(its[0].get("start_us", 0)) / 1e6 - 1.0)
+            if tr.trace_id == tid:
+                starts += first_iterations(tr.analysis)
         if not starts:
-            # An older recording with neither: the profiler stalls a CPU server, so go back while
-            # the server ran no iterations (at most two minutes).
             its = data.get(S.SERVER_ITER_PER_S)
-            ts, vs = its.between(e.t - 120.0, e.t)
-            t0 = e.t - 2.0
-            for ti, vi in zip(reversed(ts), reversed(vs)):
-                if vi > 0:
-                    break
-                t0 = min(t0, ti)
-            starts.append(t0)
-        t0 = min(starts)
-        out.append((max(t0, data.t_first), e.t + 2.0, tid))   # + the catch-up burst after it
+            starts.append(W.stall_start(e.t, its.t, its.v))
+        t0, t1 = W.capture_span(e.t, starts)
+        out.append((max(t0, data.t_first), t1, tid))
     return out
+
+
+def load_boundaries(data: RecordingData) -> list[tuple[float, float, str]]:
+    """Load started or stopped: zero-length cuts, so the setting's time after one settles again
+    (the A/B's boundaries, tuner.core.events.AB_BOUNDARY_KINDS)."""
+    return [(e.t, e.t, e.kind) for e in data.events_of("load_started", "load_stopped")]
 
 
 def segments_of(data: RecordingData, gaps: list[tuple[float, float, str]]) -> list[Segment]:
     """The active setting over time, cut at every change point and around every excluded time
-    (server gone, profiler capture running)."""
+    (server gone, profiler capture running); a zero-length gap only cuts."""
     start_active = data.header.get("active") or (data.header.get("server_info") or {}).get("active") or {}
     points: list[tuple[float, tuple, str]] = []
     for e in data.events_of("config_changed", "server_info"):
@@ -252,7 +237,7 @@ def segments_of(data: RecordingData, gaps: list[tuple[float, float, str]]) -> li
         for g0, g1, _ in gaps:
             nxt = []
             for a, b in pieces:
-                if g1 <= a or g0 >= b:
+                if g1 <= a or g0 >= b or (g0 == g1 == a):
                     nxt.append((a, b))
                     continue
                 if a < g0:
@@ -269,39 +254,18 @@ def segments_of(data: RecordingData, gaps: list[tuple[float, float, str]]) -> li
 # -- figures --------------------------------------------------------------------------------------------
 
 def settle_start(data: RecordingData, t0: float, t1: float) -> float:
-    """The later of t0 + 2 s and the time 20 more iterations were seen (if iterations are counted)."""
-    t = t0 + SETTLE_S
+    """When the readings of a segment [t0, t1] start to count (tuner.core.windows.settle_end); t1
+    when it never settles."""
     its = data.get(S.SERVER_ITERATIONS)
-    if len(its.t):
-        base = its.at_or_before(t0)
-        base = 0.0 if math.isnan(base) else base
-        ts, vs = its.between(t0, t1)
-        for ti, vi in zip(ts, vs):
-            if not math.isnan(vi) and (vi - base >= SETTLE_ITERATIONS or vi < base):
-                t = max(t, ti)
-                break
-        else:
-            t = max(t, t1)        # never 20 iterations: nothing settled to measure
-    return min(t, t1)
+    if not len(its.t):
+        return min(W.settle_end(t0), t1)
+    ts, vs = its.between(t0, t1)
+    return min(W.settle_end(t0, zip(ts, vs), its.at_or_before(t0)), t1)
 
 
-def window_means(s: Series, t0: float, t1: float, width: float = WINDOW_S) -> list[float]:
-    """Means of the available readings in complete windows [t0 + i*w, t0 + (i+1)*w) within [t0, t1]."""
-    out = []
-    n = int((t1 - t0) // width) if t1 - t0 >= width else 0
-    ts, vs = s.between(t0, t0 + n * width)
-    sums = [0.0] * n
-    counts = [0] * n
-    for t, v in zip(ts, vs):
-        if math.isnan(v):
-            continue
-        i = min(n - 1, int((t - t0) // width))
-        sums[i] += v
-        counts[i] += 1
-    for i in range(n):
-        if counts[i]:
-            out.append(sums[i] / counts[i])
-    return out
+def window_means(s: Series, t0: float, t1: float) -> list[float]:
+    """tuner.core.windows.window_means of one series within [t0, t1]."""
+    return W.window_means(s.t, s.v, t0, t1)
 
 
 def _mean(xs: list[float]) -> float:
@@ -407,19 +371,30 @@ def verdict(rows: list[SettingRow]) -> Verdict | None:
         v.sentences.append(f"Only one setting was measured ({best.label}: {best.tok_s:.1f} tok/s); "
                            "change a setting while recording to compare.")
         return v
-    v.ratio, v.lo, v.hi = ratio_of_medians(other.windows, best.windows)
+    v.ratio, v.lo, v.hi = compare(other, best)
     pct = (v.ratio - 1) * 100
     s = (f"{best.label} is the fastest: {best.tok_s:.1f} tok/s, {pct:+.1f} % over {other.label} "
          f"({other.tok_s:.1f} tok/s)")
-    if len(best.windows) >= MIN_WINDOWS and len(other.windows) >= MIN_WINDOWS and not math.isnan(v.lo):
+    if W.enough(other.windows, best.windows) and not math.isnan(v.lo):
         s += f", 95 % interval [{(v.lo - 1) * 100:+.1f}, {(v.hi - 1) * 100:+.1f}] %"
-        if v.lo <= 1.0 <= v.hi:
+        if W.judge(v.lo, v.hi) == W.WITHIN_NOISE:
             s += " — within noise"
     else:
         s += f" (fewer than {MIN_WINDOWS} settled 1-s windows on a side: tentative)"
     v.sentences.append(s + ".")
     v.sentences += why(best, other)
     return v
+
+
+def compare(other: SettingRow, best: SettingRow) -> tuple[float, float, float]:
+    """best's tok/s over other's, with its 95 % interval. The bootstrap always runs in the order the
+    settings were tried (the earlier one is "before", as in the TUI's A/B after that change), and
+    the answer is turned round when the earlier one is the faster: the same windows give the same
+    interval whichever way round they are asked."""
+    if other.order <= best.order:
+        return W.ratio_of_medians(other.windows, best.windows)
+    ratio, lo, hi = W.ratio_of_medians(best.windows, other.windows)
+    return 1 / ratio if ratio else math.nan, 1 / hi if hi else math.nan, 1 / lo if lo else math.nan
 
 
 def why(best: SettingRow, other: SettingRow) -> list[str]:
@@ -564,7 +539,7 @@ def flags_of(data: RecordingData) -> list[str]:
 def summarize(data: RecordingData) -> Summary:
     gaps = gaps_of(data)
     windows = capture_windows(data)
-    segments = segments_of(data, gaps + windows)
+    segments = segments_of(data, gaps + windows + load_boundaries(data))
     rows, ranking = build_rows(data, segments)
     tuning, preds = tuning_of(data)
     from tuner.report.acceptance_profile import collect

@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 from probes.names import DRAFT_TOKENS, PLACEMENT, REPLICATED, SHARDED, STEPS, TOPK
 from tuner.core.setting import extra_knobs
 from tuner.core import ab as core_ab
+from tuner.core import windows as core_windows
 from tuner.core.records import Event
 from tuner.tuning.adaptive_policy import acceptance_only_pick
 from tuner.tuning.cost_model import CostModel, Prediction, best, fit_cost_model
@@ -57,8 +58,8 @@ TUNING_KINDS: tuple[str, ...] = tuple(v for k, v in vars(EventKinds).items() if 
 @dataclass(frozen=True)
 class TunerOptions:
     budget_s: float = 300.0
-    settle_s: float = 2.0            # "What better means": drop the first 2 s ...
-    settle_iters: int = 20           # ... or 20 iterations, whichever is later
+    settle_s: float = core_windows.SETTLE_S                 # "What better means": drop the later of
+    settle_iters: int = core_windows.SETTLE_ITERATIONS      # 2 s and 20 iterations after a change
     probe_s: float = 1.5             # measured seconds per probe, after settling (phase means
                                      # settle fast; tok/s windows for the A/B need longer)
     probe_min_iters: int = 30
@@ -428,7 +429,8 @@ class Tuner:
                 job.first_t = it.t
             job.seen += 1
             if math.isnan(job.settled_at):
-                if job.seen > self.opts.settle_iters and it.t - job.first_t >= self.opts.settle_s:
+                # The same rule as observations.settle: iterations before this one, time since the first.
+                if core_windows.settled(job.seen - 1, it.t - job.first_t, self.opts.settle_s, self.opts.settle_iters):
                     job.settled_at = now
                     job.end_at = now + job.measure_s
                 continue
@@ -620,7 +622,7 @@ class Tuner:
         if store is not None and series:
             sides = [[w for j in jobs for w in core_ab.window_means(store, series, j.settled_at, j.end_at)]
                      for jobs in (c_jobs, i_jobs)]
-            if min(len(x) for x in sides) >= core_ab.MIN_WINDOWS:
+            if core_windows.enough(*sides):
                 return sides[0], sides[1], series
 
         def from_records(jobs: Sequence[_Job]) -> list[float]:
@@ -629,8 +631,10 @@ class Tuner:
                 if not j.iters:
                     continue
                 t0 = j.iters[0].t
-                for w in range(int((j.iters[-1].t - t0) // 1.0)):
-                    out.append(float(sum(i.committed for i in j.iters if t0 + w <= i.t < t0 + w + 1)))
+                width = core_windows.WINDOW_S
+                for w in range(int((j.iters[-1].t - t0) // width)):
+                    out.append(sum(i.committed for i in j.iters if t0 + w * width <= i.t < t0 + (w + 1) * width)
+                               / width)
             return out
         return from_records(c_jobs), from_records(i_jobs), "phase/committed_per_s"
 
@@ -644,7 +648,7 @@ class Tuner:
             self._rounds += 1
             self._emit(EventKinds.PROBLEM, now, {"message": "A/B had too few tok/s windows to compare"})
             return self._finish(now, "A/B without data")
-        ratio, lo, hi = core_ab.ratio_of_medians(iw, cw)
+        ratio, lo, hi = core_windows.ratio_of_medians(iw, cw)
         if lo <= 1 <= hi and len(c_jobs) < self.opts.ab_max_pairs \
                 and now - self._t0 + 2 * (self.opts.settle_s + self.opts.ab_segment_s) < self.opts.budget_s:
             # Not decided yet: one more interleaved pair narrows the interval.
@@ -657,7 +661,7 @@ class Tuner:
         self._rounds += 1
         self._refit(now)
         pr = self._predicted_ratio
-        verdict = "better" if lo > 1 else "worse" if hi < 1 else "same"
+        verdict = {core_windows.BETTER: "better", core_windows.WORSE: "worse"}.get(core_windows.judge(lo, hi), "same")
         outcome = ABOutcome(cand, inc, verdict, ratio, lo, hi, pr, len(cw), len(iw), series)
         self.verifications.append(outcome)
         self._emit(EventKinds.VERIFIED, now, outcome.to_json())

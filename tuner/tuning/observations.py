@@ -12,13 +12,15 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from probes.names import DECODE_PHASES as PHASES
-from probes.names import DRAFT, DRAFT_EXTEND, SHARDED, VERIFY, VERIFY_SAMPLE
+from probes.names import DRAFT, DRAFT_EXTEND, DRAFT_TOKENS, PLACEMENT, SHARDED, STEPS, TOPK, VERIFY, VERIFY_SAMPLE
+from tuner.backends.phase_pages import record_config, record_knobs
 from tuner.core.setting import Setting, extra_knobs
+from tuner.core.windows import SETTLE_ITERATIONS, SETTLE_S, settled
 
 
-# "What better means": after a change, drop the first 2 s or 20 iterations (whichever is later).
-WARMUP_ITERS = 20
-WARMUP_S = 2.0
+# "What better means" (tuner.core.windows): after a change, drop the later of 2 s and 20 iterations.
+WARMUP_ITERS = SETTLE_ITERATIONS
+WARMUP_S = SETTLE_S
 
 
 @dataclass(frozen=True)
@@ -46,10 +48,13 @@ class Iteration:
         return max(self.wall_ms - work, 0.0)
 
 
-def _num(d: Mapping, key: str, kind: type = float) -> float:
+def _num(d: Mapping, key: str, kind: type = float, rec: Mapping | None = None) -> float:
+    """d[key] as a finite number; `rec` is the record `d` was read from (d itself by default)."""
+    rec = d if rec is None else rec
     v = d.get(key)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ValueError(f"phase record {d.get('seq', '?')}: {key!r} is not a finite number: {v!r}")
+        name = record_knobs().get(key, key)   # a knob is named as the record spells it
+        raise ValueError(f"phase record {rec.get('seq', '?')}: {name!r} is not a finite number: {v!r}")
     return kind(v)
 
 
@@ -57,10 +62,11 @@ def parse_record(rec: Mapping) -> Iteration:
     """One phase-stream record → Iteration; ValueError (one line) when it is malformed."""
     if not isinstance(rec, Mapping):
         raise ValueError(f"phase record is not an object: {type(rec).__name__}")
-    steps = int(_num(rec, "steps", int))
-    topk = int(_num(rec, "topk", int)) if steps > 0 else 1
-    n = int(_num(rec, "num_draft_tokens", int)) if steps > 0 else 1
-    placement = rec.get("placement", SHARDED)
+    knobs = record_config(rec)              # the one reading of a record's knobs (the panels' too)
+    steps = int(_num(knobs, STEPS, int, rec))
+    topk = int(_num(knobs, TOPK, int, rec)) if steps > 0 else 1
+    n = int(_num(knobs, DRAFT_TOKENS, int, rec)) if steps > 0 else 1
+    placement = SHARDED if knobs[PLACEMENT] is None else knobs[PLACEMENT]
     extra = tuple((k.key, rec[k.key]) for k in extra_knobs() if rec.get(k.key) is not None)
     try:
         setting = Setting(steps, topk, n, str(placement), extra)
@@ -99,15 +105,18 @@ def parse_record(rec: Mapping) -> Iteration:
 
 def settle(iters: Sequence[Iteration], warmup_iters: int = WARMUP_ITERS,
            warmup_s: float = WARMUP_S) -> list[Iteration]:
-    """Drop each config epoch's warm-up: its first `warmup_iters` iterations and first `warmup_s`
-    seconds, whichever removes more. Iterations are taken in the order given (stream order)."""
+    """Drop each config epoch's warm-up (tuner.core.windows.settled): an iteration counts once
+    `warmup_iters` iterations of its epoch came before it and `warmup_s` seconds passed since the
+    epoch's first (the records carry server time only, so the change itself is not on their
+    clock). Iterations are taken in the order given (stream order)."""
     out: list[Iteration] = []
     first_t: dict[int, float] = {}
-    seen: dict[int, int] = {}
+    before: dict[int, int] = {}
     for it in iters:
         t0 = first_t.setdefault(it.epoch, it.t)
-        seen[it.epoch] = seen.get(it.epoch, 0) + 1
-        if seen[it.epoch] > warmup_iters and it.t - t0 >= warmup_s:
+        n = before.get(it.epoch, 0)
+        before[it.epoch] = n + 1
+        if settled(n, it.t - t0, warmup_s, warmup_iters):
             out.append(it)
     return out
 

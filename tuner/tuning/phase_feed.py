@@ -2,7 +2,8 @@
 
 The session's backend turns the stream into per-poll averages for the panels; the cost model needs
 every iteration with its configuration, batch size and accepted drafts, so the tuner keeps its own
-cursor on the same endpoint (the stream is built for several readers). A background thread polls;
+cursor on the same endpoint (the stream is built for several readers), paged by the same rule
+(tuner.backends.phase_pages). A background thread polls;
 `poll()` hands over what arrived and never blocks, so a UI timer can drive the tuner.
 Must not touch the store or the bus; errors become `last_error`, never an exception in `poll()`.
 """
@@ -12,9 +13,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Protocol
 
+from tuner.backends import phase_pages
 from tuner.backends.http import HttpClient, ServerError
-
-PAGE = 1024
 
 
 class PhaseFeed(Protocol):
@@ -43,38 +43,26 @@ class HttpPhaseFeed:
         self._thread = threading.Thread(target=self._run, name="tuner-phase-feed", daemon=True)
         self._thread.start()
 
-    def _page(self, after: int) -> dict:
-        page: Any = self._http.get_json("/specdecode/phases", {"after": after, "limit": PAGE})
-        if not isinstance(page, dict) or not isinstance(page.get("records"), list) \
-                or not isinstance(page.get("next"), int):
-            raise ServerError("/specdecode/phases answered something that is not a phase page")
-        return page
+    def _page(self, after: int) -> Any:
+        return self._http.get_json("/specdecode/phases", {"after": after, "limit": phase_pages.PAGE_LIMIT})
 
     def _fetch(self) -> None:
-        if self._cursor is None:
-            # Skip the history the server still holds: page through to its newest record. A page
-            # ends after `limit` records, not at the newest, so one page is not enough.
-            page = self._page(0)
-            while len(page["records"]) >= PAGE:
-                page = self._page(page["next"])
-            self._cursor = page["next"]
+        # The shared paging rule: the backlog on arrival, and a restarted server's first page, are
+        # history (they describe the past, not the probes).
+        pages, history = phase_pages.read(self._page, self._cursor)
+        self._cursor = pages[-1].next
+        if history:
             return
-        page = self._page(self._cursor)
-        nxt = page["next"]
-        restarted = nxt < self._cursor
-        self._cursor = nxt
-        if restarted:
-            return                   # the server restarted: its sequence began again
         with self._lock:
-            self.dropped += int(page.get("dropped") or 0)
-            self._pending.extend(r for r in page["records"] if isinstance(r, dict))
+            self.dropped += pages[-1].dropped
+            self._pending.extend(dict(r) for r in pages[-1].records)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 self._fetch()
                 self.last_error = ""
-            except ServerError as e:
+            except (ServerError, ValueError) as e:
                 self.last_error = str(e)
             self._stop.wait(self._interval)
 

@@ -12,6 +12,7 @@ from rich.console import Group
 from rich.text import Text
 from textual.widgets import Static
 
+from tuner.core import windows as W
 from tuner.widgets.fmt import is_num, num
 
 
@@ -41,14 +42,14 @@ def _change(ratio: float) -> str:
     return f"{(ratio - 1) * 100:+.1f}%" if is_num(ratio) else "n/a"
 
 
+VERDICT_TEXT = {W.BETTER: Text("better", style="bold #8bc34a"), W.WORSE: Text("worse", style="bold #d96e6e"),
+                W.WITHIN_NOISE: Text("unclear", style="dim")}
+
+
 def _verdict(m: Metric) -> Text:
     if not (is_num(m.lo) and is_num(m.hi)):
         return Text("")
-    if m.lo > 1.0:
-        return Text("better", style="bold #8bc34a")
-    if m.hi < 1.0:
-        return Text("worse", style="bold #d96e6e")
-    return Text("unclear", style="dim")
+    return VERDICT_TEXT[W.judge(m.lo, m.hi)].copy()
 
 
 class ABReadout(Static):
