@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -110,7 +111,9 @@ def measure(http, a, batch: int, trace_dir: Path) -> dict:
         # The trace: 20 iterations, analysed with the product's analyser.
         d = trace_dir / f"b{batch}"
         d.mkdir(parents=True, exist_ok=True)
-        http.post("/start_profile", json={"output_dir": str(d), "num_steps": 20}).raise_for_status()
+        # No Python stacks: the analyser needs the spans and kernels only, and a stack per op is
+        # host time that would slow the very host work being measured.
+        http.post("/start_profile", json={"output_dir": str(d), "num_steps": 20, "with_stack": False}).raise_for_status()
         deadline = time.monotonic() + 120
         while not list(d.glob("*.trace.json*")) and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -130,7 +133,15 @@ def measure(http, a, batch: int, trace_dir: Path) -> dict:
     wall = sum(r["wall_ms"] for r in recs)
     timed = sum(r["phase_ms"].get(p, 0.0) for r in recs for p in TIMED)
     syncs = [r["syncs"] for r in recs if "syncs" in r]
+    if a.keep_traces:
+        import shutil
+        for f in files:
+            shutil.copy(f, Path(a.keep_traces) / f"{'overlap' if 'overlap' in str(d) else 'sync'}-b{batch}-{f.name}")
+    phases = sorted({p for r in recs for p in r["phase_ms"]})
     return {"batch": batch, "iterations": len(recs), "steady_iterations": len(steady),
+            "phase_ms_mean": {p: statistics.fmean(r["phase_ms"].get(p, 0.0) for r in recs) for p in phases} if recs else {},
+            "wall_ms_mean": statistics.fmean(r["wall_ms"] for r in recs) if recs else None,
+            "bs_changes": sum(1 for x, y in zip(recs, recs[1:]) if x["bs"] != y["bs"]),
             "bs_median": statistics.median(r["bs"] for r in recs) if recs else None,
             "wall_over_phases": wall / timed if timed else None,
             "decode_tok_s": sum(r["committed"] for r in recs) / (wall / 1e3) if wall else None,
@@ -162,6 +173,7 @@ def run_server(a, overlap: bool, trace_root: Path) -> dict:
         out = {"overlap": overlap, "argv": argv, "loads": []}
         for batch in a.batches:
             m = measure(http, a, batch, trace_root / ("overlap" if overlap else "sync"))
+            m["compile_mode"] = os.environ.get("SGLANG_TORCH_COMPILE_MODE") or "serve default"
             out["loads"].append(m)
             t = m["trace"] or {}
             print(f"  batch {batch}: GPU idle {t.get('idle_pct', float('nan')):5.1f} % of "
@@ -170,6 +182,9 @@ def run_server(a, overlap: bool, trace_root: Path) -> dict:
                   f"{m['bs_median']}); syncs/iteration max {m['syncs_max']}; {m['decode_tok_s']:.1f} tok/s"
                   + (f"; sync calls {m['sync_calls']}" if m["sync_calls"] else "")
                   + (f"; ERRORS {m['errors']}" if m["errors"] else ""), flush=True)
+            print("    mean ms per iteration: wall {:.3f}; ".format(m["wall_ms_mean"] or float("nan"))
+                  + ", ".join(f"{p} {v:.3f}" for p, v in m["phase_ms_mean"].items())
+                  + f"; batch changed {m['bs_changes']} times", flush=True)
         return out
     finally:
         srv.stop()
@@ -187,14 +202,15 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="overlap,sync", help="overlap, sync (= --disable-overlap-schedule)")
     ap.add_argument("--no-compile", dest="compile", action="store_false")
     ap.add_argument("--start-timeout-s", type=float, default=420.0)
+    ap.add_argument("--keep-traces", default=None, help="copy the captured trace files into this directory")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     report = {"argv": sys.argv[1:], "servers": []}
     with tempfile.TemporaryDirectory() as tmp:
         for v in a.variants.split(","):
             report["servers"].append(run_server(a, v == "overlap", Path(tmp)))
-    if a.out:
-        Path(a.out).write_text(json.dumps(report, indent=1))
+            if a.out:   # after each server: a later one running out of time loses nothing
+                Path(a.out).write_text(json.dumps(report, indent=1))
     return 0
 
 

@@ -171,7 +171,9 @@ class Engine:
             from refengine.compiled import compile_models
             mode = opts.torch_compile_mode
             if mode == "auto":
-                mode = "max-autotune-no-cudagraphs" if self.device.type == "cuda" else "default"
+                # SGLang's default and its override variable (cuda_graph_runner.py).
+                mode = os.environ.get("SGLANG_TORCH_COMPILE_MODE") or (
+                    "max-autotune-no-cudagraphs" if self.device.type == "cuda" else "default")
             prepare_head = compile_models(self.target, comm, mode, opts.torch_compile_max_bs,
                                           opts.torch_compile_backend)
         self.kv = self.target.make_kv(self.rows + 1, self.row_len, dtype, device)
