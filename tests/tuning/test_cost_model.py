@@ -193,3 +193,23 @@ def test_model_json_is_plain_json():
     pred = model.predict(Setting(2), 1).to_json()
     assert json.loads(json.dumps(pred))["tok_s"] > 0
     assert not any(isinstance(v, float) and math.isnan(v) for v in pred.values())
+
+
+def test_prefill_is_a_per_iteration_load_cost_apart_from_sched():
+    truth = Truth(prefill=1.5)
+    records = _records(truth, CHAIN_PROBES, n=40)
+    model = fit_from_records(records, warmup_iters=0, warmup_s=0)
+    g = model.groups[("sharded", 1)]
+    assert g.terms["prefill"].coefficient("1")[0] == pytest.approx(1.5, rel=1e-6)
+    assert g.terms["sched"].coefficient("1")[0] == pytest.approx(truth.sched, rel=1e-6)
+    assert g.off["prefill"][0] == pytest.approx(1.5, rel=1e-6)
+    for s in (Setting(0), Setting(2), Setting(5)):
+        pred = model.predict(s, 1)
+        assert pred.terms_ms["prefill"][0] == pytest.approx(1.5, rel=1e-6)
+        assert pred.t_ms == pytest.approx(sum(truth.terms(s).values()), rel=1e-6)
+    # A recording from before prefill was a phase: its time sat in `other`, so it is in sched.
+    for r in records:
+        r["phase_ms"]["other"] += r["phase_ms"].pop("prefill")
+    old = fit_from_records(records, warmup_iters=0, warmup_s=0).groups[("sharded", 1)]
+    assert old.terms["prefill"].coefficient("1")[0] == 0.0
+    assert old.terms["sched"].coefficient("1")[0] == pytest.approx(truth.sched + 1.5, rel=1e-6)

@@ -49,14 +49,16 @@ def costs(model: Mapping[str, Any], bs: int) -> list[str]:
             continue
 
         def c(term: str, name: str) -> str:
-            v = g["terms"][term]["coef"].get(name)
+            # A model saved before prefill was its own term has no prefill: n/a, not an error.
+            v = g["terms"].get(term, {}).get("coef", {}).get(name)
             return "n/a" if v is None else f"{v['value']:.3f} ± {v['se']:.3f}"
         comm = g["comm"]["draft"]["coef"].get("s-1")
         out.append(f"  {g['placement']} (bs {bs}): draft step {c('draft', 's-1')} ms"
                    + (f" (collectives {comm['value']:.3f})" if comm else "")
                    + f"; verify {c('verify', '1')} + {c('verify', 'N')}·N ms"
                    + f"; extend {c('draft_extend', '1')} + {c('draft_extend', 'N')}·N ms"
-                   + f"; sample+sched {c('verify_sample', '1')} + {c('sched', '1')} ms")
+                   + f"; sample+sched {c('verify_sample', '1')} + {c('sched', '1')} ms"
+                   + f"; prefill {c('prefill', '1')} ms")
     acc = model.get("acceptance", {})
     if acc.get("p"):
         taus = ", ".join(f"{s}:{v[0]:.2f}" for s, v in acc["tau_chain"].items())
