@@ -210,3 +210,30 @@ def test_merged_trace_of_several_ranks_is_refused(tmp_path):
     p.write_text(json.dumps({"traceEvents": evs}))
     with pytest.raises(TraceAnalysisError, match="merged trace of 2 ranks"):
         analyze_file(p)
+
+
+@pytest.mark.parametrize("prefill, prefill_extend, sample", [
+    ("specdecode.prefill", "specdecode.prefill_draft_extend", True),   # our engine
+    ("step[EXTEND bs=1 toks=5]", "draft_extend", False),                # SGLang without run_batch spans
+])
+def test_prefill_between_iterations_counts_in_the_next(tmp_path, prefill, prefill_extend, sample):
+    def span(name, ts, end):
+        return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": end - ts, "pid": 1, "tid": 1}
+
+    def iteration(t):
+        out = [span("draft", t, t + 100), span("step[VERIFY bs=1]", t + 120, t + 200),
+               span("draft_extend", t + 220, t + 300)]
+        return out + ([span("specdecode.verify_sample", t + 200, t + 220)] if sample else [])
+
+    evs = iteration(0) + [span(prefill, 320, 400), span(prefill_extend, 400, 450)] + iteration(500)
+    p = tmp_path / "x-TP-0.trace.json"
+    p.write_text(json.dumps({"traceEvents": evs}))
+    its = analyze_file(p).to_dict()["iterations"]
+    assert [(it["start_us"], it["wall_ms"]) for it in its] == [(0, 0.32), (320, 0.48)]
+    assert [it["phases"]["prefill"]["span_ms"] for it in its] == [0.0, 0.13]
+    # The decode draft_extend stays draft_extend; only the one after a prefill is the draft's prefill.
+    assert [it["phases"]["draft_extend"]["span_ms"] for it in its] == [0.08, 0.08]
+    # Other: the gap before the prefill stays in the iteration before it, the one after it moves
+    # with it (and the draft-to-verify gap is other where the engine names verify_sample itself).
+    gap = 0.02 if sample else 0.0
+    assert [it["phases"]["other"]["span_ms"] for it in its] == [0.02 + gap, 0.05 + gap]
