@@ -335,7 +335,8 @@ def _decode_windows(spans: list[tuple[float, float, str, bool]]) -> tuple[list[t
 def _with_prefill(windows: list[tuple[float, float]], spans: list[tuple[float, float, str, bool]],
                   contiguous: bool) -> list[tuple[float, float]]:
     """Each window starts earlier to take in the prefills since the previous iteration: after the
-    previous window (containers) or after the last decode phase span before it (anchors)."""
+    previous window (containers) or after the last decode phase span before it (anchors). The last
+    window ends before prefills that follow its phases (their iteration is not in the trace)."""
     prefill = sorted(s[0] for s in spans if s[2] == PREFILL)
     if not prefill or not windows:
         return windows
@@ -355,6 +356,11 @@ def _with_prefill(windows: list[tuple[float, float]], spans: list[tuple[float, f
         prev_end = w1
     if contiguous:
         out = [(a, out[i + 1][0] if i + 1 < len(out) else b) for i, (a, b) in enumerate(out)]
+        # Prefills after the last iteration's phases belong to an iteration the trace ends before.
+        a, b = out[-1]
+        i = bisect_right(prefill, (decode_ends[-1] if decode_ends else a) - 1e-9)
+        if i < len(prefill) and a < prefill[i] < b:
+            out[-1] = (a, prefill[i])
     return out
 
 

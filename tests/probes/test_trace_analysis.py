@@ -237,3 +237,16 @@ def test_prefill_between_iterations_counts_in_the_next(tmp_path, prefill, prefil
     # with it (and the draft-to-verify gap is other where the engine names verify_sample itself).
     gap = 0.02 if sample else 0.0
     assert [it["phases"]["other"]["span_ms"] for it in its] == [0.02 + gap, 0.05 + gap]
+
+
+def test_a_prefill_after_the_last_iteration_is_left_out(tmp_path):
+    # The profiler stops after admitting requests whose iteration it does not see.
+    def span(name, ts, end):
+        return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": end - ts, "pid": 1, "tid": 1}
+
+    evs = [span("draft", 0, 100), span("step[VERIFY bs=1]", 120, 200), span("specdecode.verify_sample", 200, 220),
+           span("draft_extend", 220, 300), span("specdecode.prefill", 320, 400)]
+    p = tmp_path / "x-TP-0.trace.json"
+    p.write_text(json.dumps({"traceEvents": evs}))
+    [it] = analyze_file(p).to_dict()["iterations"]
+    assert it["wall_ms"] == 0.32 and it["phases"]["prefill"]["span_ms"] == 0.0
