@@ -31,9 +31,12 @@ class Truth:
     off_verify: float = 3.6
 
     def terms(self, s: Setting) -> dict[str, float]:
+        # No prefill key unless there is prefill: the seeded streams of the other tests stay as
+        # they were (every term draws its noise), and such records read like an older server's.
+        pre = {"prefill": self.prefill} if self.prefill else {}
         if s.steps == 0:
             return {"draft": 0.0, "draft_extend": 0.0, "verify": self.off_verify,
-                    "verify_sample": self.sample0, "prefill": self.prefill, "sched": self.sched}
+                    "verify_sample": self.sample0, **pre, "sched": self.sched}
         n = s.num_draft_tokens
         draft = self.draft0 + self.step * (s.steps - 1) + self.branch * (s.steps - 1) * (s.topk - 1)
         extend = self.extend0 + self.extend_n * n
@@ -41,8 +44,7 @@ class Truth:
             draft *= 1 - self.comm_share
             extend *= 1 - self.comm_share
         return {"draft": draft, "draft_extend": extend, "verify": self.verify0 + self.verify_n * n,
-                "verify_sample": self.sample0 + self.sample_n * n, "prefill": self.prefill,
-                "sched": self.sched}
+                "verify_sample": self.sample0 + self.sample_n * n, **pre, "sched": self.sched}
 
     def tau(self, s: Setting) -> float:
         if s.steps == 0:
