@@ -213,3 +213,13 @@ def test_prefill_is_a_per_iteration_load_cost_apart_from_sched():
     old = fit_from_records(records, warmup_iters=0, warmup_s=0).groups[("sharded", 1)]
     assert old.terms["prefill"].coefficient("1")[0] == 0.0
     assert old.terms["sched"].coefficient("1")[0] == pytest.approx(truth.sched + 1.5, rel=1e-6)
+
+
+def test_fitted_costs_print_prefill_only_when_the_model_has_it():
+    from tuner.tuning.summary import costs
+    doc = fit_from_records(_records(Truth(prefill=1.5), CHAIN_PROBES, n=40), warmup_iters=0, warmup_s=0).to_json()
+    [line] = [ln for ln in costs(doc, 1) if "sharded" in ln]
+    assert "; prefill 1.500 ± " in line
+    for g in doc["groups"]:     # a model saved before prefill was a term: nothing about it, no error
+        del g["terms"]["prefill"]
+    assert not any("prefill" in ln for ln in costs(doc, 1))

@@ -49,8 +49,7 @@ def costs(model: Mapping[str, Any], bs: int) -> list[str]:
             continue
 
         def c(term: str, name: str) -> str:
-            # A model saved before prefill was its own term has no prefill: n/a, not an error.
-            v = g["terms"].get(term, {}).get("coef", {}).get(name)
+            v = g["terms"][term]["coef"].get(name)
             return "n/a" if v is None else f"{v['value']:.3f} ± {v['se']:.3f}"
         comm = g["comm"]["draft"]["coef"].get("s-1")
         out.append(f"  {g['placement']} (bs {bs}): draft step {c('draft', 's-1')} ms"
@@ -58,7 +57,8 @@ def costs(model: Mapping[str, Any], bs: int) -> list[str]:
                    + f"; verify {c('verify', '1')} + {c('verify', 'N')}·N ms"
                    + f"; extend {c('draft_extend', '1')} + {c('draft_extend', 'N')}·N ms"
                    + f"; sample+sched {c('verify_sample', '1')} + {c('sched', '1')} ms"
-                   + f"; prefill {c('prefill', '1')} ms")
+                   # A model saved before prefill was its own term has none (it is inside sched).
+                   + (f"; prefill {c('prefill', '1')} ms" if "prefill" in g["terms"] else ""))
     acc = model.get("acceptance", {})
     if acc.get("p"):
         taus = ", ".join(f"{s}:{v[0]:.2f}" for s, v in acc["tau_chain"].items())
