@@ -242,8 +242,9 @@ class Engine:
     def begin_command(self) -> None:
         """Rank 0's next command is about to be broadcast: the iteration it may start is timed
         from here, so the broadcast and config changes count in that iteration's `other` and
-        prefills in its `prefill`. What was timed while no request ran (idle heartbeats, an idle config change)
-        belongs to no iteration and is dropped, or it would show up as comm larger than wall."""
+        prefills in its `prefill`. What was timed while no request ran (idle heartbeats, an idle
+        config change) belongs to no iteration and is dropped, or it would show up as comm larger
+        than wall."""
         if not any(not r.finished for r in self.reqs.values()):
             self.timer.collect()
         self._since = time.perf_counter()

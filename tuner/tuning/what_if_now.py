@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from probes.names import (DRAFT, DRAFT_EXTEND, DRAFT_TOKENS, PINNED_STEPS, PLACEMENT, PREFILL, REPLICATED, SHARDED, STEPS,
-                          TOPK, VERIFY, VERIFY_SAMPLE)
+from probes.names import (DRAFT, DRAFT_EXTEND, DRAFT_TOKENS, PINNED_STEPS, PLACEMENT, PREFILL, REPLICATED,
+                          SHARDED, STEPS, TOPK, VERIFY, VERIFY_SAMPLE)
 from tuner.core import ab as core_ab
 from tuner.core import series as S
 from tuner.core.events import EventKind
