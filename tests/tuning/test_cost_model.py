@@ -223,3 +223,21 @@ def test_fitted_costs_print_prefill_only_when_the_model_has_it():
     for g in doc["groups"]:     # a model saved before prefill was a term: nothing about it, no error
         del g["terms"]["prefill"]
     assert not any("prefill" in ln for ln in costs(doc, 1))
+
+
+def test_sporadic_prefill_is_the_mean_over_every_iteration_even_where_a_probe_saw_none():
+    # Admissions come now and then: 4 ms every 4th iteration at two settings, none while the third
+    # was probed. A 1/se²-weighted fit would follow the 0 ± 0 probe; the load cost is the mean.
+    import random
+    rng = random.Random(7)
+    records = _records(Truth(), CHAIN_PROBES[1:], n=80)
+    for r in records:
+        pre = 4.0 if r["steps"] in (1, 3) and rng.random() < 0.25 else 0.0
+        r["phase_ms"]["prefill"] = pre
+        r["wall_ms"] += pre
+    g = fit_from_records(records, warmup_iters=0, warmup_s=0).groups[("sharded", 1)]
+    got, se = g.terms["prefill"].coefficient("1")
+    want = sum(r["phase_ms"]["prefill"] for r in records) / len(records)
+    assert 0.4 < want and got == pytest.approx(want, rel=1e-6)
+    assert se > 0.1                                          # the settings disagree: an honest error
+    assert g.terms["sched"].coefficient("1")[0] == pytest.approx(Truth().sched, rel=1e-6)

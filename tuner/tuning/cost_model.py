@@ -11,7 +11,10 @@ Each term is fitted per (placement, batch size) from per-setting means of the ph
   verify       ~ a + b·N                        (target forward over N tokens per request)
   verify_sample~ a + b·N
   prefill      ~ a                              (the load's cost: admissions per iteration × their
-                                                 prefill; no knob changes it, so one constant per group)
+                                                 prefill; no knob changes it, so one constant per group:
+                                                 the mean over every iteration of the group, not a
+                                                 1/se²-weighted fit, since a probe that saw no
+                                                 admission reads 0 ± 0 and would outweigh the rest)
   sched        ~ a                              (wall − the five above: scheduling, "other", gaps)
 steps = 0 (tier 0, draft kept warm) is its own measured point, or extrapolated from the verify line at N=1.
 The collective part of draft and draft_extend is fitted the same way, which gives the "what if the
@@ -139,8 +142,12 @@ def _fit_group(placement: str, bs: int, stats: Sequence[SettingStats]) -> GroupF
     off_stats = [s for s in stats if s.setting.steps == 0]
     terms: dict[str, LinearFit] = {}
     comm: dict[str, LinearFit] = {}
+    load = _load_cost(stats)
     if spec:
         for term, cols in TERM_COLS.items():
+            if term == PREFILL:
+                terms[term] = load
+                continue
             x = [features(cols, s.setting) for s in spec]
             terms[term] = fit_linear(cols, x, [s.terms[term][0] for s in spec],
                                      [s.terms[term][1] for s in spec])
@@ -159,10 +166,25 @@ def _fit_group(placement: str, bs: int, stats: Sequence[SettingStats]) -> GroupF
     if off_stats:
         st = max(off_stats, key=lambda s: s.n)
         off = {k: st.terms[k] for k in OFF_TERMS if k in st.terms}
+        off[PREFILL] = load.predict([1.0])
     if not terms and off is None:
         return None
     return GroupFit(placement, bs, terms, comm, per_call, off,
                     tuple(sorted({s.setting for s in spec})), sum(s.n for s in stats))
+
+
+def _load_cost(stats: Sequence[SettingStats]) -> LinearFit:
+    """Prefill per iteration as one constant: Σ n·mean / Σ n over the group's settings. Its error
+    combines the settings' errors and, when they disagree more than those say, their spread."""
+    n = sum(s.n for s in stats)
+    pts = [(s.n, *s.terms.get(PREFILL, (0.0, 0.0))) for s in stats]
+    mean = sum(k * m for k, m, _ in pts) / n if n else 0.0
+    var = sum((k * se) ** 2 for k, _, se in pts) / n ** 2 if n else 0.0
+    if len(pts) > 1:
+        spread = sum(k * (m - mean) ** 2 for k, m, _ in pts) / n
+        var = max(var, spread / (len(pts) - 1))
+    rms = math.sqrt(sum(k * (m - mean) ** 2 for k, m, _ in pts) / n) if n else 0.0
+    return LinearFit(CONST_COLS, (0,), (mean,), ((var,),), rms, len(pts), 1.0)
 
 
 @dataclass(frozen=True)
