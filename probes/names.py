@@ -18,12 +18,13 @@ DRAFT_EXTEND = "draft_extend"
 OTHER = "other"
 """Wall time minus the named phases."""
 PREFILL = "prefill"
-"""Prefilling requests admitted since the previous record (not yet emitted by every server)."""
+"""Prefilling requests admitted since the previous record (the SGLang plugin reports 0 for now)."""
 
 DECODE_PHASES: tuple[str, ...] = (DRAFT, VERIFY, VERIFY_SAMPLE, DRAFT_EXTEND, OTHER)
-"""The decode phases, in display order: what every server's records carry today."""
+"""The phases of the decode iteration itself, in display order."""
 ALL_PHASES: tuple[str, ...] = (PREFILL, *DECODE_PHASES)
-"""Every phase a record may carry, prefill first (it runs before the iteration it is counted in)."""
+"""Every phase a record carries, prefill first (it runs before the iteration it is counted in).
+Older recordings lack prefill: readers take a missing phase as 0 or absent, never an error."""
 
 # -- where the draft runs ----------------------------------------------------------------------
 SHARDED = "sharded"

@@ -9,6 +9,11 @@ times by correlation id, kernel intervals); the file's text is never held. Then:
   verify-to-verify with speculation off). SGLang has no verify span: inside an iteration, the gap
   between `draft` and `step[VERIFY` is verify, from the end of `step[VERIFY` to `draft_extend` is
   verify_sample (reference §7.3); other gaps are `other`.
+* prefill (`specdecode.prefill*`, SGLang's `step[EXTEND ...]` and the `draft_extend` that follows
+  it) counts in the iteration after it, as the phase stream counts it: the window of that
+  iteration starts at the first prefill since the previous iteration's last phase span. A
+  `run_batch` holding a prefill but no draft or verify is a prefill batch: all of it is prefill,
+  and the scheduling between it and the next decode batch is that iteration's `other`.
 * GPU mode (the trace has kernels): kernel → correlation id (`args.correlation`, else `ac2g` flow
   events) → launching runtime call (cudaLaunchKernel, cudaGraphLaunch: graph kernels share its id)
   → the segment holding the launch. Comm kernels by name (NCCL, custom all-reduce).
@@ -29,7 +34,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from probes.names import DRAFT, DRAFT_EXTEND, OTHER, VERIFY, VERIFY_SAMPLE
+from probes.names import DRAFT, DRAFT_EXTEND, OTHER, PREFILL, VERIFY, VERIFY_SAMPLE
 from probes.trace_names import (
     CONTAINER, INHERIT, PHASES, is_anchor, is_comm_cpu, is_comm_kernel, span_kind,
 )
@@ -273,12 +278,44 @@ def flatten_spans(spans: list[tuple[float, float, str]]) -> list[tuple[float, fl
 # Iterations and the labelled timeline
 
 
+_DECODE_KINDS = frozenset({DRAFT, VERIFY, VERIFY_SAMPLE, DRAFT_EXTEND, OTHER})
+
+
+def mark_prefill(spans: list[tuple[float, float, str, bool]]) -> list[tuple[float, float, str, bool]]:
+    """Spans with SGLang's prefill made explicit: a `draft_extend` whose last phase span before it
+    is a prefill is the draft's prefill (`_draft_extend_for_prefill`), and a container holding a
+    prefill but no draft or verify (a prefill batch's run_batch) becomes one prefill span."""
+    out = []
+    last = None
+    for ts, end, kind, anchor in sorted(spans, key=lambda s: (s[0], -s[1])):
+        if kind == DRAFT_EXTEND and last == PREFILL:
+            kind = PREFILL
+        elif kind in _DECODE_KINDS or kind == PREFILL:
+            last = kind
+        out.append((ts, end, kind, anchor))
+    containers = [(s[0], s[1]) for s in out if s[2] == CONTAINER]
+    if containers:
+        starts = sorted((s[0], s[2]) for s in out if s[2] in (PREFILL, DRAFT, VERIFY))
+        keys = [t for t, _ in starts]
+        for c0, c1 in containers:
+            inside = {k for _, k in starts[bisect_right(keys, c0 - 1e-9):bisect_right(keys, c1)]}
+            if PREFILL in inside and not inside & {DRAFT, VERIFY}:
+                out.append((c0, c1, PREFILL, False))
+    return out
+
+
 def _iteration_windows(spans: list[tuple[float, float, str, bool]]) -> list[tuple[float, float]]:
+    windows, contiguous = _decode_windows(spans)
+    return _with_prefill(windows, spans, contiguous)
+
+
+def _decode_windows(spans: list[tuple[float, float, str, bool]]) -> tuple[list[tuple[float, float]], bool]:
+    """The decode iterations' windows, and whether they tile the time (anchor to anchor)."""
     anchors = sorted((s[0], s[1]) for s in spans if s[3])
     if not anchors:
         anchors = sorted((s[0], s[1]) for s in spans if s[2] == "verify")
     if not anchors:
-        return []
+        return [], False
     containers = sorted((s[0], s[1]) for s in spans if s[2] == CONTAINER)
     windows = []
     j = 0
@@ -288,11 +325,43 @@ def _iteration_windows(spans: list[tuple[float, float, str, bool]]) -> list[tupl
         if j < len(anchors) and anchors[j][0] < c1:
             windows.append((c0, c1))
     if windows:
-        return windows
+        return windows, False
     last_end = max(s[1] for s in spans if s[2] != CONTAINER)
     starts = [a[0] for a in anchors]
     return [(s, starts[i + 1] if i + 1 < len(starts) else max(last_end, anchors[i][1]))
-            for i, s in enumerate(starts)]
+            for i, s in enumerate(starts)], True
+
+
+def _with_prefill(windows: list[tuple[float, float]], spans: list[tuple[float, float, str, bool]],
+                  contiguous: bool) -> list[tuple[float, float]]:
+    """Each window starts earlier to take in the prefills since the previous iteration: after the
+    previous window (containers) or after the last decode phase span before it (anchors). The last
+    window ends before prefills that follow its phases (their iteration is not in the trace)."""
+    prefill = sorted(s[0] for s in spans if s[2] == PREFILL)
+    if not prefill or not windows:
+        return windows
+    decode_ends = sorted(s[1] for s in spans if s[2] in _DECODE_KINDS)
+    out = []
+    prev_end = -math.inf
+    for w0, w1 in windows:
+        if contiguous:
+            k = bisect_right(decode_ends, w0)
+            lim = decode_ends[k - 1] if k else -math.inf
+        else:
+            lim = prev_end
+        i = bisect_right(prefill, lim - 1e-9)
+        if i < len(prefill) and prefill[i] < w0:
+            w0 = prefill[i]
+        out.append((w0, w1))
+        prev_end = w1
+    if contiguous:
+        out = [(a, out[i + 1][0] if i + 1 < len(out) else b) for i, (a, b) in enumerate(out)]
+        # Prefills after the last iteration's phases belong to an iteration the trace ends before.
+        a, b = out[-1]
+        i = bisect_right(prefill, (decode_ends[-1] if decode_ends else a) - 1e-9)
+        if i < len(prefill) and a < prefill[i] < b:
+            out[-1] = (a, prefill[i])
+    return out
 
 
 def _label_window(w0: float, w1: float, segs: list[tuple[float, float, str]], derive: bool) -> list[tuple[float, float, str]]:
@@ -382,7 +451,7 @@ def analyze_file(path: str | Path, rank: int | None = None) -> RankAnalysis:
             f"specdecode.*) in {c.events} events; was the profiler running during decode?")
     mode = "gpu" if n_kernels else "cpu"
     thread = max(phase_threads, key=phase_threads.__getitem__) if phase_threads else None
-    spans = c.spans.get(thread, []) if thread is not None else []
+    spans = mark_prefill(c.spans.get(thread, [])) if thread is not None else []
     windows = _iteration_windows(spans)
     derive = not any(s[2] == VERIFY_SAMPLE for s in spans)
     segs = flatten_spans([(s[0], s[1], s[2]) for s in spans if s[2] != CONTAINER])

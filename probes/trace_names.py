@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import re
 
-# The phases of one decode iteration, in display order (design note, "Phases").
-from probes.names import DECODE_PHASES as PHASES
-from probes.names import DRAFT, DRAFT_EXTEND, OTHER, VERIFY, VERIFY_SAMPLE
+# The phases of one decode iteration, in display order (design note, "Phases"), prefill first.
+from probes.names import ALL_PHASES as PHASES
+from probes.names import DRAFT, DRAFT_EXTEND, OTHER, PREFILL, VERIFY, VERIFY_SAMPLE
 
 # Span kinds besides the phases.
 CONTAINER = "container"   # one whole iteration (the scheduler's run_batch)
@@ -25,14 +25,20 @@ _EXACT: dict[str, str] = {
     "specdecode.verify_sample": VERIFY_SAMPLE,
     "specdecode.draft_extend": DRAFT_EXTEND,
     "specdecode.other": OTHER,
+    # Our engine's prefill: the target over the prompt, then the draft over it.
+    "specdecode.prefill": PREFILL,
+    "specdecode.prefill_draft_extend": PREFILL,
     "scheduler.run_batch": CONTAINER,
     "specdecode.iteration": CONTAINER,
 }
 _STEP = re.compile(r"^step\[(\w+)")
 # step[VERIFY] is the target forward over the draft tokens; step[DECODE] is the target forward of
 # plain decode, which our engine also counts as verify (steps = 0); step[DRAFT] is every draft
-# forward, in draft or draft-extend alike, so it inherits.
-_STEP_KIND = {"VERIFY": VERIFY, "TARGET_VERIFY": VERIFY, "DECODE": VERIFY, "DRAFT": INHERIT}
+# forward, in draft or draft-extend alike, so it inherits. step[EXTEND is the target's prefill
+# forward (SGLang's prefill batch; its `draft_extend` after it is the draft's prefill, see
+# trace_analysis).
+_STEP_KIND = {"VERIFY": VERIFY, "TARGET_VERIFY": VERIFY, "DECODE": VERIFY, "DRAFT": INHERIT,
+              "EXTEND": PREFILL}
 
 # §7.3: NCCL, custom all-reduce (sgl_kernel v1/v2), FlashInfer PCIe-IPC.
 COMM_KERNEL = re.compile(

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from probes.names import DECODE_PHASES as PHASES  # the phases a collective is labelled with
+from probes.names import ALL_PHASES as PHASES  # the phases a collective is labelled with
 from probes.names import OTHER
 
 

@@ -2,7 +2,8 @@
 
 Every rank runs the same Engine methods in the same order (rank 0's broadcast commands decide
 which), so all ranks hold the same requests, lengths and tokens; only rank 0 reports them.
-Phases are timed here: `draft`, `verify`, `verify_sample`, `draft_extend`, `other`, each with the
+Phases are timed here: `draft`, `verify`, `verify_sample`, `draft_extend`, `other`, and `prefill`
+(the requests admitted since the previous iteration, counted in the next record), each with the
 communicator's time inside it, under SGLang's profiler span names where SGLang has one.
 Steps 0 is SGLang 0.5.23's tier 0 (a one-token verify plus a draft-extend, so the draft stays warm);
 an engine without a draft (`--speculative-algorithm NONE`) is plain decoding.
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.profiler import record_function
 
-from probes.names import DRAFT, DRAFT_EXTEND, OTHER, SHARDED, VERIFY, VERIFY_SAMPLE
+from probes.names import DRAFT, DRAFT_EXTEND, OTHER, PREFILL, SHARDED, VERIFY, VERIFY_SAMPLE
 from refengine import spec
 from refengine.comm import PHASES, Communicator
 from refengine.graphs import GROUP, LOCAL, GraphCache, graphed_chain, graphed_forward, resolve_mode
@@ -255,7 +256,7 @@ class Engine:
         r.gen = torch.Generator().manual_seed(seed)
         r.draft_gen = torch.Generator().manual_seed(seed + 1)
         self._since = self._since or time.perf_counter()
-        with self.timer.phase(OTHER, "specdecode.prefill"):
+        with self.timer.phase(PREFILL, "specdecode.prefill"):
             n = len(r.tokens)
             ids = torch.tensor([r.tokens], device=self.device)
             rows = torch.tensor([r.row], device=self.device)
@@ -275,7 +276,7 @@ class Engine:
         self.reqs[r.rid] = r
         if self.draft is not None:
             # SGLang's _draft_extend_for_prefill, whatever the steps: tier 0 keeps the draft warm.
-            with self.timer.phase(OTHER, "specdecode.prefill_draft_extend"):
+            with self.timer.phase(PREFILL, "specdecode.prefill_draft_extend"):
                 self._prefill_extend(r, aux[0], first)
         update = self._commit_tokens(r, [first])
         if r.finished:
@@ -293,9 +294,10 @@ class Engine:
     # -- one decode iteration --------------------------------------------------------------------
     def begin_command(self) -> None:
         """Rank 0's next command is about to be broadcast: the iteration it may start is timed
-        from here, so the broadcast, config changes and prefills count in that iteration's
-        `other`. What was timed while no request ran (idle heartbeats, an idle config change)
-        belongs to no iteration and is dropped, or it would show up as comm larger than wall."""
+        from here, so the broadcast and config changes count in that iteration's `other` and
+        prefills in its `prefill`. What was timed while no request ran (idle heartbeats, an idle
+        config change) belongs to no iteration and is dropped, or it would show up as comm larger
+        than wall."""
         if not self.busy:
             self.timer.collect()
         self._since = time.perf_counter()

@@ -34,14 +34,14 @@ def test_every_copy_is_the_shared_one():
     from tuner.tuning import observations, settings
     from tuner.widgets import phases
     for phases_copy in (comm.PHASES, trace_names.PHASES, series.PHASES, observations.PHASES, phases.PHASES):
-        assert phases_copy is names.DECODE_PHASES
+        assert phases_copy is names.ALL_PHASES
     for placements in (config.PLACEMENTS, options.PLACEMENTS, base.PLACEMENTS, settings.PLACEMENTS):
         assert placements is names.PLACEMENTS
     assert tuple(config.CONFIG_KEYS) == names.KNOBS == inputs.CONFIG_KEYS == base.KNOBS
 
 
-def test_prefill_is_named_but_not_yet_a_decode_phase():
-    # Servers do not emit prefill yet: consumers draw DECODE_PHASES, and ALL_PHASES adds prefill.
+def test_prefill_is_a_phase_of_its_own():
+    # Records carry prefill beside the decode phases; consumers read ALL_PHASES (prefill first).
     assert names.PREFILL not in names.DECODE_PHASES
     assert names.ALL_PHASES == (names.PREFILL, *names.DECODE_PHASES)
 
@@ -79,4 +79,4 @@ def test_the_sglang_plugins_records_use_only_known_keys():
     tl.accepted([1])
     [rec] = tl.poll()
     assert set(rec) <= names.RECORD_KEYS
-    assert set(rec["phase_ms"]) == set(names.DECODE_PHASES)
+    assert set(rec["phase_ms"]) == set(names.ALL_PHASES)

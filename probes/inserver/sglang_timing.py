@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 # The phase stream's phases (probes.names); `other` is wall minus the rest.
-from probes.names import DRAFT, DRAFT_EXTEND, OTHER, SHARDED, VERIFY, VERIFY_SAMPLE
+from probes.names import DRAFT, DRAFT_EXTEND, OTHER, PREFILL, SHARDED, VERIFY, VERIFY_SAMPLE
 
 # Marks the hooks open. `verify_all` is the whole EAGLEWorkerV2.verify call and `target_verify`
 # the target forward inside it, so verify_sample = verify_all - target_verify.
@@ -85,12 +85,15 @@ def compose_phases(marks_ms: dict[str, float], wall_ms: float) -> dict[str, floa
 
     Without a target-forward mark (a hook that did not fire) the whole verify call counts as
     `verify`. `other` is what the iteration spent outside the hooked calls, never negative.
+    `prefill` is 0: EXTEND batches run outside the timed decode iterations and are not timed yet
+    (the contract: the plugin reports 0 until it times them).
     """
     verify_all = marks_ms.get("verify_all", 0.0)
     target = marks_ms.get("target_verify")
     if target is None or target > verify_all:
         target = verify_all
     out = {
+        PREFILL: 0.0,
         DRAFT: marks_ms.get("draft", 0.0),
         VERIFY: target,
         VERIFY_SAMPLE: verify_all - target,

@@ -64,3 +64,29 @@ def test_a_change_settles_for_twenty_iterations_before_watching(standin, capsys)
     r = json.loads(capsys.readouterr().out)
     assert r["active"]["speculative_num_steps"] == 2
     assert r["phase_ms"]["draft"] == 3.0, "warm-up iterations were watched"
+
+
+def test_prefill_is_read_and_printed_as_its_own_phase(standin, capsys):
+    import threading
+
+    phase = {"prefill": 2.0, "draft": 3.0, "verify": 5.0, "verify_sample": 0.5, "draft_extend": 1.0, "other": 0.5}
+    comm = {"prefill": 0.5, "draft": 1.0, "verify": 1.5, "verify_sample": 0.0, "draft_extend": 0.2, "other": 0.0}
+    stop = threading.Event()
+
+    def decode() -> None:   # the stand-in decodes while `once` watches (the pace only spaces records)
+        while not stop.wait(0.02):
+            standin.iterate([1, 2], phase_ms=phase, comm_ms=comm, wall_ms=12.0)
+
+    worker = threading.Thread(target=decode, daemon=True)
+    worker.start()
+    try:
+        assert main(["once", standin.url, "--seconds", "1.0", "--json"]) == 0
+        r = json.loads(capsys.readouterr().out)
+        assert main(["once", standin.url, "--seconds", "1.0"]) == 0
+        text = capsys.readouterr().out
+    finally:
+        stop.set()
+        worker.join(10)
+    assert r["phase_ms"]["prefill"] == 2.0 and r["phase_comm_ms"]["prefill"] == 0.5
+    rows = [line.split() for line in text.splitlines() if line.startswith("  ")]
+    assert rows[0] == ["prefill", "2.000", "0.500"] and rows[1][0] == "draft"   # drawn first

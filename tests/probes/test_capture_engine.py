@@ -85,6 +85,38 @@ def test_local_capture_agrees_with_engine_timers(engine, tmp_path):
         assert abs(comm_got - comm_own) <= 0.3 + 0.15 * comm_own, (p, "comm", comm_got, comm_own)
 
 
+def _matched(iterations: list[dict], records: list[dict], base_s: float) -> list[tuple[dict, dict]]:
+    """Trace iterations paired with the engine's record of the same iteration, by wall-clock time."""
+    pairs = []
+    for it in iterations:
+        start = base_s + it["start_us"] / 1e6
+        inside = [r for r in records if r["t"] - r["wall_ms"] / 1e3 - 0.001 <= start <= r["t"]]
+        if len(inside) == 1:
+            pairs.append((it, inside[0]))
+    return pairs
+
+
+def test_prefill_in_the_trace_is_the_engine_timers_prefill(engine, tmp_path):
+    # Under the 2-request load of 64-token requests a request is admitted at least every 64
+    # iterations (each commits ≥ 1 token per request), so 80 profiled iterations hold admissions.
+    res = TraceCapture(engine).capture(tmp_path, num_steps=80, timeout_s=300)
+    d = analyze_paths(res.files).to_dict()
+    r0 = d["ranks"][0]
+    assert d["phases"][0] == "prefill"
+    pairs = _matched(r0["iterations"], _records(engine), r0["base_time_ns"] / 1e9)
+    assert len(pairs) >= 40, (len(pairs), len(r0["iterations"]))
+    admitted = [(it, rec) for it, rec in pairs if rec["phase_ms"]["prefill"] > 0]
+    assert admitted, "no admission among the matched iterations"
+    for it, rec in pairs:
+        # The analyser puts each prefill in the iteration the engine counts it in, and nowhere else.
+        assert (it["phases"]["prefill"]["span_ms"] > 0) == (rec["phase_ms"]["prefill"] > 0), (it, rec)
+    got = sum(it["phases"]["prefill"]["span_ms"] for it, _ in admitted) / len(admitted)
+    own = sum(rec["phase_ms"]["prefill"] for _, rec in admitted) / len(admitted)
+    assert abs(got - own) <= 0.3 + 0.10 * own, (got, own)
+    # TP 2: the prefill's all-reduces are seen in the trace too.
+    assert sum(it["phases"]["prefill"]["comm_ms"] for it, _ in admitted) > 0
+
+
 def test_remote_capture_downloads_every_rank(engine, tmp_path):
     res = TraceCapture(engine, remote=True).capture(tmp_path / "dl", num_steps=3, timeout_s=180)
     assert res.remote and [p.parent for p in res.files] == [tmp_path / "dl"] * 2

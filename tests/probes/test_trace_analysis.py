@@ -5,6 +5,9 @@ draft 100 us of kernels (30 NCCL; rank 1: 20), verify 150 (prep 10 + graph 140, 
 verify_sample 20, draft_extend 30 (10 custom all-reduce), other 15; busy 315; wall 1000 / 850 us
 (the last iteration ends at its last kernel). CPU spans: draft 200, verify 300 (100 gap + 200
 step[VERIFY]), verify_sample 100, draft_extend 150, other 250.
+Rank 1's prefill batch (a 500-us run_batch: step[EXTEND, draft_extend, one 100-us kernel) counts in
+its first iteration as prefill: prefill 100 us of kernels and 500 us of span, the 100-us gap to the
+decode batch is other, busy 415, wall 1560 (prefill kernel at -500 to the next iteration's first).
 """
 
 from __future__ import annotations
@@ -35,22 +38,30 @@ def test_gpu_mode_and_iterations(gpu):
     assert [r["rank"] for r in gpu["ranks"]] == [0, 1]
     for r in gpu["ranks"]:
         assert r["derived_verify"] is True
-        assert len(r["iterations"]) == 2  # rank 1's prefill batch has no draft span: not an iteration
-        assert [it["wall_ms"] for it in r["iterations"]] == [1.0, 0.85]
+        assert len(r["iterations"]) == 2  # rank 1's prefill batch joins its first iteration
+    assert [it["wall_ms"] for it in gpu["ranks"][0]["iterations"]] == [1.0, 0.85]
+    assert [it["wall_ms"] for it in gpu["ranks"][1]["iterations"]] == [1.56, 0.85]
+    assert gpu["phases"][0] == "prefill"
 
 
 @pytest.mark.parametrize("rank, draft_comm", [(0, 0.03), (1, 0.02)])
 def test_gpu_phase_split_matches_hand_computation(gpu, rank, draft_comm):
     for it in gpu["ranks"][rank]["iterations"]:  # iteration 2 is linked only through flow events
         ph = it["phases"]
+        prefill = rank == 1 and it["index"] == 0   # the prefill batch before it
         assert {p: ph[p]["ms"] for p in ph} == {
+            "prefill": 0.1 if prefill else 0.0,
             "draft": 0.1, "verify": 0.15, "verify_sample": 0.02, "draft_extend": 0.03, "other": 0.015}
         assert {p: ph[p]["comm_ms"] for p in ph} == {
+            "prefill": 0.0,
             "draft": draft_comm, "verify": 0.04, "verify_sample": 0.0, "draft_extend": 0.01, "other": 0.0}
         assert {p: ph[p]["span_ms"] for p in ph} == {
-            "draft": 0.2, "verify": 0.3, "verify_sample": 0.1, "draft_extend": 0.15, "other": 0.25}
-        assert it["busy_ms"] == 0.315
-        assert it["idle_ms"] == pytest.approx(it["wall_ms"] - 0.315)
+            "prefill": 0.5 if prefill else 0.0,
+            "draft": 0.2, "verify": 0.3, "verify_sample": 0.1, "draft_extend": 0.15,
+            "other": 0.35 if prefill else 0.25}
+        busy = 0.415 if prefill else 0.315
+        assert it["busy_ms"] == busy
+        assert it["idle_ms"] == pytest.approx(it["wall_ms"] - busy)
 
 
 def test_gpu_unattributed_kernel_is_reported(gpu):
@@ -63,7 +74,9 @@ def test_cross_rank_aligned_by_draft_not_clock(gpu):
     a = gpu["across"]
     assert a["aligned_iterations"] == 2  # rank 1's clock is 1 s later and it had a prefill first
     assert a["slowest_rank"] == 1
-    assert a["skew_ms"] == pytest.approx(0.02)  # 10 us more compute per iteration on rank 1
+    # 10 us more compute per iteration on rank 1, and its 100-us prefill kernel in the first
+    assert a["skew_ms"] == pytest.approx(0.12)
+    assert a["phases"]["prefill"]["slowest_rank"] == 1 and a["phases"]["prefill"]["skew_ms"] == pytest.approx(0.1)
     assert a["phases"]["draft"]["slowest_rank"] == 1
     assert a["phases"]["draft"]["skew_ms"] == pytest.approx(0.02)
     assert a["phases"]["verify"]["skew_ms"] == 0.0
@@ -100,7 +113,9 @@ def test_names():
     assert span_kind("draft") == "draft" and span_kind("draft_extend") == "draft_extend"
     assert span_kind("step[VERIFY bs=8]") == "verify" and span_kind("step[DRAFT bs=8]") == INHERIT
     assert span_kind("specdecode.verify_sample") == "verify_sample"
-    assert span_kind("scheduler.recv_requests") is None and span_kind("step[EXTEND bs=1 toks=9]") is None
+    assert span_kind("scheduler.recv_requests") is None
+    assert span_kind("step[EXTEND bs=1 toks=9]") == "prefill"
+    assert span_kind("specdecode.prefill") == span_kind("specdecode.prefill_draft_extend") == "prefill"
     for k in ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "ncclKernel_AllGather_RING", "cross_device_reduce_2stage",
               "all_reduce_1shot_push_kernel", "void flashinfer::PcieIpcAllReduceKernel"):
         assert is_comm_kernel(k), k
@@ -195,3 +210,43 @@ def test_merged_trace_of_several_ranks_is_refused(tmp_path):
     p.write_text(json.dumps({"traceEvents": evs}))
     with pytest.raises(TraceAnalysisError, match="merged trace of 2 ranks"):
         analyze_file(p)
+
+
+@pytest.mark.parametrize("prefill, prefill_extend, sample", [
+    ("specdecode.prefill", "specdecode.prefill_draft_extend", True),   # our engine
+    ("step[EXTEND bs=1 toks=5]", "draft_extend", False),                # SGLang without run_batch spans
+])
+def test_prefill_between_iterations_counts_in_the_next(tmp_path, prefill, prefill_extend, sample):
+    def span(name, ts, end):
+        return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": end - ts, "pid": 1, "tid": 1}
+
+    def iteration(t):
+        out = [span("draft", t, t + 100), span("step[VERIFY bs=1]", t + 120, t + 200),
+               span("draft_extend", t + 220, t + 300)]
+        return out + ([span("specdecode.verify_sample", t + 200, t + 220)] if sample else [])
+
+    evs = iteration(0) + [span(prefill, 320, 400), span(prefill_extend, 400, 450)] + iteration(500)
+    p = tmp_path / "x-TP-0.trace.json"
+    p.write_text(json.dumps({"traceEvents": evs}))
+    its = analyze_file(p).to_dict()["iterations"]
+    assert [(it["start_us"], it["wall_ms"]) for it in its] == [(0, 0.32), (320, 0.48)]
+    assert [it["phases"]["prefill"]["span_ms"] for it in its] == [0.0, 0.13]
+    # The decode draft_extend stays draft_extend; only the one after a prefill is the draft's prefill.
+    assert [it["phases"]["draft_extend"]["span_ms"] for it in its] == [0.08, 0.08]
+    # Other: the gap before the prefill stays in the iteration before it, the one after it moves
+    # with it (and the draft-to-verify gap is other where the engine names verify_sample itself).
+    gap = 0.02 if sample else 0.0
+    assert [it["phases"]["other"]["span_ms"] for it in its] == [0.02 + gap, 0.05 + gap]
+
+
+def test_a_prefill_after_the_last_iteration_is_left_out(tmp_path):
+    # The profiler stops after admitting requests whose iteration it does not see.
+    def span(name, ts, end):
+        return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": end - ts, "pid": 1, "tid": 1}
+
+    evs = [span("draft", 0, 100), span("step[VERIFY bs=1]", 120, 200), span("specdecode.verify_sample", 200, 220),
+           span("draft_extend", 220, 300), span("specdecode.prefill", 320, 400)]
+    p = tmp_path / "x-TP-0.trace.json"
+    p.write_text(json.dumps({"traceEvents": evs}))
+    [it] = analyze_file(p).to_dict()["iterations"]
+    assert it["wall_ms"] == 0.32 and it["phases"]["prefill"]["span_ms"] == 0.0

@@ -20,12 +20,14 @@ B = {**A, "speculative_num_steps": 4, "speculative_num_draft_tokens": 5, "specul
 
 # Per setting: tok/s, accept length, phase ms (inclusive) and their comm parts, batch.
 FIG = {
-    "A": {"tok": 100.0, "tau": 3.0, "phase": {"draft": 10.0, "verify": 40.0, "verify_sample": 1.0, "draft_extend": 5.0,
-                                            "other": 4.0},
-          "comm": {"draft": 6.0, "verify": 20.0, "verify_sample": 0.0, "draft_extend": 3.0, "other": 1.0}},
-    "B": {"tok": 130.0, "tau": 3.5, "phase": {"draft": 4.0, "verify": 39.0, "verify_sample": 1.0, "draft_extend": 2.0,
-                                            "other": 4.0},
-          "comm": {"draft": 0.0, "verify": 19.0, "verify_sample": 0.0, "draft_extend": 0.0, "other": 1.0}},
+    "A": {"tok": 100.0, "tau": 3.0, "phase": {"prefill": 2.0, "draft": 10.0, "verify": 40.0, "verify_sample": 1.0,
+                                            "draft_extend": 5.0, "other": 2.0},
+          "comm": {"prefill": 0.5, "draft": 6.0, "verify": 20.0, "verify_sample": 0.0, "draft_extend": 3.0,
+                   "other": 1.0}},
+    "B": {"tok": 130.0, "tau": 3.5, "phase": {"prefill": 1.0, "draft": 4.0, "verify": 39.0, "verify_sample": 1.0,
+                                            "draft_extend": 2.0, "other": 3.0},
+          "comm": {"prefill": 0.25, "draft": 0.0, "verify": 19.0, "verify_sample": 0.0, "draft_extend": 0.0,
+                   "other": 1.0}},
 }
 CHANGE_AT = 30.0          # A before, B after (seconds from T0)
 GAP = (45.0, 50.0)        # server gone

@@ -287,3 +287,26 @@ def test_html_report_in_headless_chromium_has_no_console_errors_and_draws_the_ch
             assert inked > 400, f"{box['label']!r} looks blank ({inked} coloured pixels)"
         if src == rec:
             assert any("per GPU" in b["label"] for b in charts)
+
+
+def test_prefill_is_its_own_column_and_bar_segment(synthetic, engine_rec, tmp_path, capsys):
+    a, b = summarize(load(synthetic)).rows
+    assert a.phase_ms["prefill"] == pytest.approx(2.0) and a.comm_ms["prefill"] == pytest.approx(0.5)
+    md = tmp_path / "r.md"
+    assert report(synthetic, "--out", md, capsys=capsys)[0] == 0
+    head, _, first = md.read_text().split("## Settings tried")[1].strip().splitlines()[:3]
+    cols = [c.strip() for c in head.strip("|").split("|")]
+    cells = [c.strip() for c in first.strip("|").split("|")]
+    assert cols.index("prefill ms (comm)") < cols.index("draft ms (comm)")
+    assert cells[cols.index("prefill ms (comm)")] == "2.00 (0.50)"
+    html = tmp_path / "r.html"
+    assert report(synthetic, "--out", html, capsys=capsys)[0] == 0
+    page = html.read_text()
+    # The stacked bar of each setting has a prefill segment, in its own colour and the legend.
+    assert page.count(": prefill 2.000</title></rect>") == 1 and ": prefill 1.000</title></rect>" in page
+    assert ">prefill ms<" in page or "prefill ms" in page
+    # A recording from before prefill was a phase: no prefill column, nothing else missing.
+    old = tmp_path / "old.md"
+    assert report(engine_rec, "--out", old, capsys=capsys)[0] == 0
+    text = old.read_text()
+    assert "prefill" not in text and "draft ms (comm)" in text

@@ -57,7 +57,7 @@ def tl():
 
 def test_compose_phases_splits_verify_and_never_goes_negative():
     p = compose_phases({"draft": 2, "verify_all": 5, "target_verify": 4, "draft_extend": 1}, 9)
-    assert p == {"draft": 2, "verify": 4, "verify_sample": 1, "draft_extend": 1, "other": 1}
+    assert p == {"prefill": 0, "draft": 2, "verify": 4, "verify_sample": 1, "draft_extend": 1, "other": 1}
     assert compose_phases({"verify_all": 5}, 4)["other"] == 0.0
     assert compose_phases({"verify_all": 5}, 6)["verify"] == 5     # no target mark: all verify
 
@@ -67,7 +67,7 @@ def test_record_times_and_accepted(tl):
     tl.accepted([1, 3])
     [r] = tl.poll()
     assert r["seq"] == 1 and r["bs"] == 2 and r["steps"] == 3 and r["num_draft_tokens"] == 4
-    assert r["phase_ms"] == pytest.approx({"draft": 2, "verify": 4, "verify_sample": 1,
+    assert r["phase_ms"] == pytest.approx({"prefill": 0, "draft": 2, "verify": 4, "verify_sample": 1,
                                            "draft_extend": 1, "other": 0.5})
     assert r["wall_ms"] == pytest.approx(8.5)
     assert r["accepted"] == [1, 3] and r["committed"] == 6

@@ -188,3 +188,36 @@ def test_short_error_drops_the_request_and_fits_the_header():
     assert views.short_error("GET http://127.0.0.1:1/specdecode/phases: cannot connect (refused)") == \
         "cannot connect (refused)"
     assert len(views.short_error("x" * 200)) == 60
+
+
+def _record(seq: int, prefill: float | None) -> dict:
+    phase = {"draft": 2.0, "verify": 4.0, "verify_sample": 0.5, "draft_extend": 1.0, "other": 0.5}
+    comm = {"draft": 0.5, "verify": 1.0, "verify_sample": 0.0, "draft_extend": 0.2, "other": 0.0}
+    if prefill is not None:
+        phase["prefill"], comm["prefill"] = prefill, prefill / 4
+    return {"seq": seq, "t": 50.0 + seq / 100, "epoch": 1, "steps": 3, "topk": 1, "num_draft_tokens": 4,
+            "placement": "sharded", "bs": 2, "committed": 6, "wall_ms": sum(phase.values()),
+            "phase_ms": phase, "comm_ms": comm, "accepted": [2, 2]}
+
+
+@pytest.mark.parametrize("prefills, shown", [([0.0, 3.0, 0.0, 1.0], "1.00"),   # a record after each admission
+                                             ([None] * 4, "0.00")])             # an older server or recording
+def test_prefill_is_its_own_segment_of_the_phase_panel(prefills, shown):
+    from rich.console import Console
+
+    from tuner.backends.derive import PhaseStreamReader
+    reader = PhaseStreamReader()
+    reader.update(100.0, {"records": [_record(1, 0.0)], "next": 1})       # attaching: history only
+    samples, _ = reader.update(101.0, {"records": [_record(2 + i, p) for i, p in enumerate(prefills)], "next": 5})
+    view = views.phase_view(_store(samples), t_end=101.0, window_s=10.0)
+    parts = segment_ms(view)
+    assert parts["prefill"] == pytest.approx(float(shown))
+    # The bar is the wall: prefill is not counted again in idle, nor its collectives split out.
+    assert sum(parts.values()) == pytest.approx(view.wall_ms)
+    assert parts["idle"] == pytest.approx(0.5)
+    w = PhaseSplit()
+    w.show(view)
+    console = Console(width=60, record=True, color_system=None)
+    console.print(w.render())
+    row = next(ln for ln in console.export_text().splitlines() if "prefill" in ln)
+    assert shown in row

@@ -193,3 +193,51 @@ def test_model_json_is_plain_json():
     pred = model.predict(Setting(2), 1).to_json()
     assert json.loads(json.dumps(pred))["tok_s"] > 0
     assert not any(isinstance(v, float) and math.isnan(v) for v in pred.values())
+
+
+def test_prefill_is_a_per_iteration_load_cost_apart_from_sched():
+    truth = Truth(prefill=1.5)
+    records = _records(truth, CHAIN_PROBES, n=40)
+    model = fit_from_records(records, warmup_iters=0, warmup_s=0)
+    g = model.groups[("sharded", 1)]
+    assert g.terms["prefill"].coefficient("1")[0] == pytest.approx(1.5, rel=1e-6)
+    assert g.terms["sched"].coefficient("1")[0] == pytest.approx(truth.sched, rel=1e-6)
+    assert g.off["prefill"][0] == pytest.approx(1.5, rel=1e-6)
+    for s in (Setting(0), Setting(2), Setting(5)):
+        pred = model.predict(s, 1)
+        assert pred.terms_ms["prefill"][0] == pytest.approx(1.5, rel=1e-6)
+        assert pred.t_ms == pytest.approx(sum(truth.terms(s).values()), rel=1e-6)
+    # A recording from before prefill was a phase: its time sat in `other`, so it is in sched.
+    for r in records:
+        r["phase_ms"]["other"] += r["phase_ms"].pop("prefill")
+    old = fit_from_records(records, warmup_iters=0, warmup_s=0).groups[("sharded", 1)]
+    assert old.terms["prefill"].coefficient("1")[0] == 0.0
+    assert old.terms["sched"].coefficient("1")[0] == pytest.approx(truth.sched + 1.5, rel=1e-6)
+
+
+def test_fitted_costs_print_prefill_only_when_the_model_has_it():
+    from tuner.tuning.summary import costs
+    doc = fit_from_records(_records(Truth(prefill=1.5), CHAIN_PROBES, n=40), warmup_iters=0, warmup_s=0).to_json()
+    [line] = [ln for ln in costs(doc, 1) if "sharded" in ln]
+    assert "; prefill 1.500 ± " in line
+    for g in doc["groups"]:     # a model saved before prefill was a term: nothing about it, no error
+        del g["terms"]["prefill"]
+    assert not any("prefill" in ln for ln in costs(doc, 1))
+
+
+def test_sporadic_prefill_is_the_mean_over_every_iteration_even_where_a_probe_saw_none():
+    # Admissions come now and then: 4 ms every 4th iteration at two settings, none while the third
+    # was probed. A 1/se²-weighted fit would follow the 0 ± 0 probe; the load cost is the mean.
+    import random
+    rng = random.Random(7)
+    records = _records(Truth(), CHAIN_PROBES[1:], n=80)
+    for r in records:
+        pre = 4.0 if r["steps"] in (1, 3) and rng.random() < 0.25 else 0.0
+        r["phase_ms"]["prefill"] = pre
+        r["wall_ms"] += pre
+    g = fit_from_records(records, warmup_iters=0, warmup_s=0).groups[("sharded", 1)]
+    got, se = g.terms["prefill"].coefficient("1")
+    want = sum(r["phase_ms"]["prefill"] for r in records) / len(records)
+    assert 0.4 < want and got == pytest.approx(want, rel=1e-6)
+    assert se > 0.1                                          # the settings disagree: an honest error
+    assert g.terms["sched"].coefficient("1")[0] == pytest.approx(Truth().sched, rel=1e-6)

@@ -6,8 +6,8 @@ side table to label an axis. This module only names things; it must not compute 
 
 from __future__ import annotations
 
-# The phases of one decode iteration (ARCHITECTURE "Phases"), in iteration order.
-from probes.names import DECODE_PHASES as PHASES
+# The phases of one decode iteration (ARCHITECTURE "Phases"), in iteration order, prefill first.
+from probes.names import ALL_PHASES as PHASES
 
 SERVER_TOK_PER_S = "server/tok_per_s"            # decode tok/s: rate of realtime_tokens_total{mode=decode}
 SERVER_GEN_THROUGHPUT = "server/gen_throughput_tok_per_s"  # sglang:gen_throughput (log-window gauge)

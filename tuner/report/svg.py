@@ -12,11 +12,11 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from probes.names import DRAFT, DRAFT_EXTEND, OTHER, VERIFY, VERIFY_SAMPLE
+from probes.names import DRAFT, DRAFT_EXTEND, OTHER, PREFILL, VERIFY, VERIFY_SAMPLE
 
 # Colour-blind-safe palette (Okabe-Ito), one colour per line or phase.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
-PHASE_COLORS = {DRAFT: "#0072B2", VERIFY: "#D55E00", VERIFY_SAMPLE: "#F0E442",
+PHASE_COLORS = {PREFILL: "#CC79A7", DRAFT: "#0072B2", VERIFY: "#D55E00", VERIFY_SAMPLE: "#F0E442",
                 DRAFT_EXTEND: "#009E73", OTHER: "#999999", "idle": "#DDDDDD"}
 FONT = "font-family:system-ui,-apple-system,'Segoe UI',sans-serif"
 

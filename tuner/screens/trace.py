@@ -18,10 +18,10 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from probes.names import DRAFT, DRAFT_EXTEND, OTHER, VERIFY, VERIFY_SAMPLE
+from probes.names import DRAFT, DRAFT_EXTEND, OTHER, PREFILL, VERIFY, VERIFY_SAMPLE
 from tuner.widgets.phases import SEGMENTS, PhaseView, segment_ms, stacked_bar
 
-PHASE_LABEL = {DRAFT: "draft", VERIFY: "verify", VERIFY_SAMPLE: "accept + commit",
+PHASE_LABEL = {PREFILL: "prefill", DRAFT: "draft", VERIFY: "verify", VERIFY_SAMPLE: "accept + commit",
                DRAFT_EXTEND: "draft extend", OTHER: "other"}
 
 

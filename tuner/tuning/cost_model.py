@@ -2,7 +2,7 @@
 
 As the design note's "Acceptance" writes it (eagle3.md §5.3), per decode iteration
 
-    T = T_extend(B·N_ext) + (s−1)·T_draft_step(B·k) + T_verify(B·N) + T_sample + T_sched
+    T = T_extend(B·N_ext) + (s−1)·T_draft_step(B·k) + T_verify(B·N) + T_sample + T_prefill + T_sched
     tok/s = B·τ / T
 
 Each term is fitted per (placement, batch size) from per-setting means of the phase stream:
@@ -10,7 +10,12 @@ Each term is fitted per (placement, batch size) from per-setting means of the ph
   draft_extend ~ a + b·N                        (N_ext = N: the extend runs over the verify width)
   verify       ~ a + b·N                        (target forward over N tokens per request)
   verify_sample~ a + b·N
-  sched        ~ a                              (wall − the four above: scheduling, "other", gaps)
+  prefill      ~ a                              (the load's cost: admissions per iteration × their
+                                                 prefill; no knob changes it, so one constant per group:
+                                                 the mean over every iteration of the group, not a
+                                                 1/se²-weighted fit, since a probe that saw no
+                                                 admission reads 0 ± 0 and would outweigh the rest)
+  sched        ~ a                              (wall − the five above: scheduling, "other", gaps)
 steps = 0 (tier 0, draft kept warm) is its own measured point, or extrapolated from the verify line at N=1.
 The collective part of draft and draft_extend is fitted the same way, which gives the "what if the
 draft left the TP group" readout. Acceptance comes from `acceptance.py`.
@@ -26,7 +31,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
-from probes.names import DRAFT, DRAFT_EXTEND, REPLICATED, SHARDED, VERIFY, VERIFY_SAMPLE
+from probes.names import DRAFT, DRAFT_EXTEND, PREFILL, REPLICATED, SHARDED, VERIFY, VERIFY_SAMPLE
 from tuner.tuning.acceptance import AcceptanceModel, TauEstimate, fit_acceptance
 from tuner.tuning.linfit import LinearFit, fit_linear
 from tuner.tuning.observations import SettingStats
@@ -41,8 +46,11 @@ TERM_COLS: dict[str, tuple[str, ...]] = {
     DRAFT_EXTEND: LINE_COLS,
     "verify": LINE_COLS,
     VERIFY_SAMPLE: LINE_COLS,
+    PREFILL: CONST_COLS,
     "sched": CONST_COLS,
 }
+# Terms that a speculation-off (steps = 0) iteration has too.
+OFF_TERMS = (VERIFY, VERIFY_SAMPLE, PREFILL, "sched")
 COMM_TERMS = (DRAFT, DRAFT_EXTEND, VERIFY)
 # Ordering of how trustworthy a prediction is; a prediction takes its weakest input's basis.
 BASIS_ORDER = ("measured", "fitted", "extrapolated", "what-if")
@@ -134,8 +142,12 @@ def _fit_group(placement: str, bs: int, stats: Sequence[SettingStats]) -> GroupF
     off_stats = [s for s in stats if s.setting.steps == 0]
     terms: dict[str, LinearFit] = {}
     comm: dict[str, LinearFit] = {}
+    load = _load_cost(stats)
     if spec:
         for term, cols in TERM_COLS.items():
+            if term == PREFILL:
+                terms[term] = load
+                continue
             x = [features(cols, s.setting) for s in spec]
             terms[term] = fit_linear(cols, x, [s.terms[term][0] for s in spec],
                                      [s.terms[term][1] for s in spec])
@@ -153,11 +165,26 @@ def _fit_group(placement: str, bs: int, stats: Sequence[SettingStats]) -> GroupF
     off = None
     if off_stats:
         st = max(off_stats, key=lambda s: s.n)
-        off = {k: st.terms[k] for k in (VERIFY, VERIFY_SAMPLE, "sched")}
+        off = {k: st.terms[k] for k in OFF_TERMS if k in st.terms}
+        off[PREFILL] = load.predict([1.0])
     if not terms and off is None:
         return None
     return GroupFit(placement, bs, terms, comm, per_call, off,
                     tuple(sorted({s.setting for s in spec})), sum(s.n for s in stats))
+
+
+def _load_cost(stats: Sequence[SettingStats]) -> LinearFit:
+    """Prefill per iteration as one constant: Σ n·mean / Σ n over the group's settings. Its error
+    combines the settings' errors and, when they disagree more than those say, their spread."""
+    n = sum(s.n for s in stats)
+    pts = [(s.n, *s.terms.get(PREFILL, (0.0, 0.0))) for s in stats]
+    mean = sum(k * m for k, m, _ in pts) / n if n else 0.0
+    var = sum((k * se) ** 2 for k, _, se in pts) / n ** 2 if n else 0.0
+    if len(pts) > 1:
+        spread = sum(k * (m - mean) ** 2 for k, m, _ in pts) / n
+        var = max(var, spread / (len(pts) - 1))
+    rms = math.sqrt(sum(k * (m - mean) ** 2 for k, m, _ in pts) / n) if n else 0.0
+    return LinearFit(CONST_COLS, (0,), (mean,), ((var,),), rms, len(pts), 1.0)
 
 
 @dataclass(frozen=True)
@@ -188,7 +215,7 @@ class CostModel:
             if not g.terms:
                 return "nothing measured at this batch size"
             out = {DRAFT: (0.0, 0.0), DRAFT_EXTEND: (0.0, 0.0)}
-            for term in (VERIFY, VERIFY_SAMPLE, "sched"):
+            for term in OFF_TERMS:
                 fit = g.terms[term]
                 # The plain decode is the verify line at one token per request.
                 x = [1.0 if c in ("1", "N") else 0.0 for c in TERM_COLS[term]]

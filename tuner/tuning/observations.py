@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from probes.names import DECODE_PHASES as PHASES
-from probes.names import DRAFT, DRAFT_EXTEND, DRAFT_TOKENS, PLACEMENT, SHARDED, STEPS, TOPK, VERIFY, VERIFY_SAMPLE
+from probes.names import ALL_PHASES as PHASES
+from probes.names import DRAFT, DRAFT_EXTEND, DRAFT_TOKENS, PLACEMENT, PREFILL, SHARDED, STEPS, TOPK, VERIFY, VERIFY_SAMPLE
 from tuner.backends.phase_pages import record_config, record_knobs
 from tuner.core.setting import Setting, extra_knobs
 from tuner.core.windows import SETTLE_ITERATIONS, SETTLE_S, settled
@@ -42,9 +42,9 @@ class Iteration:
 
     @property
     def sched_ms(self) -> float:
-        """T_sched: everything in the iteration that is not draft/verify/sample/extend."""
+        """T_sched: everything in the iteration that is not draft/verify/sample/extend/prefill."""
         work = sum(self.phase_ms.get(p, 0.0) for p in (DRAFT, VERIFY, VERIFY_SAMPLE,
-                                                        DRAFT_EXTEND))
+                                                        DRAFT_EXTEND, PREFILL))
         return max(self.wall_ms - work, 0.0)
 
 
@@ -141,7 +141,7 @@ def mean_se(values: Sequence[float]) -> tuple[float, float]:
     return mean, math.sqrt(var / n)
 
 
-TERMS = (DRAFT, DRAFT_EXTEND, VERIFY, VERIFY_SAMPLE, "sched")
+TERMS = (DRAFT, DRAFT_EXTEND, VERIFY, VERIFY_SAMPLE, PREFILL, "sched")
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ class SettingStats:
     setting: Setting
     bs: int
     n: int
-    terms: Mapping[str, tuple[float, float]]      # draft, draft_extend, verify, verify_sample, sched
+    terms: Mapping[str, tuple[float, float]]      # draft, draft_extend, verify, verify_sample, prefill, sched
     comm: Mapping[str, tuple[float, float]]       # draft, draft_extend, verify, verify_sample
     comm_calls: Mapping[str, float]               # mean collectives per iteration, per phase
     wall: tuple[float, float]
@@ -179,6 +179,8 @@ def summarise(iters: Iterable[Iteration]) -> list[SettingStats]:
             DRAFT_EXTEND: mean_se([i.phase_ms[DRAFT_EXTEND] for i in its]),
             VERIFY: mean_se([i.phase_ms[VERIFY] for i in its]),
             VERIFY_SAMPLE: mean_se([i.phase_ms[VERIFY_SAMPLE] for i in its]),
+            # Records without prefill (older servers) read 0 here and keep it in sched, as before.
+            PREFILL: mean_se([i.phase_ms[PREFILL] for i in its]),
             "sched": mean_se([i.sched_ms for i in its]),
         }
         comm = {p: mean_se([i.comm_ms[p] for i in its if math.isfinite(i.comm_ms[p])])

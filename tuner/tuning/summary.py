@@ -55,7 +55,9 @@ def costs(model: Mapping[str, Any], bs: int) -> list[str]:
                    + (f" (collectives {comm['value']:.3f})" if comm else "")
                    + f"; verify {c('verify', '1')} + {c('verify', 'N')}·N ms"
                    + f"; extend {c('draft_extend', '1')} + {c('draft_extend', 'N')}·N ms"
-                   + f"; sample+sched {c('verify_sample', '1')} + {c('sched', '1')} ms")
+                   + f"; sample+sched {c('verify_sample', '1')} + {c('sched', '1')} ms"
+                   # A model saved before prefill was its own term has none (it is inside sched).
+                   + (f"; prefill {c('prefill', '1')} ms" if "prefill" in g["terms"] else ""))
     acc = model.get("acceptance", {})
     if acc.get("p"):
         taus = ", ".join(f"{s}:{v[0]:.2f}" for s, v in acc["tau_chain"].items())

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from probes.names import DRAFT, DRAFT_EXTEND, REPLICATED, SHARDED, VERIFY, VERIFY_SAMPLE
+from probes.names import DRAFT, DRAFT_EXTEND, PREFILL, REPLICATED, SHARDED, VERIFY, VERIFY_SAMPLE
 from tuner.core import ab as core_ab
 from tuner.core import series as S
 from tuner.core.events import EventKind
@@ -103,7 +103,8 @@ def what_if_now(store: Store, t_end: float, active: Mapping[str, Any], tp_size: 
         m, se = mean_se(_values(store, series, t0, t_end))
         return (m, se) if not math.isnan(m) else (0.0, 0.0)
 
-    terms = {p: ms(S.phase_ms(p)) for p in (DRAFT, DRAFT_EXTEND, VERIFY, VERIFY_SAMPLE)}
+    # Prefill absent (an older recording, SGLang's plugin) reads 0 and stays in sched.
+    terms = {p: ms(S.phase_ms(p)) for p in (DRAFT, DRAFT_EXTEND, VERIFY, VERIFY_SAMPLE, PREFILL)}
     wall = ms(S.PHASE_WALL_MS)
     if not wall[0] > 0:
         return WhatIfReadout("waiting for settled decode iterations of this setting")

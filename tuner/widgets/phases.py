@@ -17,8 +17,8 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from probes.names import DECODE_PHASES as PHASES
-from probes.names import DRAFT, DRAFT_EXTEND, OTHER, VERIFY, VERIFY_SAMPLE
+from probes.names import ALL_PHASES as PHASES
+from probes.names import DRAFT, DRAFT_EXTEND, OTHER, PREFILL, VERIFY, VERIFY_SAMPLE
 from tuner.widgets.fmt import is_num, num
 
 
@@ -34,6 +34,7 @@ class Segment:
 # Collectives share their phase's colour with a lighter texture, so "how much of the draft is
 # allreduce" reads as the textured part of the draft's colour.
 SEGMENTS = (
+    Segment(PREFILL, "prefill", "#e07a5f", "█"),
     Segment("draft", "draft", "#4fb3d9", "█"),
     Segment("draft_comm", "draft collectives", "#4fb3d9", "▒"),
     Segment("verify", "verify", "#8bc34a", "█"),
@@ -67,6 +68,8 @@ def segment_ms(view: PhaseView) -> dict[str, float]:
         return v if is_num(v) else 0.0
 
     out = {
+        # Prefill's collectives stay inside it (see the module docstring).
+        PREFILL: get(p, PREFILL),
         "draft": max(0.0, get(p, DRAFT) - get(c, DRAFT)),
         "draft_comm": get(c, DRAFT),
         "verify": max(0.0, get(p, VERIFY) - get(c, VERIFY)),
