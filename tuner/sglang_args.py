@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from probes.names import DRAFT_TOKENS, PLACEMENT, SHARDED, STEPS, TOPK
+from probes.names import DRAFT_TOKENS, PLACEMENT, SHARDED, STEPS, TOPK, tree_fits, tree_pool
 
 ATTN_DP = "attn_dp_size"
 PCIE_IPC_ENV = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
@@ -239,9 +239,10 @@ def apply_settings(launch: Launch, changes: Mapping[str, Any],
             if ndt_given is None:
                 raise ArgsError(f"with topk {topk} give {DRAFT_TOKENS} too (the tree size)")
             ndt = _int(DRAFT_TOKENS, ndt_given, 2)
-            if ndt > topk * steps + 1:
-                raise ArgsError(f"{DRAFT_TOKENS}={ndt} exceeds the tree: at most topk x steps + 1 = "
-                                f"{topk * steps + 1}")
+            if not tree_fits(steps, topk, ndt):
+                # The one rule (probes.names): the candidate pool, not topk x steps, bounds the tree.
+                raise ArgsError(f"{DRAFT_TOKENS}={ndt} exceeds the tree: at most topk + (steps - 1) x topk^2 + 1 = "
+                                f"{tree_pool(steps, topk) + 1}")
         cands = adaptive_candidates(argv, read_file)
         if adaptive:
             if topk != 1:

@@ -53,12 +53,16 @@ def test_steps_change_keeps_sglangs_rules():
     tree = apply_settings(Launch(BASE), {"speculative_eagle_topk": 4, "speculative_num_draft_tokens": 8})
     assert [get_arg(list(tree.argv), k) for k in ("speculative_num_steps", "speculative_eagle_topk",
                                                    "speculative_num_draft_tokens")] == ["3", "4", "8"]
+    # SGLang's documented tree (steps 3, topk 4, N 16) fits its candidate pool (4 + 2 x 16 = 36);
+    # topk x steps + 1 = 13 used to refuse it.
+    big = apply_settings(Launch(BASE), {"speculative_eagle_topk": 4, "speculative_num_draft_tokens": 16})
+    assert get_arg(list(big.argv), "speculative_num_draft_tokens") == "16"
 
 
 @pytest.mark.parametrize("changes, words", [
     ({"speculative_num_steps": 3, "speculative_num_draft_tokens": 7}, "steps \\+ 1 = 4"),
     ({"speculative_eagle_topk": 4}, "give speculative_num_draft_tokens"),
-    ({"speculative_eagle_topk": 2, "speculative_num_draft_tokens": 9}, "at most topk x steps"),
+    ({"speculative_eagle_topk": 2, "speculative_num_draft_tokens": 12}, "at most topk \\+ \\(steps - 1\\) x topk\\^2 \\+ 1 = 11"),
     ({"speculative_num_steps": 0}, ">= 1"),
     ({"speculative_num_steps": "three"}, "whole number"),
     ({"speculative_draft_placement": "replicated"}, "no draft placement 'replicated'"),
