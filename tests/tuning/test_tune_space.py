@@ -33,3 +33,26 @@ def test_placements_follow_what_the_server_can_set():
     assert live == {"sharded", "replicated", "rank0"}
     fixed = {p for *_, p in points(tune_space(lambda a: a in (STEPS, TOPK), 1, placements=("rank0", "sharded")))}
     assert fixed == {"sharded"}
+
+
+def test_tp1_offers_no_placement():
+    """At TP size 1 every placement is the same computation: the `p` key (through why_not) and the
+    tuner's space leave it alone, so nothing recommends a placement SGLang has no flag for."""
+    from probes.names import PLACEMENT, SHARDED
+    from tuner.backends.base import TP1_PLACEMENT
+    from tests.tuning.sim import SimBackend
+    from tuner.tuning.settings import tune_space
+
+    class TP1(SimBackend):
+        @property
+        def info(self) -> dict:
+            return {"tp_size": 1}
+
+    engine = type("Engine", (), {"t": 0.0})()      # why_not reads capabilities and info only
+    tp1, tp2 = TP1(engine), SimBackend(engine)
+    assert tp1.why_not(PLACEMENT) == TP1_PLACEMENT and tp2.why_not(PLACEMENT) is None
+    assert tp1.why_not("speculative_num_steps") is None
+    one = tune_space(lambda a: tp1.why_not(a) is None, 3)
+    two = tune_space(lambda a: tp2.why_not(a) is None, 3)
+    assert {s.placement for s in one} == {SHARDED}
+    assert len({s.placement for s in two}) > 1

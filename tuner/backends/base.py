@@ -228,7 +228,10 @@ class Backend(ABC):
         return []
 
     def why_not(self, key: str) -> str | None:
-        """capabilities.why_not(key): None when `key` can change live, else the reason to show."""
+        """capabilities.why_not(key): None when `key` can change live, else the reason to show.
+        At TP size 1 a draft placement is not a choice: every placement is the same computation."""
+        if key == PLACEMENT and self.info.get("tp_size") == 1 and self.capabilities.can_set(key):
+            return TP1_PLACEMENT
         return self.capabilities.why_not(key)
 
     def needs_restart_for(self, key: str) -> str | None:
@@ -242,6 +245,10 @@ class Backend(ABC):
         comparisons is the CONFIG_CHANGED event, which comes from what the server reports running.
         """
         return ControlResult(False, dict(changes), "a recording cannot be changed")
+
+
+TP1_PLACEMENT = ("TP size 1: every draft placement is the same computation (target and draft share one GPU), "
+                 "so there is nothing to move")
 
 
 def _flag(name: str) -> property:

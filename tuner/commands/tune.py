@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
     session = Session(backend, recorder=recorder)
     session.start()
-    space = tune_space(backend.capabilities.can_set, args.max_steps, args.topk, args.draft_tokens,
+    space = tune_space(lambda arg: backend.why_not(arg) is None, args.max_steps, args.topk, args.draft_tokens,
                        args.placements, include_off=not args.no_off)
     tuner = None
     try:
