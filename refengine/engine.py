@@ -32,6 +32,10 @@ from refengine.messages import GenRequest, GenUpdate, SpecStats
 from refengine.models.layers import causal_meta, fuse_projections
 from refengine.tp import apply_tp_target
 
+PREFILL_GRAPH_MAX = 1024
+"""Longer prompts prefill eagerly (one graph per width bucket up to here; each holds its own
+activations in a private memory pool)."""
+
 # SGLang's span names for our phases (ours prefixed specdecode.).
 SPAN = {DRAFT: "draft", DRAFT_EXTEND: "draft_extend", VERIFY_SAMPLE: "specdecode.verify_sample",
         OTHER: "specdecode.other"}
@@ -258,10 +262,7 @@ class Engine:
         self._since = self._since or time.perf_counter()
         with self.timer.phase(PREFILL, "specdecode.prefill"):
             n = len(r.tokens)
-            ids = torch.tensor([r.tokens], device=self.device)
-            rows = torch.tensor([r.row], device=self.device)
-            meta = causal_meta(rows, torch.arange(n, device=self.device)[None], n)
-            hidden, aux = self.target(ids, meta, self.kv)
+            hidden, aux = self._prefill_forward(r)
             last = self.target.logits(hidden[:, -1:])
             if req.temperature > 0:
                 probs = spec.sampling_probs(last, torch.tensor([req.temperature], device=self.device),
@@ -283,6 +284,36 @@ class Engine:
             self.reqs.pop(r.rid)
             self.free_rows.append(r.row)
         return update
+
+    def _prefill_width(self, n: int) -> int | None:
+        """The padded width a prompt of n tokens is prefilled at through the graph cache (powers of
+        two from 16, up to PREFILL_GRAPH_MAX), or None: eagerly (graphs off, a longer prompt)."""
+        if not self.graphs.enabled:
+            return None
+        t = 16
+        while t < n:
+            t *= 2
+        return t if t <= min(PREFILL_GRAPH_MAX, self.row_len) else None
+
+    def _prefill_forward(self, r: Req) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target over the prompt -> (hidden [1, n, H], aux [1, n, 3H]); its K/V at slots 0..n-1.
+
+        Eagerly a prompt is one launch per op, 32 layers deep: on the H200 an 8B prefill took
+        56-62 ms of host time with the GPU mostly idle (benchmarks/results/overlap_h200.md). With
+        graphs the prompt is padded to its width bucket and replayed as one graph per bucket (never
+        compiled: graphs.UNCOMPILED_PHASES). The pad tokens come after the prompt, so causal
+        attention keeps them out of its rows; their K/V land in slots n.. that every later forward
+        writes before it reads them."""
+        n, t = len(r.tokens), self._prefill_width(len(r.tokens))
+        rows = self._h2d([r.row], torch.long)
+        if t is None:
+            meta = causal_meta(rows, torch.arange(n, device=self.device)[None], n)
+            return self.target(self._h2d([r.tokens], torch.long), meta, self.kv)
+        meta = causal_meta(rows, torch.arange(t, device=self.device)[None], t)
+        scope = GROUP if self.world > 1 else LOCAL
+        hidden, aux = graphed_forward(self.graphs, PREFILL, "-", scope, self._h2d([r.tokens + [0] * (t - n)], torch.long),
+                                      None, meta, self.pad_row, lambda ids, _h, m: self.target(ids, m, self.kv))
+        return hidden[:, :n], aux[:, :n]
 
     def abort(self, rid: str) -> GenUpdate | None:
         r = self.reqs.pop(rid, None)
@@ -636,12 +667,16 @@ class Engine:
         d = self.draft
         if not d.here:
             return
-        ids = torch.tensor([r.tokens[1:] + [first_token]], device=self.device)
-        rows = torch.tensor([r.row], device=self.device)
+        n = len(r.tokens)
+        t = self._prefill_width(n)
+        ids, head, ctx = r.tokens[1:] + [first_token], d.head, self._bucket(r.seq_len + 1)
+        if t is not None:   # padded like the target's prefill (see _prefill_forward), one graph per width
+            ids, head, ctx = ids + [0] * (t - n), self._head(PREFILL), self._bucket(t)
+            aux = torch.cat([aux, aux.new_zeros(t - n, aux.shape[-1])])
+        rows = self._h2d([r.row], torch.long)
         start = torch.zeros(1, dtype=torch.long, device=self.device)
-        hid, logits = spec.draft_extend(d.head, d.kv, rows, start, ids, aux[None],
-                                        torch.tensor([ids.shape[1] - 1], device=self.device),
-                                        self._bucket(r.seq_len + 1))
+        hid, logits = spec.draft_extend(head, d.kv, rows, start, self._h2d([ids], torch.long), aux[None],
+                                        self._h2d([n - 1], torch.long), ctx)
         d.hidden[r.row] = hid[0]
         d.logits[r.row] = logits[0].to(d.logits.dtype)
 

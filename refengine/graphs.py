@@ -48,17 +48,23 @@ MODES = ("auto", "off", "static", "cuda")
 _BODY = threading.local()
 
 
+UNCOMPILED_PHASES = frozenset({"prefill"})
+"""Captured but never torch.compile'd: each prompt-length bucket would compile a new static graph
+at the first prompt of that length, long after warm-up; the replay alone removes the launches."""
+
+
 def in_graph_body() -> bool:
     """True while a key's body runs for a capture, its warm-up or a static re-run: the forwards
-    with a bounded set of shapes, the only ones torch.compile'd code runs in (refengine.compiled);
-    eager calls (graphs off, failed captures, prefill) are outside."""
+    with a bounded set of decode shapes, the only ones torch.compile'd code runs in
+    (refengine.compiled); eager calls (graphs off, failed captures, long prompts) and the bodies of
+    UNCOMPILED_PHASES are outside."""
     return getattr(_BODY, "on", False)
 
 
 @contextmanager
-def _in_body():
+def _in_body(key: "GraphKey | None" = None):
     prev = in_graph_body()
-    _BODY.on = True
+    _BODY.on = key is None or key.phase not in UNCOMPILED_PHASES
     try:
         yield
     finally:
@@ -67,7 +73,7 @@ GROUP, LOCAL = "group", "local"
 
 
 class GraphKey(NamedTuple):
-    phase: str          # draft_step | draft_extend | verify
+    phase: str          # draft_step | draft_extend | verify | prefill
     placement: str      # the draft placement; "-" for the target (same graph under every placement)
     rows: int           # padded batch
     shape: tuple        # (tokens per row, context bucket, input width)
@@ -282,7 +288,7 @@ class GraphCache:
         if self.mode == "cuda":
             entry.graph.replay()
         else:
-            with self.comm.capturing() as ops, _in_body():
+            with self.comm.capturing() as ops, _in_body(entry.key):
                 outs = entry.body(entry.inputs)
             if ops != entry.comm_ops:
                 # The static stand-in checks what a CUDA replay cannot: same collectives as captured.
@@ -314,7 +320,7 @@ class GraphCache:
             if self.mode == "cuda":
                 self._capture_cuda(entry, body, snap)
             else:
-                with self.comm.capturing() as ops, _in_body():
+                with self.comm.capturing() as ops, _in_body(key):
                     outs = body(static)
                 entry.outputs = tuple(o.clone() for o in outs)
                 entry.comm_ops = list(ops)
@@ -345,7 +351,7 @@ class GraphCache:
     def _capture_cuda(self, entry: _Entry, body, snap: dict[str, torch.Tensor] | None) -> None:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), _in_body():
+        with torch.cuda.stream(side), _in_body(entry.key):
             # Warm-up: real (eager) runs. Writes go to the same KV slots the replay writes, with
             # the same values, so they are harmless; NCCL and cuBLAS initialise here.
             for _ in range(self.warmup):
@@ -357,7 +363,7 @@ class GraphCache:
         with self.comm.capturing() as ops:
             # A private memory pool per graph: replays happen in any order (draft steps, verify,
             # extend, other keys), so no graph may reuse memory another graph's outputs live in.
-            with torch.cuda.graph(graph), _in_body():
+            with torch.cuda.graph(graph), _in_body(entry.key):
                 outs = body(entry.inputs)
         entry.graph, entry.outputs, entry.comm_ops = graph, tuple(outs), list(ops)
 

@@ -313,3 +313,66 @@ def test_static_graphs_match_eager_iteration_by_iteration():
     assert graphed == eager
     assert _drive("static", overlap=True) == eager, "overlapped iterations must be the same iterations"
     assert sum(sum(acc) for _, acc, _ in eager[7:]) > 0, "the schedule must accept drafts after steps 0"
+
+
+def test_prefill_bodies_are_captured_but_never_compiled():
+    """Compiled code runs only where in_graph_body() is true: decode keys, not prefill keys (a new
+    prompt-width bucket would otherwise compile long after warm-up)."""
+    from refengine.graphs import in_graph_body
+
+    c, seen = _cache(), []
+
+    def body(x):
+        seen.append(in_graph_body())
+        return (x["a"] + 1,)
+    for phase in ("prefill", "verify", "prefill"):
+        c.run(_key(phase=phase), LOCAL, {"a": torch.zeros(1, 2)}, body)   # capture (static: runs the body)
+        c.run(_key(phase=phase), LOCAL, {"a": torch.zeros(1, 2)}, body)   # replay (static: runs it again)
+    assert seen == [False, False, True, True, False, False] and not in_graph_body()
+
+
+def _prefill_engine(mode: str):
+    from refengine.config import EngineOptions, SpecConfig
+    from refengine.engine import Engine
+
+    opts = EngineOptions(model_path="tiny-agreeing", load_format="dummy", dtype="float64", max_running_requests=2,
+                         context_length=256, cuda_graph=mode)
+    target, head = presets.load_models("tiny-agreeing", None, "dummy")
+    e = Engine(opts, Communicator(0, 1), target, head, torch.device("cpu"), torch.float64)
+    e.apply_config(SpecConfig(steps=3, num_draft_tokens=4, epoch=1))
+    return e
+
+
+def test_graphed_prefill_equals_eager_and_long_prompts_stay_eager(monkeypatch):
+    """A prompt padded to its width bucket and replayed: the same first token, target K/V of the
+    prompt and draft state as the eager prefill, one prefill key per width bucket (target and
+    draft), and a prompt past PREFILL_GRAPH_MAX prefilled eagerly."""
+    from refengine import engine as engine_mod
+    from refengine.messages import GenRequest
+
+    eager, graphed = _prefill_engine("off"), _prefill_engine("static")
+    prompt = [2, 40, 6, 8, 10]
+    for e in (eager, graphed):
+        first = e.add_request(GenRequest("p", prompt, max_new_tokens=8, ignore_eos=True))
+        e.first = first.token_ids
+    assert graphed.first == eager.first
+    r_e, r_g = eager.reqs["p"], graphed.reqs["p"]
+    n = len(prompt)
+    for layer in range(len(eager.kv.k)):
+        torch.testing.assert_close(graphed.kv.k[layer][r_g.row, :n], eager.kv.k[layer][r_e.row, :n], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(graphed.draft.kv.k[0][r_g.row, :n], eager.draft.kv.k[0][r_e.row, :n], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(graphed.draft.hidden[r_g.row], eager.draft.hidden[r_e.row], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(graphed.draft.logits[r_g.row], eager.draft.logits[r_e.row], rtol=1e-12, atol=1e-12)
+    keys = [k for k in graphed.graphs.keys() if k.phase == "prefill"]
+    assert sorted((k.placement, k.shape[0]) for k in keys) == [("-", 16), ("sharded", 16)]
+    # Both go on to decode the same tokens.
+    out = {}
+    for tag, e in (("eager", eager), ("graphed", graphed)):
+        toks = list(e.first)
+        while e.busy:
+            toks += [t for u in e.step()[0] for t in u.token_ids]
+        out[tag] = toks
+    assert out["graphed"] == out["eager"] and len(out["eager"]) == 8
+    monkeypatch.setattr(engine_mod, "PREFILL_GRAPH_MAX", 16)
+    graphed.add_request(GenRequest("long", list(range(2, 22)), max_new_tokens=2, ignore_eos=True))
+    assert [k for k in graphed.graphs.keys() if k.phase == "prefill"] == keys, "a long prompt prefills eagerly"
