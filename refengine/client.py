@@ -380,15 +380,15 @@ class EngineClient:
                 c = self._counters
                 c["iterations"] += 1
                 c["committed"] += rec["committed"]
+                # `accepted` has one entry per request whose result was kept: `bs` also counts
+                # rows the overlap scheduler ran for requests already finished (`dropped`).
+                c["verify_ct"] += len(rec["accepted"])
                 if rec["steps"] > 0:
-                    c["verify_ct"] += len(rec["accepted"])
                     c["accepted"] += sum(rec["accepted"])
                     for a in rec["accepted"]:
                         while len(self._accept_hist) <= a:
                             self._accept_hist.append(0)
                         self._accept_hist[a] += 1
-                else:
-                    c["verify_ct"] += rec["bs"]
             elif kind == "ready":
                 self._ready[item[1]] = item[2]
             elif kind == "config_applied":

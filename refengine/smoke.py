@@ -119,7 +119,7 @@ def _print_segment(label: str, recs: list[dict]) -> None:
         return
     accepted = [a for r in recs for a in r["accepted"]]
     steps = recs[-1]["steps"]
-    tau = (sum(r["committed"] for r in recs) / max(1, sum(r["bs"] for r in recs)))
+    tau = (sum(r["committed"] for r in recs) / max(1, sum(len(r["accepted"]) for r in recs)))
 
     def med(key, p):
         return statistics.median(r[key][p] for r in recs)

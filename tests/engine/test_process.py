@@ -115,3 +115,17 @@ def test_live_request_id_is_never_rebound(pool1):
     assert second[0].error == "Duplicate request ID detected: same"
     assert first_done.wait(120) and got[-1].finish_reason == "length"
     assert sum(len(u.token_ids) for u in got) == 40 and pool1.live_requests() == 0
+
+
+@pytest.mark.parametrize("steps", [0, 3])
+def test_verify_counters_count_kept_results_only(pool1, steps):
+    """Overlapped, a request finished by a stop token runs one more iteration whose result is
+    dropped (`bs` counts its row, `accepted` does not): the engine's verify counter must equal the
+    sum of the requests' own spec_verify_ct."""
+    plain = generate(pool1, PROMPTS[:1], 16, config={"speculative_num_steps": 3}).tokens[0]
+    before = pool1.stats()["spec_verify_ct_total"]
+    run = generate(pool1, PROMPTS, 16, config={"speculative_num_steps": steps}, stop_token_ids=[plain[6]])
+    after = pool1.stats()["spec_verify_ct_total"]
+    assert run.finals[0].finish_reason == "stop"
+    assert any(r.get("dropped") for r in run.records), "no dropped row: the test shows nothing"
+    assert after - before == sum(f.spec.spec_verify_ct for f in run.finals)
