@@ -26,7 +26,8 @@ from typing import Any, Callable
 
 from refengine.config import (ConfigError, EngineOptions, ModelLimits, SpecConfig, refuse_for_simulator,
                               resolve_config, simulator)
-from refengine.messages import GenRequest, GenUpdate, SpecStats
+from refengine.messages import (Abort, ConfigApplied, GenRequest, GenUpdate, PhaseRecord, ProfileDone, ProfileStart,
+                                ProfileStop, RankError, RankStats, Ready, SetConfig, Shutdown, SpecStats, Submit, Update)
 
 __all__ = ["EngineClient", "EngineOptions", "EngineStartError", "ConfigError", "GenRequest", "GenUpdate",
            "SpecStats", "EngineDeadError"]
@@ -155,7 +156,7 @@ class EngineClient:
             self._closing = True
         if self._procs and all(p.is_alive() for p in self._procs):
             try:
-                self._in_q.put(("shutdown",))
+                self._in_q.put(Shutdown())
             except Exception:
                 pass
             deadline = time.monotonic() + 5
@@ -195,11 +196,11 @@ class EngineClient:
             self._callbacks[req.rid] = on_update
             self._counters["requests"] += 1
             self._counters["prompt_tokens"] += len(req.input_ids)
-        self._in_q.put(("submit", req))
+        self._in_q.put(Submit(req))
 
     def abort(self, rid: str) -> None:
         if self.alive():
-            self._in_q.put(("abort", rid))
+            self._in_q.put(Abort(rid))
 
     def live_requests(self) -> int:
         """Requests submitted whose final update has not been delivered yet."""
@@ -227,7 +228,7 @@ class EngineClient:
         active config (/server_info). The caller holds _config_lock, so one change is in flight
         at a time: rank 0 never sees two configs in one command (it would apply only the last)."""
         self._require_alive()
-        self._in_q.put(("config", cfg))
+        self._in_q.put(SetConfig(cfg))
         deadline = time.monotonic() + 120
         with self._cond:
             while any(self._acks.get(r, -1) < cfg.epoch for r in range(self.opts.tp_size)):
@@ -254,7 +255,7 @@ class EngineClient:
                 raise RuntimeError("a profile is already running")
             self._profiling = True
             self._profile_done = {}
-        self._in_q.put(("profile_start", {"output_dir": os.path.abspath(output_dir), "num_steps": num_steps,
+        self._in_q.put(ProfileStart({"output_dir": os.path.abspath(output_dir), "num_steps": num_steps,
                                            "activities": activities, "with_stack": with_stack,
                                            "record_shapes": record_shapes,
                                            "profile_id": profile_id or str(int(time.time()))}))
@@ -268,7 +269,7 @@ class EngineClient:
                     return list(self._last_profile)
                 raise RuntimeError("no profile is running")
         if len(self._profile_done) < self.opts.tp_size:
-            self._in_q.put(("profile_stop",))
+            self._in_q.put(ProfileStop())
         deadline = time.monotonic() + timeout
         with self._cond:
             while len(self._profile_done) < self.opts.tp_size:
@@ -361,10 +362,9 @@ class EngineClient:
                 import sys
                 print(f"refengine: update callback failed: {e!r}", file=sys.stderr)
 
-    def _dispatch(self, item: tuple) -> None:
-        kind = item[0]
-        if kind == "update":
-            u: GenUpdate = item[1]
+    def _dispatch(self, item: object) -> None:
+        if isinstance(item, Update):
+            u = item.update
             with self._lock:
                 cb = self._callbacks.pop(u.rid, None) if u.finished else self._callbacks.get(u.rid)
                 self._counters["generation_tokens"] += len(u.token_ids)
@@ -372,8 +372,13 @@ class EngineClient:
                 cb(u)
             return
         with self._cond:
-            if kind == "phase":
-                rec = item[1]
+            self._on_message(item)
+            self._cond.notify_all()
+
+    def _on_message(self, item: object) -> None:
+        """Every rank message but updates (under _cond)."""
+        match item:
+            case PhaseRecord(rec):
                 self._seq += 1
                 rec["seq"] = self._seq
                 self._records.append(rec)
@@ -389,21 +394,20 @@ class EngineClient:
                         while len(self._accept_hist) <= a:
                             self._accept_hist.append(0)
                         self._accept_hist[a] += 1
-            elif kind == "ready":
-                self._ready[item[1]] = item[2]
-            elif kind == "config_applied":
-                self._acks[item[1]] = max(self._acks.get(item[1], -1), item[2])
-            elif kind == "profile_done":
-                self._profile_done[item[1]] = (item[2], item[3])
+            case Ready(rank, info):
+                self._ready[rank] = info
+            case ConfigApplied(rank, epoch):
+                self._acks[rank] = max(self._acks.get(rank, -1), epoch)
+            case ProfileDone(rank, path, error):
+                self._profile_done[rank] = (path, error)
                 if len(self._profile_done) == self.opts.tp_size:
                     self._profiling = False
                     self._last_profile = [self._profile_done[r][0] for r in sorted(self._profile_done)
                                           if self._profile_done[r][0]]
-            elif kind == "rank_stats":
-                self._rank_stats[item[1]] = item[2]
-            elif kind == "error":
-                self._errors[item[1]] = item[2]
-            self._cond.notify_all()
+            case RankStats(rank, stats):
+                self._rank_stats[rank] = stats
+            case RankError(rank, tb):
+                self._errors[rank] = tb
 
     def _supervise(self) -> None:
         sentinels = {p.sentinel: (r, p) for r, p in enumerate(self._procs)}

@@ -1,12 +1,14 @@
-"""Plain, picklable records that cross process boundaries: requests in, updates out.
+"""Plain, picklable records that cross process boundaries: requests in, updates out, and one type
+per message on the client <-> rank queues (matched by type at both ends, never by tuple position).
 
-These travel over multiprocessing queues between the HTTP process and rank 0, so they hold only
-Python scalars and lists. Must not import torch.
+These travel over multiprocessing queues between the HTTP process and the ranks, so they hold only
+Python scalars, lists and dicts. Must not import torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -56,3 +58,83 @@ class GenUpdate:
     spec: SpecStats | None = None
     """The request's statistics so far, on every update (None without a draft model)."""
     error: str | None = None
+
+
+# -- the queues between the client (HTTP process) and the ranks -------------------------------------
+#
+# One small type per message, so the two ends cannot disagree on a tuple's layout; both match on
+# the type. Client -> rank 0 (the command queue):
+
+@dataclass
+class Submit:
+    req: GenRequest
+
+
+@dataclass
+class Abort:
+    rid: str
+
+
+@dataclass
+class SetConfig:
+    config: Any
+    """A refengine.config.SpecConfig with its epoch."""
+
+
+@dataclass
+class ProfileStart:
+    args: dict
+
+
+@dataclass
+class ProfileStop:
+    pass
+
+
+@dataclass
+class Shutdown:
+    pass
+
+
+# Ranks -> client (the output queue):
+
+@dataclass
+class Ready:
+    rank: int
+    info: dict
+
+
+@dataclass
+class RankError:
+    rank: int
+    traceback: str
+
+
+@dataclass
+class ConfigApplied:
+    rank: int
+    epoch: int
+
+
+@dataclass
+class PhaseRecord:
+    record: dict
+    """One iteration's phase record (rank 0 only; readme "The phase stream")."""
+
+
+@dataclass
+class Update:
+    update: GenUpdate
+
+
+@dataclass
+class RankStats:
+    rank: int
+    stats: dict
+
+
+@dataclass
+class ProfileDone:
+    rank: int
+    path: str | None
+    error: str | None

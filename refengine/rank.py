@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from probes.names import OTHER
+from refengine.messages import (Abort, ConfigApplied, PhaseRecord, ProfileDone, ProfileStart, ProfileStop, RankError,
+                                RankStats, Ready, SetConfig, Shutdown, Submit, Update)
 
 HEARTBEAT_S = 1.0     # idle rank 0 still broadcasts this often, so followers never time out
 STATS_EVERY_S = 0.25  # how often every rank sends its cumulative phase totals
@@ -47,7 +49,7 @@ def rank_main(rank: int, world: int, opts, store_host: str, store_port: int, in_
     try:
         _run(rank, world, opts, store_host, store_port, in_q, out_q, threads)
     except Exception:  # report, then die: the supervisor ends the group with this message
-        out_q.put(("error", rank, traceback.format_exc()))
+        out_q.put(RankError(rank, traceback.format_exc()))
         raise SystemExit(1)
 
 
@@ -86,7 +88,7 @@ def _run(rank, world, opts, store_host, store_port, in_q, out_q, threads) -> Non
                                opts.random_seed, want_draft=want_draft, device=device)
     engine = Engine(opts, comm, target, head, device, dtype)
     bus_id = _pci_bus_id(torch, device) if cuda else None
-    out_q.put(("ready", rank, {"tp_rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
+    out_q.put(Ready(rank, {"tp_rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
                                "pci_bus_id": bus_id, "limits": engine.limits(), "env": _comm_env(),
                                "graphs": {"mode": engine.graphs.mode, "off_reason": engine.graphs.off_reason},
                                "model": _model_info(engine, target, head)}))
@@ -152,20 +154,20 @@ class Follower:
                 item = self.in_q.get(timeout=timeout) if timeout > 0 and cmd.empty else self.in_q.get_nowait()
             except queue.Empty:
                 break
-            kind = item[0]
-            if kind == "submit":
-                cmd.new.append(item[1])
-            elif kind == "abort":
-                cmd.aborts.append(item[1])
-            elif kind == "config":
-                cmd.config = item[1]
-            elif kind == "profile_start":
-                cmd.profile_start = item[1]
-            elif kind == "profile_stop":
-                cmd.profile_stop = True
-            elif kind == "shutdown":
-                cmd.shutdown = True
-                break
+            match item:
+                case Submit(req):
+                    cmd.new.append(req)
+                case Abort(rid):
+                    cmd.aborts.append(rid)
+                case SetConfig(config):
+                    cmd.config = config
+                case ProfileStart(args):
+                    cmd.profile_start = args
+                case ProfileStop():
+                    cmd.profile_stop = True
+                case Shutdown():
+                    cmd.shutdown = True
+                    break
         if self.profile_args and self.profile_args.get("num_steps") and \
                 self.profile_steps >= self.profile_args["num_steps"]:
             cmd.profile_stop = True
@@ -194,7 +196,7 @@ class Follower:
             self._publish(*e.drain())
         if cmd.config is not None:
             e.apply_config(cmd.config)
-            self.out_q.put(("config_applied", self.rank, cmd.config.epoch))
+            self.out_q.put(ConfigApplied(self.rank, cmd.config.epoch))
         for rid in cmd.aborts:
             self._emit(e.abort(rid))
         if cmd.profile_start is not None:
@@ -220,13 +222,13 @@ class Follower:
         self._accumulate(record)
         if self.rank == 0:
             # The record first: a reader woken by a final update already has its iteration.
-            self.out_q.put(("phase", record))
+            self.out_q.put(PhaseRecord(record))
             for u in updates:
-                self.out_q.put(("update", u))
+                self.out_q.put(Update(u))
 
     def _emit(self, update) -> None:
         if update is not None and self.rank == 0:
-            self.out_q.put(("update", update))
+            self.out_q.put(Update(update))
 
     def _accumulate(self, record: dict) -> None:
         t = self.totals
@@ -240,7 +242,7 @@ class Follower:
         if force or now - self.last_stats >= STATS_EVERY_S:
             self.last_stats = now
             by_op = dict(self.comm.totals.by_op)
-            self.out_q.put(("rank_stats", self.rank, {**self.totals, "comm_by_op": by_op,
+            self.out_q.put(RankStats(self.rank, {**self.totals, "comm_by_op": by_op,
                                                       "comm_bytes": dict(self.comm.totals.bytes),
                                                       "comm_calls": dict(self.comm.totals.calls),
                                                       "comm_graph_calls": dict(self.comm.totals.graph_calls),
@@ -267,7 +269,7 @@ class Follower:
 
     def _stop_profile(self) -> None:
         if self.profiler is None:
-            self.out_q.put(("profile_done", self.rank, None, "no profile is running"))
+            self.out_q.put(ProfileDone(self.rank, None, "no profile is running"))
             return
         args, prof = self.profile_args, self.profiler
         self.profiler, self.profile_args = None, None
@@ -276,6 +278,6 @@ class Follower:
         try:
             os.makedirs(args["output_dir"], exist_ok=True)
             prof.export_chrome_trace(path)
-            self.out_q.put(("profile_done", self.rank, path, None))
+            self.out_q.put(ProfileDone(self.rank, path, None))
         except Exception as e:  # a bad output dir must not kill the rank
-            self.out_q.put(("profile_done", self.rank, None, f"cannot write {path}: {e}"))
+            self.out_q.put(ProfileDone(self.rank, None, f"cannot write {path}: {e}"))
