@@ -567,13 +567,13 @@ class Engine:
                 drafts, q = spec.draft_chain_sample(self._head("draft_step"), d.kv, rows, seq, first_logits, hidden, s, ctx,
                                                     temps, coins, self.target.config.vocab_size)
             else:
+                # One greedy-chain implementation whatever the graph mode: with graphs off the
+                # cache runs the same in-place step body eagerly (spec.draft_chain stays the
+                # tests' independent reference).
                 first = d.head.to_target_ids(first_logits.argmax(-1))
-                if self.graphs.enabled:
-                    g = self._head("draft_step")
-                    drafts = graphed_chain(self.graphs, g.placement, g.scope, d.head, d.kv, rows, seq, first,
-                                           hidden, s, ctx, self.pad_row)
-                else:
-                    drafts = spec.draft_chain(d.head, d.kv, rows, seq, first, hidden, s, ctx)
+                g = self._head("draft_step")
+                drafts = graphed_chain(self.graphs, g.placement, g.scope, d.head, d.kv, rows, seq, first,
+                                       hidden, s, ctx, self.pad_row)
         return torch.stack(spec.chain_tree(roots, drafts), 1), q
 
     def _accept(self, reqs, tokens, parents, logits, temps, q, sampled, rejection, s):

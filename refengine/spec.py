@@ -28,7 +28,9 @@ def draft_chain(head: Eagle3Head, kv: KVPool, rows: torch.Tensor, seq_lens: torc
                 first: torch.Tensor, hidden: torch.Tensor, steps: int, ctx: int) -> torch.Tensor:
     """Greedy chain of `steps` draft tokens (target ids) per request: [B, steps].
 
-    Only steps - 1 draft forwards run: the first token came from the previous extend.
+    Only steps - 1 draft forwards run: the first token came from the previous extend. The engine
+    runs refengine.graphs.graphed_chain in every graph mode; this plain loop is the reference the
+    tests check it against.
     """
     tokens = [first]
     h = hidden[:, None]
