@@ -59,4 +59,10 @@ def test_the_replayed_panel_shows_acceptance_by_bucket(tmp_path):
             console.print(bars.render())
             text = console.export_text()
             assert "p_k by bucket" in text and "batch 8–15" in text
+            # In a narrow panel a bucket stays on one line: a wrapped "n=…" read as the next bucket.
+            narrow = Console(width=30, record=True)
+            narrow.print(bars.render())
+            lines = narrow.export_text().splitlines()
+            at = next(i for i, line in enumerate(lines) if line.startswith("p_k by bucket"))
+            assert [line.split()[0] for line in lines[at + 1:] if line.strip()] == ["batch", "batch", "context"]
     asyncio.run(scenario())

@@ -71,6 +71,8 @@ class PositionBars(Static):
         if not view.buckets:
             return Group(head, table)
         # Where acceptance varies: one dim line per bucket (p_k only; α_k follows from them).
+        # One line each, cut at the panel's edge: a wrapped count reads as the next bucket's.
         lines = [Text.assemble((f"{label:<16}", "dim"), (" ".join(num(p, 2) for p in ps), ""),
-                               (f"  n={n}", "dim")) for label, n, ps in view.buckets[:MAX_BUCKET_LINES]]
+                               (f"  n={n}", "dim"), no_wrap=True, overflow="ellipsis")
+                 for label, n, ps in view.buckets[:MAX_BUCKET_LINES]]
         return Group(head, table, Text("p_k by bucket", style="bold"), *lines)
