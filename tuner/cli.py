@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "once": ("once", "watch a server for a few seconds headless and print tok/s, acceptance and the phase split"),
     "record": ("record", "record a server headless into one file (no terminal needed; Ctrl-C/SIGTERM or --duration stops)"),
     "report": ("report", "turn a recording into a report: HTML (inline SVG charts), Markdown or JSON; Perfetto trace; CSV"),
+    "doctor": ("doctor", "check a server capability by capability (metrics, plugin, timers, live steps) and print the fix for what is missing"),
     "launch": ("launch", "start and own an SGLang server (`launch -- python -m sglang.launch_server ARGS…`), relaunching for settings it cannot change live"),
 }
 

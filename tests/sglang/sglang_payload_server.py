@@ -12,7 +12,11 @@ fixtures/, made to move with time the way a decoding server does:
                       tier 1..5 (the active tier, the metrics gauges and new records follow, with a
                       new epoch), -1 → [true]; anything else → [false], as SGLang answers
 
-Run: python sglang_payload_server.py --port P   (prints "ready" when listening).
+--no-plugin: SGLang without our plugin, launched without --speculative-adaptive and without the
+device timer: metrics_no_plugin.txt (static), server_info_static.json, /specdecode/* 404, and
+/set_internal_state answers [false] to the plugin's keys.
+
+Run: python sglang_payload_server.py --port P [--no-plugin]   (prints "ready" when listening).
 """
 
 from __future__ import annotations
@@ -43,12 +47,13 @@ def _samples(text: str) -> dict[str, float]:
 
 
 class State:
-    def __init__(self) -> None:
+    def __init__(self, plugin: bool = True) -> None:
+        self.plugin = plugin
         self.t_start = time.monotonic()
-        self.t0 = (FIX / "metrics_t0.txt").read_text()
-        self.t1 = (FIX / "metrics_t1.txt").read_text()
+        self.t0 = (FIX / ("metrics_t0.txt" if plugin else "metrics_no_plugin.txt")).read_text()
+        self.t1 = (FIX / ("metrics_t1.txt" if plugin else "metrics_no_plugin.txt")).read_text()
         self.v0, self.v1 = _samples(self.t0), _samples(self.t1)
-        self.info = json.loads((FIX / "server_info_adaptive.json").read_text())
+        self.info = json.loads((FIX / ("server_info_adaptive.json" if plugin else "server_info_static.json")).read_text())
         self.template = json.loads((FIX / "phases_reply.json").read_text())["records"]
         self.steps = self.info["internal_states"][0]["speculative_num_steps"]
         self.epoch = self.template[0]["epoch"]
@@ -153,6 +158,8 @@ def make_handler(state: State):
                 return self._json(200, state.info)
             if u.path in ("/model_info", "/get_model_info"):
                 return self._send(200, (FIX / "model_info.json").read_bytes())
+            if u.path.startswith("/specdecode/") and not state.plugin:
+                return self._json(404, {"detail": "Not Found"})
             if u.path == "/specdecode/streams":
                 return self._json(200, {"plugin": "specdecode", "version": "1",
                                         "streams": [{"dp": 0, "rank": r} for r in range(8)]})
@@ -176,6 +183,8 @@ def make_handler(state: State):
                 args = body.get("server_args") if isinstance(body, dict) else None
                 if not isinstance(args, dict):
                     return self._json(422, {"detail": "server_args required"})
+                if not state.plugin:      # SGLang alone ignores the plugin's keys: [false]
+                    return self._json(200, [False])
                 return self._json(200, state.set_internal_state(args))
             if u.path == "/generate":
                 if body.get("stream"):
@@ -189,8 +198,9 @@ def make_handler(state: State):
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
+    p.add_argument("--no-plugin", action="store_true")
     args = p.parse_args()
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(State()))
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(State(plugin=not args.no_plugin)))
     print("ready", flush=True)
     server.serve_forever(poll_interval=0.1)
     return 0
