@@ -129,6 +129,7 @@ def engine_options(opts: ServerOptions) -> Any:
         "enable_torch_compile": opts.enable_torch_compile, "torch_compile_max_bs": opts.torch_compile_max_bs,
         "disable_overlap_schedule": opts.disable_overlap_schedule,
         "speculative_use_rejection_sampling": opts.speculative_use_rejection_sampling,
+        "speculative_adaptive_config": opts.adaptive_schedule,
     }
     if opts.model_path is not None:
         kw["model_path"] = opts.model_path
@@ -469,6 +470,10 @@ class ServerApp:
             emulated_comm=self.opts.emulate_comm_latency is not None,
             simulated_accept=self.opts.simulated_accept,
             torch_compile_graphs=self._compiled_graphs(),
+            # SGLang's switch and the schedule in force (installed live or at launch); the pin as the
+            # SGLang plugin names it (-1: the policy chooses). Records say which steps each iteration ran.
+            speculative_adaptive=cfg["adaptive"] is not None, speculative_adaptive_config=cfg["adaptive"],
+            specdecode_num_steps=-1 if cfg["pinned"] is None else cfg["pinned"],
         )
         return {
             **launch,
