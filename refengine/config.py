@@ -15,15 +15,15 @@ from probes.adaptive_policy import AdaptiveConfigError
 from probes.names import (ADAPTIVE_CONFIG, DRAFT_TOKENS, PINNED_STEPS, PLACEMENT, PLACEMENTS, SHARDED, STEPS, TOPK,
                           tree_pool)
 
-# /set_internal_state keys (SGLang's names, our placement key, the SGLang plugin's pin) -> SpecConfig field.
+# The knobs' /set_internal_state keys (SGLang's names plus our placement key) -> SpecConfig field.
 CONFIG_KEYS = {
     STEPS: "steps",
     TOPK: "topk",
     DRAFT_TOKENS: "num_draft_tokens",
     PLACEMENT: "placement",
-    ADAPTIVE_CONFIG: "adaptive",
-    PINNED_STEPS: "pinned",
 }
+# Everything /set_internal_state sets: the knobs, SGLang's adaptive config and the SGLang plugin's pin.
+SETTABLE_KEYS = {**CONFIG_KEYS, ADAPTIVE_CONFIG: "adaptive", PINNED_STEPS: "pinned"}
 
 
 class ConfigError(ValueError):
@@ -79,9 +79,9 @@ def resolve_config(current: SpecConfig, changes: dict[str, Any], limits: ModelLi
     """
     fields: dict[str, Any] = {}
     for key, value in changes.items():
-        if key not in CONFIG_KEYS:
-            raise ConfigError(f"unknown key {key!r}; settable: {', '.join(CONFIG_KEYS)}")
-        name = CONFIG_KEYS[key]
+        if key not in SETTABLE_KEYS:
+            raise ConfigError(f"unknown key {key!r}; settable: {', '.join(SETTABLE_KEYS)}")
+        name = SETTABLE_KEYS[key]
         if name == "adaptive":
             if value is not None:
                 try:
