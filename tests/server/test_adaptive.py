@@ -30,7 +30,7 @@ LENGTHS = [40, 12, 18, 24, 30, 36]       # the batch shrinks as they finish: bot
 def server(tmp_path_factory):
     cfg = tmp_path_factory.mktemp("adaptive") / "schedule.json"
     cfg.write_text(json.dumps(SCHEDULE))
-    with checked_server(["--dtype", "float64", "--max-running-requests", "8",
+    with checked_server(["--port", "0", "--dtype", "float64", "--max-running-requests", "8",
                          "--speculative-adaptive", "--speculative-adaptive-config", str(cfg)]) as s:
         yield s
 
