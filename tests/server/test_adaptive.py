@@ -236,3 +236,24 @@ def test_bad_adaptive_launches_are_refused_in_one_line(tmp_path: Path):
     assert "draft model" in _refused(["--speculative-adaptive", "--speculative-algorithm", "NONE"])
     ok = parse_options(["--speculative-adaptive"])           # SGLang's default tiers, middle of the first
     assert ok.adaptive_schedule["8"]["candidate_steps"] == [0, 1, 3] and ok.speculative_num_steps == 5
+
+
+def test_the_ranks_of_a_tp2_server_follow_one_moving_schedule(tp2_server, tp2_config):
+    """Every rank runs its own controller on the same accepted drafts: they must choose alike (a
+    rank that drafted another depth would desynchronise the collectives), while the policy moves."""
+    moving = {"warmup_batches": 0, "update_interval": 1, "1": {"candidate_steps": [1, 3]},
+              "3": {"candidate_steps": [0, 1]}}
+    with httpx.Client(base_url=tp2_server.url, timeout=120) as h:
+        r = _set(h, {"speculative_adaptive_config": moving})
+        assert r.status_code == 200, r.text
+        try:
+            epoch = _state(h)["config_epoch"]
+            start = _end(h)
+            outs = _generate(h, PROMPTS[:4], [30, 8, 12, 16])
+            recs = [r for r in _records_through(h, start, 66 - 4) if r["bs"] > 0]
+        finally:
+            assert _set(h, {"speculative_adaptive_config": None}).status_code == 200
+    assert all(len(o) == n for o, n in zip(outs, [30, 8, 12, 16]))
+    assert {r["epoch"] for r in recs} == {epoch} and all(r["adaptive"] for r in recs)
+    assert {r["steps"] for r in recs if r["bs"] >= 3} <= {0, 1} and {r["steps"] for r in recs if r["bs"] < 3} <= {1, 3}
+    assert len({r["steps"] for r in recs}) >= 2, [(r["bs"], r["steps"]) for r in recs]
