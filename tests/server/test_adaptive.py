@@ -12,6 +12,7 @@ Bad launch flags are refused in one line by the option parser.
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -145,6 +146,8 @@ def test_the_policy_moves_on_the_accepted_drafts_without_a_new_epoch(http):
         start = _end(http)
         _generate(http, [PROMPTS[2]], [40])
         recs = [r for r in _records_through(http, start, 39) if r["bs"] > 0]
+        # internal_states shows the tier the policy reached, not the step it started from.
+        wait_until(lambda: _state(http)["speculative_num_steps"] == 3, 30, "internal_states to show tier 3")
     finally:
         assert _set(http, {"speculative_adaptive_config": None}).status_code == 200
         assert _set(http, {"speculative_num_steps": 3}).status_code == 200
@@ -165,6 +168,11 @@ def test_pinning_holds_the_tier_and_minus_one_releases_it(http):
     _generate(http, [PROMPTS[1]], [8])
     recs = [r for r in _records_through(http, start, 7) if r["bs"] > 0]
     assert recs and all(r["bs"] == 1 and r["steps"] == 1 and r["adaptive"] for r in recs)
+    # The active tier, as SGLang reports it (internal_states and the gauge), not the starting step.
+    wait_until(lambda: _state(http)["speculative_num_steps"] == 1, 30, "internal_states to show tier 1")
+    assert _state(http)["speculative_num_draft_tokens"] == 2
+    gauge = re.search(r"^sglang:spec_num_steps(?:\{[^}]*\})? (\S+)$", http.get("/metrics").text, re.M)
+    assert gauge and float(gauge.group(1)) == 1.0
     assert _set(http, {"specdecode_num_steps": -1}).status_code == 200
     assert _state(http)["specdecode_num_steps"] == -1
     start = _end(http)
