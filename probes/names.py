@@ -43,6 +43,9 @@ PLACEMENT = "speculative_draft_placement"
 KNOBS: tuple[str, ...] = (STEPS, TOPK, DRAFT_TOKENS, PLACEMENT)
 PINNED_STEPS = "specdecode_num_steps"
 """The SGLang plugin's name for steps (it pins the adaptive tier; -1 unpins)."""
+ADAPTIVE = "speculative_adaptive"
+ADAPTIVE_CONFIG = "speculative_adaptive_config"
+"""SGLang's adaptive switch and its config (a file at launch; the config in force in internal_states)."""
 
 # -- keys of one phase-stream record (GET /specdecode/phases) ---------------------------------
 R_SEQ = "seq"
@@ -64,6 +67,8 @@ R_ACCEPTED = "accepted"
 R_CTX = "ctx"
 """Each request's context length (tokens in its KV before this iteration's commit), aligned with
 `accepted`; from host-side lengths, never a device read. Older recordings and servers lack it."""
+R_ADAPTIVE = "adaptive"
+"""Whether an adaptive schedule chose this record's steps (they are what actually ran either way)."""
 R_SIMULATED = "simulated"
 R_EMULATED_COMM = "emulated_comm"
 R_GRAPH_MODE = "graph_mode"
@@ -71,7 +76,7 @@ R_CAPTURE = "capture"
 R_CAPTURES = "captures"
 RECORD_KEYS: frozenset[str] = frozenset({
     R_SEQ, R_T, R_RANK, R_EPOCH, R_STEPS, R_TOPK, R_DRAFT_TOKENS, R_PLACEMENT, R_BS, R_COMMITTED,
-    R_WALL_MS, R_PHASE_MS, R_COMM_MS, R_COMM_CALLS, R_COMM_CALLS_IN_GRAPH, R_ACCEPTED, R_CTX, R_SIMULATED,
+    R_WALL_MS, R_PHASE_MS, R_COMM_MS, R_COMM_CALLS, R_COMM_CALLS_IN_GRAPH, R_ACCEPTED, R_CTX, R_ADAPTIVE, R_SIMULATED,
     R_EMULATED_COMM, R_GRAPH_MODE, R_CAPTURE, R_CAPTURES,
 })
 """Every key a record may carry; unknown fields are left out, never null."""

@@ -85,8 +85,11 @@ class EngineClient:
         try:
             client._spawn()
             client._wait_ready()
-            cfg = resolve_config(SpecConfig(steps=0, topk=1, num_draft_tokens=1, placement=opts.speculative_draft_placement,
-                                            epoch=0), opts.initial_config(), client._limits)
+            # With an adaptive schedule the starting step is the base's (the schedule owns the steps).
+            start = opts.speculative_num_steps if opts.speculative_adaptive_config is not None else 0
+            cfg = resolve_config(SpecConfig(steps=start, topk=1, num_draft_tokens=start + 1,
+                                            placement=opts.speculative_draft_placement, epoch=0),
+                                 opts.initial_config(), client._limits)
             refuse_for_simulator(client._simulator, cfg)
             with client._config_lock:
                 client._apply(cfg if cfg.epoch > 0 else SpecConfig(**{**asdict(cfg), "epoch": 1}))

@@ -10,15 +10,20 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from probes.names import DRAFT_TOKENS, PLACEMENT, PLACEMENTS, SHARDED, STEPS, TOPK, tree_pool
+from probes import adaptive_policy
+from probes.adaptive_policy import AdaptiveConfigError
+from probes.names import (ADAPTIVE_CONFIG, DRAFT_TOKENS, PINNED_STEPS, PLACEMENT, PLACEMENTS, SHARDED, STEPS, TOPK,
+                          tree_pool)
 
-# /set_internal_state keys (SGLang's names plus our placement key) -> SpecConfig field.
+# The knobs' /set_internal_state keys (SGLang's names plus our placement key) -> SpecConfig field.
 CONFIG_KEYS = {
     STEPS: "steps",
     TOPK: "topk",
     DRAFT_TOKENS: "num_draft_tokens",
     PLACEMENT: "placement",
 }
+# Everything /set_internal_state sets: the knobs, SGLang's adaptive config and the SGLang plugin's pin.
+SETTABLE_KEYS = {**CONFIG_KEYS, ADAPTIVE_CONFIG: "adaptive", PINNED_STEPS: "pinned"}
 
 
 class ConfigError(ValueError):
@@ -39,6 +44,12 @@ class SpecConfig:
     placement: str = SHARDED
     """Where the draft runs: on the target's TP group, replicated on every rank, or on rank 0."""
     epoch: int = 0
+    adaptive: dict[str, dict] | None = None
+    """SGLang's adaptive schedule in force (probes.adaptive_policy.config_json), or None: a fixed
+    setting. With one, the engine picks each iteration's steps from its batch size; `steps` is the
+    step every tier starts from, and the fixed setting that removing the schedule returns to."""
+    pinned: int | None = None
+    """The tier pinned by `specdecode_num_steps` (None: the policy chooses)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,10 +79,16 @@ def resolve_config(current: SpecConfig, changes: dict[str, Any], limits: ModelLi
     """
     fields: dict[str, Any] = {}
     for key, value in changes.items():
-        if key not in CONFIG_KEYS:
-            raise ConfigError(f"unknown key {key!r}; settable: {', '.join(CONFIG_KEYS)}")
-        name = CONFIG_KEYS[key]
-        if name == "placement":
+        if key not in SETTABLE_KEYS:
+            raise ConfigError(f"unknown key {key!r}; settable: {', '.join(SETTABLE_KEYS)}")
+        name = SETTABLE_KEYS[key]
+        if name == "adaptive":
+            if value is not None:
+                try:
+                    value = adaptive_policy.config_json(adaptive_policy.parse_config(value))
+                except AdaptiveConfigError as e:
+                    raise ConfigError(f"{key}: {e}") from None
+        elif name == "placement":
             if value not in PLACEMENTS:
                 raise ConfigError(f"{key} must be one of {', '.join(PLACEMENTS)}, got {value!r}")
         else:
@@ -80,6 +97,20 @@ def resolve_config(current: SpecConfig, changes: dict[str, Any], limits: ModelLi
                 raise ConfigError(f"{key} must be an integer, got {value!r}")
             value = int(value)
         fields[name] = value
+    adaptive = fields.get("adaptive", current.adaptive)
+    pinned = fields.get("pinned", current.pinned if adaptive == current.adaptive else None)
+    if adaptive is not None:
+        fields, pinned = _adaptive_fields(current, fields, adaptive, limits), fields.get("pinned", pinned)
+        if pinned is not None:
+            try:
+                pinned = adaptive_policy.check_pin(pinned, _tiers(adaptive))
+            except AdaptiveConfigError as e:
+                raise ConfigError(str(e)) from None
+    elif "pinned" in fields and fields["pinned"] != adaptive_policy.UNPIN:
+        raise ConfigError(f"{PINNED_STEPS} pins the tier of an adaptive schedule, and this server runs a fixed "
+                          f"setting: set {STEPS}, or install one with {ADAPTIVE_CONFIG}")
+    else:
+        pinned = None
     steps = fields.get("steps", current.steps)
     topk = fields.get("topk", current.topk)
     placement = fields.get("placement", current.placement)
@@ -120,10 +151,36 @@ def resolve_config(current: SpecConfig, changes: dict[str, Any], limits: ModelLi
             raise ConfigError(
                 f"placement sharded needs the draft's heads ({limits.draft_heads}) and KV heads "
                 f"({limits.draft_kv_heads}) divisible by tp_size {limits.tp_size}")
-    new = replace(current, steps=steps, topk=topk, num_draft_tokens=n, placement=placement)
+    new = replace(current, steps=steps, topk=topk, num_draft_tokens=n, placement=placement, adaptive=adaptive,
+                  pinned=pinned)
     if new == current:
         return current
     return replace(new, epoch=current.epoch + 1)
+
+
+def _tiers(adaptive: dict[str, dict]) -> dict[int, dict]:
+    return {int(k): v for k, v in adaptive.items()}
+
+
+def _adaptive_fields(current: SpecConfig, fields: dict[str, Any], adaptive: dict[str, dict],
+                     limits: ModelLimits) -> dict[str, Any]:
+    """The fixed knobs under an adaptive schedule, as SGLang allows them: steps and draft tokens are
+    the controller's (the pin is `specdecode_num_steps`), topk is 1, and the starting step is one of
+    the candidates (the current steps when it is one, else the middle of the first tier's)."""
+    if "steps" in fields or "num_draft_tokens" in fields:
+        key = STEPS if "steps" in fields else DRAFT_TOKENS
+        raise ConfigError(f"{key} is chosen by the adaptive schedule on this server: pin a tier with "
+                          f"{PINNED_STEPS} (-1 unpins), or remove the schedule with {ADAPTIVE_CONFIG}: null")
+    topk = fields.get("topk", 1 if "adaptive" in fields else current.topk)
+    if topk != 1:
+        raise ConfigError(f"speculative_adaptive needs {TOPK} 1 (SGLang's adaptive steps run chains only), "
+                          f"got {topk}")
+    if not limits.has_draft:
+        raise ConfigError("speculative_adaptive needs a draft model (this server runs --speculative-algorithm NONE)")
+    tiers = _tiers(adaptive)
+    steps = current.steps if current.steps in adaptive_policy.all_candidates(tiers) else \
+        adaptive_policy.initial_steps(tiers, None)
+    return {**fields, "steps": steps, "topk": 1}
 
 
 @dataclass(frozen=True)
@@ -152,6 +209,9 @@ class EngineOptions:
     """Force acceptance: a mean accept length "2.5" or a per-position curve "0.8,0.6,0.4"."""
     speculative_simulate_accept_profile: dict[str, Any] | None = None
     """Force acceptance from a checked speculation_profile.json (probes.speculation_profile)."""
+    speculative_adaptive_config: dict[str, dict] | None = None
+    """SGLang's adaptive schedule (probes.adaptive_policy.config_json), checked; None = fixed steps.
+    `speculative_num_steps` is then the step every tier starts from."""
     speculative_use_rejection_sampling: bool = False
     """topk = 1 at temperature > 0: sample the chain from q and accept with min(1, p/q) (SGLang's
     --speculative-use-rejection-sampling) instead of target-only sampling."""
@@ -195,6 +255,9 @@ class EngineOptions:
             TOPK: self.speculative_eagle_topk,
             PLACEMENT: self.speculative_draft_placement,
         }
+        if self.speculative_adaptive_config is not None:
+            # The steps are the schedule's: the starting one travels in the base config.
+            return {PLACEMENT: self.speculative_draft_placement, ADAPTIVE_CONFIG: self.speculative_adaptive_config}
         if self.speculative_num_draft_tokens is not None:
             changes[DRAFT_TOKENS] = self.speculative_num_draft_tokens
         return changes
@@ -271,6 +334,11 @@ def simulator(opts: EngineOptions) -> SimulateAccept | Any:
 def refuse_for_simulator(sim: Any, cfg: SpecConfig) -> None:
     """Raise ConfigError when the simulator cannot drive `cfg` (a profile: a tree profile for a
     chain, or steps beyond its max_supported_k); checked before a change reaches the ranks."""
-    why = sim.refuse(cfg.steps, cfg.topk) if hasattr(sim, "refuse") else None
-    if why:
-        raise ConfigError(why)
+    if not hasattr(sim, "refuse"):
+        return
+    # Under an adaptive schedule every candidate step may run.
+    steps = adaptive_policy.all_candidates(_tiers(cfg.adaptive)) if cfg.adaptive is not None else [cfg.steps]
+    for s in steps:
+        why = sim.refuse(s, cfg.topk)
+        if why:
+            raise ConfigError(why)

@@ -5,6 +5,9 @@ which), so all ranks hold the same requests, lengths and tokens; only rank 0 rep
 Phases are timed here: `draft`, `verify`, `verify_sample`, `draft_extend`, `other`, and `prefill`
 (the requests admitted since the previous iteration, counted in the next record), each with the
 communicator's time inside it, under SGLang's profiler span names where SGLang has one.
+With an adaptive schedule (SGLang's --speculative-adaptive) the steps of each iteration are chosen
+at its launch from its batch size by the shared policy, which is fed the accepted drafts as they are
+read; a tier switch is not a config change (same epoch), and each record says the steps it ran.
 Steps 0 is SGLang 0.5.23's tier 0 (a one-token verify plus a draft-extend, so the draft stays warm);
 an engine without a draft (`--speculative-algorithm NONE`) is plain decoding.
 Must not talk to queues or processes (refengine.rank does).
@@ -17,11 +20,12 @@ import time
 import warnings
 import zlib
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch.profiler import record_function
 
+from probes.adaptive_policy import Schedule
 from probes.names import DRAFT, DRAFT_EXTEND, OTHER, PREFILL, SHARDED, VERIFY, VERIFY_SAMPLE
 from refengine import spec
 from refengine.comm import PHASES, Communicator
@@ -191,6 +195,8 @@ class Engine:
         self.simulate = simulator(opts)
         self.sim_gen = torch.Generator().manual_seed(opts.random_seed + 17)
         self.config = SpecConfig(steps=0, topk=1, num_draft_tokens=1, placement=SHARDED, epoch=-1)
+        self.adaptive: Schedule | None = None
+        """The adaptive controller (config.adaptive set): consulted at each launch, fed at each read."""
         self.reqs: dict[str, Req] = {}
         self.free_rows = list(range(self.rows))[::-1]
         self.iteration = 0
@@ -236,6 +242,13 @@ class Engine:
         if self.draft is not None:
             with self.timer.phase(OTHER, "specdecode.set_config"):
                 self.draft.place(cfg.placement)
+        if cfg.adaptive is None:
+            self.adaptive = None
+        elif self.adaptive is None or cfg.adaptive != self.config.adaptive:
+            # A new schedule starts fresh (every tier at the starting step, warm-up again), as at launch.
+            self.adaptive = Schedule({int(k): v for k, v in cfg.adaptive.items()}, cfg.steps, cfg.pinned)
+        else:
+            self.adaptive.pinned = cfg.pinned      # the policy's state resumes as it was after an unpin
         self.config = cfg
 
     # -- requests --------------------------------------------------------------------------------
@@ -393,6 +406,12 @@ class Engine:
         t0 = min(time.perf_counter(), self._since or float("inf"))
         self._since = None
         cfg = self.config
+        if self.adaptive is not None:
+            # The tier for this batch size, from what the host has read so far (with the overlap
+            # scheduler the iteration in flight has not fed the policy yet: SGLang's one-iteration lag).
+            steps = self.adaptive.steps_for(len(reqs))
+            if steps != cfg.steps:
+                cfg = replace(cfg, steps=steps, num_draft_tokens=steps + 1)   # topk is 1 under adaptive
         s, k = cfg.steps, cfg.topk
         # Steps 0 is SGLang's tier 0: a one-token verify (N = 1) and, below, a draft-extend.
         n_tok = cfg.num_draft_tokens if s > 0 else 1
@@ -408,7 +427,7 @@ class Engine:
         q = None
         if s > 0:
             with self.timer.phase(DRAFT):
-                tree, q = self._draft(reqs, rows, seq, roots, temps, ctx, rejection)
+                tree, q = self._draft(cfg, reqs, rows, seq, roots, temps, ctx, rejection)
         with self.timer.phase(VERIFY, f"step[VERIFY bs={b}]"):
             if s > 0:
                 if self.world > 1:
@@ -473,6 +492,8 @@ class Engine:
                 committed += j + 1
                 if u is not None:
                     updates.append(u)
+        if self.adaptive is not None and cfg.adaptive is not None:
+            self.adaptive.feed(len(f.reqs), acc_l)      # the tier the launch chose for this batch size
         for r in f.reqs:
             if r.finished and self.reqs.get(r.rid) is r:
                 self.reqs.pop(r.rid)
@@ -493,7 +514,7 @@ class Engine:
         record = {"t": time.time(), "epoch": cfg.epoch, "steps": s, "topk": k,
                   "num_draft_tokens": cfg.num_draft_tokens, "placement": cfg.placement, "bs": len(f.reqs),
                   "committed": committed, "wall_ms": wall, "phase_ms": ms, "comm_ms": cms,
-                  "comm_calls": calls, "accepted": acc_l, "ctx": ctx_l,
+                  "comm_calls": calls, "accepted": acc_l, "ctx": ctx_l, "adaptive": cfg.adaptive is not None,
                   "simulated": self.simulate is not None and s > 0,
                   "emulated_comm": self.comm.emulated, "graph_mode": self.graphs.mode,
                   # A capture makes this iteration slow for a reason that is not the config: the
@@ -546,10 +567,11 @@ class Engine:
         logits, aux = graphed_forward(self.graphs, VERIFY, "-", scope, tokens, None, meta, self.pad_row, fn)
         return logits, aux
 
-    def _draft(self, reqs, rows, seq, roots, temps, ctx, rejection):
-        """Returns ([B, 3, N] = tokens, parents, depth of the draft tree incl. the root, q or None).
+    def _draft(self, cfg, reqs, rows, seq, roots, temps, ctx, rejection):
+        """Returns ([B, 3, N] = tokens, parents, depth of the draft tree incl. the root, q or None)
+        for the iteration's `cfg` (an adaptive tier's, not necessarily self.config's).
         On ranks without the draft: an empty buffer for rank 0's broadcast."""
-        cfg, d, dev = self.config, self.draft, self.device
+        d, dev = self.draft, self.device
         s, k, n = cfg.steps, cfg.topk, cfg.num_draft_tokens
         if not d.here:
             q = (torch.empty(len(reqs), s, self.target.config.vocab_size, dtype=torch.float32, device=dev)

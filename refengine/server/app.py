@@ -52,6 +52,17 @@ def shown_path(path: str | None) -> str | None:
     except ValueError:
         return path
 
+def active_tier(cfg: dict[str, Any], ps: dict[str, Any]) -> tuple[int, int]:
+    """(steps, num_draft_tokens) running now: under an adaptive schedule the tier of the latest
+    record of this epoch (SGLang reports the active tier), else the configured ones."""
+    tier = ps.get("adaptive_tier")
+    if cfg.get("adaptive") is not None and cfg.get("pinned") is not None:
+        return cfg["pinned"], cfg["pinned"] + 1      # a pin switches at once (the plugin's _activate)
+    if cfg.get("adaptive") is not None and tier is not None and tier[0] == cfg["epoch"]:
+        return tier[1], tier[2]
+    return cfg["steps"], cfg["num_draft_tokens"]
+
+
 def say(message: str, tp_size: int = 1) -> None:
     """One log line in SGLang's `[time TPn] message` format on stdout."""
     print(decode_log.log_line(message, tp_size), flush=True)
@@ -129,6 +140,7 @@ def engine_options(opts: ServerOptions) -> Any:
         "enable_torch_compile": opts.enable_torch_compile, "torch_compile_max_bs": opts.torch_compile_max_bs,
         "disable_overlap_schedule": opts.disable_overlap_schedule,
         "speculative_use_rejection_sampling": opts.speculative_use_rejection_sampling,
+        "speculative_adaptive_config": opts.adaptive_schedule,
     }
     if opts.model_path is not None:
         kw["model_path"] = opts.model_path
@@ -420,8 +432,9 @@ class ServerApp:
             snap[k] = ps[k]
         try:
             cfg = self.client.active_config()
-            snap.update(spec_num_steps=cfg["steps"], spec_eagle_topk=cfg["topk"],
-                        spec_num_draft_tokens=cfg["num_draft_tokens"], placement=cfg["placement"],
+            steps, ndt = active_tier(cfg, ps)
+            snap.update(spec_num_steps=steps, spec_eagle_topk=cfg["topk"],
+                        spec_num_draft_tokens=ndt, placement=cfg["placement"],
                         epoch=cfg["epoch"])
             snap["rank_info"] = self.client.rank_info()
         except Exception:  # noqa: BLE001
@@ -458,9 +471,10 @@ class ServerApp:
         state = dict(launch)
         cfg = self.client.active_config()
         ps = self.phase_stats.snapshot()
+        steps, ndt = active_tier(cfg, ps)
         state.update(
-            speculative_num_steps=cfg["steps"], speculative_eagle_topk=cfg["topk"],
-            speculative_num_draft_tokens=cfg["num_draft_tokens"],
+            speculative_num_steps=steps, speculative_eagle_topk=cfg["topk"],
+            speculative_num_draft_tokens=ndt,
             speculative_draft_placement=cfg["placement"], config_epoch=cfg["epoch"],
             world_size=self.opts.tp_size, startup_time=self.startup_time,
             effective_max_running_requests_per_dp=launch["max_running_requests"],
@@ -469,6 +483,10 @@ class ServerApp:
             emulated_comm=self.opts.emulate_comm_latency is not None,
             simulated_accept=self.opts.simulated_accept,
             torch_compile_graphs=self._compiled_graphs(),
+            # SGLang's switch and the schedule in force (installed live or at launch); the pin as the
+            # SGLang plugin names it (-1: the policy chooses). Records say which steps each iteration ran.
+            speculative_adaptive=cfg["adaptive"] is not None, speculative_adaptive_config=cfg["adaptive"],
+            specdecode_num_steps=-1 if cfg["pinned"] is None else cfg["pinned"],
         )
         return {
             **launch,

@@ -12,13 +12,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from probes.names import KNOBS, PLACEMENT, PLACEMENTS
+from probes.names import ADAPTIVE_CONFIG, KNOBS, PINNED_STEPS, PLACEMENT, PLACEMENTS
 
 # SGLang's SamplingParams / GenerateReqInput defaults.
 DEFAULT_MAX_NEW_TOKENS = 128
 OPENAI_DEFAULT_MAX_TOKENS = 16
 MAX_BODY_BYTES = 16 << 20
 CONFIG_KEYS = KNOBS
+# What /set_internal_state takes: the knobs, SGLang's adaptive config (null removes it) and the
+# SGLang plugin's tier pin.
+SETTABLE = (*KNOBS, ADAPTIVE_CONFIG, PINNED_STEPS)
 
 
 class BadRequest(ValueError):
@@ -298,16 +301,20 @@ def parse_internal_state(body: Any) -> dict[str, Any]:
     args = body["server_args"]
     if not args:
         raise BadRequest("server_args is empty")
-    unknown = [k for k in args if k not in CONFIG_KEYS]
+    unknown = [k for k in args if k not in SETTABLE]
     if unknown:
-        raise BadRequest(f"Updating {unknown[0]} is not supported. Supported keys: {', '.join(CONFIG_KEYS)}")
+        raise BadRequest(f"Updating {unknown[0]} is not supported. Supported keys: {', '.join(SETTABLE)}")
     for k, v in args.items():
         if k == PLACEMENT:
             if not isinstance(v, str):
                 raise BadRequest(f"{k}: expected one of {', '.join(PLACEMENTS)}, got {v!r}")
+        elif k == ADAPTIVE_CONFIG:
+            if v is not None and not isinstance(v, dict):
+                raise BadRequest(f'{k}: expected a config object ({{"1": {{"candidate_steps": [...]}}, ...}}) '
+                                 f"or null, got {v!r}")
         elif not (_is_int(v) or (isinstance(v, float) and v.is_integer())):
             raise BadRequest(f"{k}: expected an integer, got {v!r}")
-    return {k: (int(v) if k != PLACEMENT else v) for k, v in args.items()}
+    return {k: (v if k in (PLACEMENT, ADAPTIVE_CONFIG) else int(v)) for k, v in args.items()}
 
 
 def parse_int_query(query: dict[str, list[str]], name: str, default: int, lo: int, hi: int) -> int:

@@ -41,6 +41,9 @@ class ServerOptions:
     speculative_simulate_accept_profile: str | None = None
     """The profile file as given; its checked contents travel in `simulate_profile`."""
     speculative_use_rejection_sampling: bool = False
+    speculative_adaptive: bool = False
+    speculative_adaptive_config: str | None = None
+    """The adaptive config file as given; its checked contents travel in `adaptive_schedule`."""
     tp_size: int = 1
     device: str = "cpu"
     dtype: str = "auto"
@@ -63,6 +66,8 @@ class ServerOptions:
     launch_command: list[str] = field(default_factory=list)
     simulate_profile: dict[str, Any] | None = field(default=None, repr=False, compare=False)
     """The checked speculation profile (read once, here), for the engine's simulator."""
+    adaptive_schedule: dict[str, dict] | None = field(default=None, repr=False, compare=False)
+    """With --speculative-adaptive: the checked config (the file's, or SGLang's default), resolved."""
 
     @property
     def simulated_accept(self) -> bool:
@@ -80,6 +85,7 @@ class ServerOptions:
         d["launch_command"] = redact_argv(self.launch_command)
         d["served_model_name"] = self.model_name
         d.pop("simulate_profile", None)   # the file's contents are the engine's, not a launch argument
+        d.pop("adaptive_schedule", None)  # internal_states shows the config in force
         return d
 
     @property
@@ -158,6 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--speculative-use-rejection-sampling", action="store_true",
                    help="topk 1 at temperature > 0: sample the chain from the draft and accept with "
                         "min(1, p/q) (SGLang's flag); default: target-only sampling")
+    s.add_argument("--speculative-adaptive", action="store_true",
+                   help="choose the steps per iteration by batch size and acceptance (SGLang's adaptive "
+                        "policy; topk 1)")
+    s.add_argument("--speculative-adaptive-config", default=None, metavar="FILE",
+                   help='with --speculative-adaptive: JSON of batch-size thresholds, e.g. '
+                        '{"1": {"candidate_steps": [1, 3, 5]}, "8": {"candidate_steps": [0, 1]}} '
+                        "(default: SGLang's tiers)")
     s.add_argument("--speculative-simulate-accept", default=None,
                    help="force acceptance (the engine's simulator); off by default")
     s.add_argument("--speculative-simulate-accept-profile", default=None, metavar="FILE",
@@ -247,6 +260,32 @@ def _simulate_profile(path: str | None, curve: str | None, steps: int | None,
     return profile
 
 
+def _adaptive(a: argparse.Namespace, algo: str | None, steps: int | None, topk: int | None,
+              ndt: int | None) -> tuple[dict[str, dict] | None, int | None]:
+    """The checked adaptive config and the starting steps (SGLang's rules: topk 1, the steps one of
+    the candidates, by default the middle of the first tier's), refused in one line."""
+    if not a.speculative_adaptive:
+        if a.speculative_adaptive_config is not None:
+            raise OptionsError("--speculative-adaptive-config needs --speculative-adaptive")
+        return None, steps
+    from probes import adaptive_policy
+    if algo == "NONE":
+        raise OptionsError("--speculative-adaptive needs a draft model (not --speculative-algorithm NONE)")
+    if topk not in (None, 1):
+        raise OptionsError(f"--speculative-adaptive needs --speculative-eagle-topk 1 (SGLang's adaptive steps "
+                           f"run chains only), got {topk}")
+    try:
+        tiers = (adaptive_policy.read_config(a.speculative_adaptive_config) if a.speculative_adaptive_config
+                 else adaptive_policy.default_config())
+        start = adaptive_policy.initial_steps(tiers, steps)
+    except adaptive_policy.AdaptiveConfigError as e:
+        flag = "--speculative-adaptive-config" if a.speculative_adaptive_config else "--speculative-num-steps"
+        raise OptionsError(f"{flag}: {e}") from None
+    if ndt is not None and ndt != start + 1:
+        raise OptionsError("--speculative-num-draft-tokens is chosen by --speculative-adaptive (steps + 1 per tier)")
+    return adaptive_policy.config_json(tiers), start
+
+
 def parse_options(argv: list[str]) -> ServerOptions:
     """Parse `serve` arguments; argparse exits on syntax errors, OptionsError on bad combinations."""
     a = build_parser().parse_args(argv)
@@ -274,7 +313,10 @@ def parse_options(argv: list[str]) -> ServerOptions:
         raise OptionsError(
             f"--speculative-num-draft-tokens {ndt} contradicts topk=1 with {steps} steps "
             f"(it must be steps+1 = {steps + 1})")
+    schedule, steps = _adaptive(a, algo, steps, topk, ndt)
     return ServerOptions(
+        speculative_adaptive=a.speculative_adaptive, speculative_adaptive_config=a.speculative_adaptive_config,
+        adaptive_schedule=schedule,
         model_path=a.model_path, load_format=a.load_format, served_model_name=a.served_model_name,
         speculative_algorithm=algo, speculative_draft_model_path=a.speculative_draft_model_path,
         speculative_num_steps=steps, speculative_eagle_topk=topk, speculative_num_draft_tokens=ndt,

@@ -58,6 +58,9 @@ class PhaseStats:
     lifetime_verifies: int = 0
     lifetime_accept_tokens: int = 0
     last_window: Window | None = None
+    adaptive_tier: tuple[int, int, int] | None = None
+    """(epoch, steps, num_draft_tokens) of the latest record an adaptive schedule chose: the active
+    tier, which SGLang's internal_states and spec_num_steps gauge report."""
     window: Window = field(default_factory=Window)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -76,6 +79,8 @@ class PhaseStats:
         committed = int(r.get("committed", 0))
         self.decode_tokens += committed
         steps = int(r.get("steps", 0))
+        if r.get("adaptive"):
+            self.adaptive_tier = (int(r.get("epoch", -1)), steps, int(r.get("num_draft_tokens", steps + 1)))
         phase_ms = r.get("phase_ms", {})
         plain = steps == 0 and not self.speculative
         for phase, ms in phase_ms.items():
@@ -131,4 +136,5 @@ class PhaseStats:
                 "gen_throughput": lw.gen_throughput if lw else 0.0,
                 "avg_spec_accept_length": (self.lifetime_accept_tokens / self.lifetime_verifies
                                            if self.lifetime_verifies else 0.0),
+                "adaptive_tier": self.adaptive_tier,
             }

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tuner.tuning.acceptance import acceptance_from_p
-from tuner.tuning.adaptive_policy import DEFAULT_TIERS, AdaptiveSlot, acceptance_only_pick, tier_for
+from probes.adaptive_policy import DEFAULT_TIERS, AdaptiveSlot, acceptance_only_pick, tier_for
 from tuner.tuning.export import adaptive_config, adaptive_config_text, adaptive_flags, sglang_flags
 from tuner.tuning.settings import Setting
 

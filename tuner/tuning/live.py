@@ -25,7 +25,7 @@ from tuner.core.setting import extra_knobs
 from tuner.core import ab as core_ab
 from tuner.core import windows as core_windows
 from tuner.core.records import Event
-from tuner.tuning.adaptive_policy import acceptance_only_pick
+from probes.adaptive_policy import acceptance_only_pick
 from tuner.tuning.cost_model import CostModel, Prediction, best, fit_cost_model
 from tuner.tuning.export import (adaptive_config, adaptive_flags, placement_note, sglang_flags)
 from tuner.tuning.observations import Iteration, parse_record, summarise
