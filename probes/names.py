@@ -67,6 +67,10 @@ R_ACCEPTED = "accepted"
 R_CTX = "ctx"
 """Each request's context length (tokens in its KV before this iteration's commit), aligned with
 `accepted`; from host-side lengths, never a device read. Older recordings and servers lack it."""
+R_T_LAUNCH = "t_launch"
+"""Wall-clock seconds when the record's iteration was launched (its command and prefills included).
+With the overlap scheduler the iteration's host spans start here, not at `t - wall_ms`: the next
+iteration is launched before this one is read. What a trace is matched on."""
 R_ADAPTIVE = "adaptive"
 """Whether an adaptive schedule chose this record's steps (they are what actually ran either way)."""
 R_SIMULATED = "simulated"
@@ -77,6 +81,7 @@ R_CAPTURES = "captures"
 RECORD_KEYS: frozenset[str] = frozenset({
     R_SEQ, R_T, R_RANK, R_EPOCH, R_STEPS, R_TOPK, R_DRAFT_TOKENS, R_PLACEMENT, R_BS, R_COMMITTED,
     R_WALL_MS, R_PHASE_MS, R_COMM_MS, R_COMM_CALLS, R_COMM_CALLS_IN_GRAPH, R_ACCEPTED, R_CTX, R_ADAPTIVE, R_SIMULATED,
+    R_T_LAUNCH,
     R_EMULATED_COMM, R_GRAPH_MODE, R_CAPTURE, R_CAPTURES,
 })
 """Every key a record may carry; unknown fields are left out, never null."""

@@ -132,6 +132,7 @@ class _Launched:
     cfg: SpecConfig
     n_tok: int
     host_s: float               # host seconds its launch took (from the command before it)
+    t_launch: float             # wall-clock (epoch seconds) when its launch began: matches traces
     results: torch.Tensor       # [B, 2 + s + 1]: accepted, bonus, tokens on the path (host memory)
     done: object                # the clock mark after the results' copy: wait on it, then read
     timed: tuple                # PhaseTimer.take() of this iteration
@@ -464,7 +465,8 @@ class Engine:
         for r in reqs:
             r.ahead, r.launched = s + 1, self._launches
         done = self.timer.marks[-1][2]
-        return _Launched(self._launches, reqs, cfg, n_tok, time.perf_counter() - t0, results, done, self.timer.take(),
+        host_s = time.perf_counter() - t0
+        return _Launched(self._launches, reqs, cfg, n_tok, host_s, time.time() - host_s, results, done, self.timer.take(),
                          [e.as_dict() for e in self.graphs.drain_events()])
 
     def _read(self, f: _Launched) -> tuple[list[GenUpdate], dict]:
@@ -511,7 +513,7 @@ class Engine:
         wall = (f.host_s + time.perf_counter() - t_read) * 1e3
         ms[OTHER] += max(0.0, wall - sum(ms.values()))
         self.iteration += 1
-        record = {"t": time.time(), "epoch": cfg.epoch, "steps": s, "topk": k,
+        record = {"t": time.time(), "t_launch": f.t_launch, "epoch": cfg.epoch, "steps": s, "topk": k,
                   "num_draft_tokens": cfg.num_draft_tokens, "placement": cfg.placement, "bs": len(f.reqs),
                   "committed": committed, "wall_ms": wall, "phase_ms": ms, "comm_ms": cms,
                   "comm_calls": calls, "accepted": acc_l, "ctx": ctx_l, "adaptive": cfg.adaptive is not None,

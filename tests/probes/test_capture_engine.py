@@ -67,14 +67,7 @@ def test_local_capture_agrees_with_engine_timers(engine, tmp_path):
 
     # Match trace iterations to the engine's own records by wall-clock time.
     records = _records(engine)
-    base_s = r0["base_time_ns"] / 1e9
-    pairs = []
-    for it in r0["iterations"]:
-        start = base_s + it["start_us"] / 1e6
-        # A record covers [t - wall_ms, t] of its iteration; the draft span starts inside it.
-        inside = [r for r in records if r["t"] - r["wall_ms"] / 1e3 - 0.001 <= start <= r["t"]]
-        if len(inside) == 1:
-            pairs.append((it, inside[0]))
+    pairs = _matched(r0["iterations"], records, r0["base_time_ns"] / 1e9)
     assert len(pairs) >= 5, (len(pairs), len(r0["iterations"]))
     for p in PHASES:
         got = sum(it["phases"][p]["span_ms"] for it, _ in pairs) / len(pairs)
@@ -86,13 +79,16 @@ def test_local_capture_agrees_with_engine_timers(engine, tmp_path):
 
 
 def _matched(iterations: list[dict], records: list[dict], base_s: float) -> list[tuple[dict, dict]]:
-    """Trace iterations paired with the engine's record of the same iteration, by wall-clock time."""
+    """Trace iterations paired with the engine's record of the same iteration, by wall-clock time:
+    the record launched last at or before the iteration's first span. (Overlapped, an iteration's
+    host spans start at its `t_launch`; its read, and so `t`, comes after the next launch.)"""
+    launched = sorted(records, key=lambda r: r["t_launch"])
     pairs = []
     for it in iterations:
         start = base_s + it["start_us"] / 1e6
-        inside = [r for r in records if r["t"] - r["wall_ms"] / 1e3 - 0.001 <= start <= r["t"]]
-        if len(inside) == 1:
-            pairs.append((it, inside[0]))
+        before = [r for r in launched if r["t_launch"] - 0.001 <= start]
+        if before and start <= before[-1]["t"]:
+            pairs.append((it, before[-1]))
     return pairs
 
 
