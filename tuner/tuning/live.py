@@ -64,8 +64,10 @@ class TunerOptions:
     settle_iters: int = core_windows.SETTLE_ITERATIONS      # 2 s and 20 iterations after a change
     probe_s: float = 1.0             # measured seconds per probe, after settling: phase means and
                                      # acceptance need iterations, not 1-s tok/s windows (the A/B's)
-    probe_min_iters: int = 20        # as many as the settling drops: on a slow link (100-200 ms
-                                     # iterations) this, not probe_s, sets a probe's length
+    probe_min_iters: int = 10        # a floor for fast iterations only: on a slow link (100-300 ms
+                                     # iterations) this, not probe_s, sets a probe's length, and 30
+                                     # made a probe cost more than a grid point's 3 s (acceptance pools
+                                     # every probe and the A/B's iterations anyway)
     ab_segment_s: float = 3.0        # measured seconds per A/B segment (3 one-second windows)
     ab_pairs: int = 2                # candidate/incumbent segment pairs per verification ...
     ab_max_pairs: int = 4            # ... extended one pair at a time while the interval spans 1
