@@ -259,24 +259,31 @@ def summarise(paths: list[Path]) -> list[str]:
             return "-"
         return f"{fmt.format(statistics.median(vals))} [{fmt.format(min(vals))}..{fmt.format(max(vals))}]"
 
+    def frac(r: dict) -> float | None:
+        got = r.get("tuner_best_grid_tok_s")
+        return got / r["grid_best"]["tok_s"] if got else None
+
+    def within(r: dict) -> bool:      # the same rule as the run's own: within max(2 %, noise)
+        f = frac(r)
+        return f is not None and f >= 1 - r["threshold"] - 1e-12
+
     lines = []
     for link, rs in by.items():
         name = "no emulated latency" if link == "none" else f"slow link ({link} us/collective)"
-        reach = [r["reach_fraction_of_one_pass"] * 100 if r["reach_fraction_of_one_pass"] is not None
-                 else math.inf for r in rs]
+        reached = [r for r in rs if r["reach_fraction_of_one_pass"] is not None]
+        loads = [f"{r['host']['loadavg_before'][0]:.1f}/{r['host']['loadavg_after'][0]:.1f}"
+                 for r in rs if r.get("host")]
         lines += [f"{name}: {len(rs)} runs, median [min..max]",
-                  f"  time to a setting within target: {spread([r['tuner_reach_s'] for r in rs], '{:.1f}')} s, "
-                  f"{spread(reach, '{:.0f}')} % of one grid pass (goal <= 25 %); "
-                  f"never reached in {sum(1 for v in reach if not math.isfinite(v))}",
+                  f"  time to a setting within target ({len(reached)} of {len(rs)} runs reached it): "
+                  f"{spread([r['tuner_reach_s'] for r in reached], '{:.1f}')} s, "
+                  f"{spread([r['reach_fraction_of_one_pass'] * 100 for r in reached], '{:.0f}')} % of one "
+                  f"grid pass (goal <= 25 %)",
                   f"  one grid pass: {spread([r['grid_one_pass_s'] for r in rs], '{:.0f}')} s; grid noise "
                   f"{spread([r['grid_noise'] * 100 for r in rs], '{:.1f}')} %; tuner total "
                   f"{spread([r['tuner_wall_s'] for r in rs], '{:.0f}')} s",
-                  f"  final choice within target: {sum(1 for r in rs if r.get('tuner_best_within_target'))}"
-                  f"/{len(rs)} runs; fraction of the grid's best "
-                  f"{spread([r.get('tuner_best_fraction_of_grid_best') for r in rs], '{:.3f}')}",
-                  "  load average (1 min) before/after: " + ", ".join(
-                      f"{r['host']['loadavg_before'][0]:.1f}/{r['host']['loadavg_after'][0]:.1f}"
-                      for r in rs if r.get("host"))]
+                  f"  final choice within target: {sum(1 for r in rs if within(r))}/{len(rs)} runs; "
+                  f"fraction of the grid's best {spread([frac(r) for r in rs], '{:.3f}')}",
+                  "  load average (1 min) before/after: " + (", ".join(loads) or "not recorded")]
     return lines
 
 
