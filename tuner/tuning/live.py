@@ -294,6 +294,7 @@ class Tuner:
         self._completed = False                    # the completing probes ran (after the first A/B)
         self._then: str | None = None              # after completing: None = propose, else finish(why)
         self._probes = 0
+        self._probe_cost = 0.0                      # the longest probe so far, change to done (s)
         self._planned = 1
         self._ab_jobs: list[_Job] = []
         self._first_job: _Job | None = None
@@ -508,6 +509,8 @@ class Tuner:
             tok_s = 1000.0 * total_tok / total_ms if total_ms else math.nan
             if job.purpose == "probe":
                 self._probes += 1
+                if job is not self._first_job:
+                    self._probe_cost = max(self._probe_cost, now - job.t_apply)
             tok, ms = self._sums.get(job.setting, (0, 0.0))
             self._sums[job.setting] = (tok + total_tok, ms + total_ms)
             self.measured[job.setting] = 1000.0 * self._sums[job.setting][0] / self._sums[job.setting][1]
@@ -648,7 +651,8 @@ class Tuner:
             return self._finish(now, "A/B without data")
         ratio, lo, hi = core_windows.ratio_of_medians(iw, cw)
         if lo <= 1 <= hi and len(c_jobs) < self.opts.ab_max_pairs \
-                and now - self._t0 + 2 * (self.opts.settle_s + self.opts.ab_segment_s) < self.opts.budget_s:
+                and now - self._t0 + 2 * (self.opts.settle_s + self.opts.ab_segment_s) \
+                + self._completion_reserve() < self.opts.budget_s:
             # Not decided yet: one more interleaved pair narrows the interval.
             for s, purpose in ((cand, "candidate"), (inc, "incumbent")):
                 job = _Job(s, purpose, self.opts.ab_segment_s, 1)
@@ -677,6 +681,16 @@ class Tuner:
         self._rejected.add(cand)
         return self._next_round(now, f"measured gain {(ratio - 1) * 100:+.1f} % is within noise "
                                      f"[{(lo - 1) * 100:+.1f}, {(hi - 1) * 100:+.1f}]")
+
+    def _completion_reserve(self) -> float:
+        """Seconds the held-back probes will take (each as long as the longest probe so far): an
+        extra A/B pair must leave them room in the budget, or the table stays incomplete."""
+        if self._completed or self.model is None or self._initial is None:
+            return 0.0
+        pending = [s for s in next_probes(self.model, self.space, self._initial, self._main_bs(),
+                                          self.opts.noise_floor, complete=True)
+                   if s not in self._probed and s not in self._rejected]
+        return len(pending) * self._probe_cost
 
     def _next_round(self, now: float, finish: str | None) -> None:
         """After a verdict: once, first measure what only completes the table (the probes that could
