@@ -169,3 +169,32 @@ def test_malformed_records_are_counted_not_fatal():
         tuner.step()
     assert tuner.bad_records == 1
     assert EventKinds.PROBLEM in kinds(session)
+
+
+def test_extra_ab_pairs_leave_room_for_the_held_back_probes(monkeypatch):
+    """An A/B whose interval keeps spanning 1 takes extra pairs; under a tight budget they must not
+    eat the time of the probe held back until after the first verdict (the starting placement's
+    second depth), or the table and the SGLang export stay unfitted."""
+    import random
+
+    from tests.tuning.sim import SimBackend
+    from tuner.core.records import Sample
+
+    rng = random.Random(3)    # a draw whose undecided A/B would take all 4 pairs without the reserve
+
+    def noisy_pump(self):   # client tok/s readings that swing ±70 %: the A/B cannot decide
+        e = self.engine
+        if self._bus is not None and e.t - self._last_t >= 0.25:
+            rate = (e.tokens - self._last_tokens) / (e.t - self._last_t)
+            self._bus.put(Sample(e.clock.now(), "server/tok_per_s", rate * rng.choice((0.3, 1.7))))
+            self._last_tokens, self._last_t = e.tokens, e.t
+
+    monkeypatch.setattr(SimBackend, "pump", noisy_pump)
+    truth = Truth(step=2.0, draft0=1.0, comm_share=0.7)
+    space = settings_space(7, placements=("sharded", "replicated"))
+    clock, engine, session, tuner = make(truth, space, TunerOptions(budget_s=50), start=Setting(5))
+    drive(clock, engine, session, tuner)
+    probes = [thaw(e.data) for e in session.store.events(EventKinds.PROBE)]
+    assert (7, "sharded") in [(p["setting"]["steps"], p["setting"]["placement"]) for p in probes
+                              if p["purpose"] == "probe"]
+    assert all(p.tok_s is not None for p in tuner.result.predictions)
