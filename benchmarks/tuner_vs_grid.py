@@ -10,8 +10,13 @@ flight, then
   2. restores the starting setting and runs the live tuner (tuner.tuning.live) on the same server.
 It prints, side by side: the time until the tuner first proposed a setting whose grid tok/s is within
 max(2 %, grid noise) of the grid's best, as a fraction of one grid pass's wall time (goal ≤ 25 %);
-the tuner's final choice against the grid; and what an acceptance-only policy (SGLang's adaptive
-steps, which never moves the draft off the TP group) would run, with its grid tok/s.
+the tuner's final choice against the grid (within that target or not); and what an acceptance-only
+policy (SGLang's adaptive steps, which never moves the draft off the TP group) would run, with its
+grid tok/s. Each scenario records the host's load average before and after.
+
+    python benchmarks/tuner_vs_grid.py --summarise run1.json run2.json ...
+
+prints the median and range over several runs' files (the figures move with the host's load).
 Nothing here asserts a time: the figures are the result.
 """
 
@@ -146,6 +151,7 @@ def scenario(args, emulate: str | None) -> dict:
                   *shipped_model_args(), *args.server_args]
     if emulate:
         serve_args += ["--emulate-comm-latency", emulate]
+    load_before = os.getloadavg()
     log = Path(tempfile.mkdtemp(prefix="tuner-bench-")) / "server.log"
     shown = " ".join(serve_command(serve_args)[1:])
     print(f"== {'slow link ' + emulate + ' us' if emulate else 'no emulated latency'}: {shown}", flush=True)
@@ -179,7 +185,9 @@ def scenario(args, emulate: str | None) -> dict:
                     break
         res = tuner.result
         ao = res.acceptance_only if res else None
+        final = means.get(res.best) if res else None
         out = {
+            "host": {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
             "emulate_comm_latency": emulate, "space": len(space), "repeats": args.repeats,
             "grid_wall_s": grid_wall, "grid_one_pass_s": one_pass, "grid_noise": noise,
             "threshold": threshold, "grid_best": {**grid_best.to_json(), "tok_s": means[grid_best]},
@@ -188,7 +196,9 @@ def scenario(args, emulate: str | None) -> dict:
             "reach_fraction_of_one_pass": reach / one_pass if math.isfinite(reach) else None,
             "reach_fraction_of_full_grid": reach / grid_wall if math.isfinite(reach) else None,
             "tuner_best": res.best.to_json() if res else None,
-            "tuner_best_grid_tok_s": means.get(res.best) if res else None,
+            "tuner_best_grid_tok_s": final,
+            "tuner_best_within_target": bool(res and res.best in good),
+            "tuner_best_fraction_of_grid_best": final / means[grid_best] if final else None,
             "tuner_stop": res.stop_reason if res else tuner.status,
             "acceptance_only": ao.to_json() if ao else None,
             "acceptance_only_grid_tok_s": means.get(ao) if ao else None,
@@ -213,8 +223,10 @@ def report(r: dict) -> list[str]:
     if r["tuner_best"]:
         tb = Setting.from_json(r["tuner_best"])
         ratio = (r["tuner_best_grid_tok_s"] or math.nan) / gb["tok_s"]
+        within = r.get("tuner_best_within_target")
         lines.append(f"  tuner chose: {tb.label():<28} {r['tuner_best_grid_tok_s'] or math.nan:.1f} tok/s "
-                     f"on the grid ({ratio:.3f} of best); tuner ran {r['tuner_wall_s']:.0f} s ({r['tuner_stop']})")
+                     f"on the grid ({ratio:.3f} of best, {'within' if within else 'NOT within'} target); "
+                     f"tuner ran {r['tuner_wall_s']:.0f} s ({r['tuner_stop']})")
     if r["reach_fraction_of_one_pass"] is not None:
         lines.append(f"  time to a setting within target: {r['tuner_reach_s']:.0f} s = "
                      f"{r['reach_fraction_of_one_pass'] * 100:.0f} % of one grid pass, "
@@ -230,7 +242,58 @@ def report(r: dict) -> list[str]:
     return lines
 
 
+def summarise(paths: list[Path]) -> list[str]:
+    """Median and range, per scenario, over several runs' result files."""
+    by: dict[str, list[dict]] = {}
+    for path in paths:
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"tuner_vs_grid: cannot read {path}: {e}") from None
+        for r in doc.get("results", []):
+            by.setdefault(str(r["emulate_comm_latency"] or "none"), []).append(r)
+
+    def spread(vals: list[float], fmt: str) -> str:
+        vals = [v for v in vals if v is not None and math.isfinite(v)]
+        if not vals:
+            return "-"
+        return f"{fmt.format(statistics.median(vals))} [{fmt.format(min(vals))}..{fmt.format(max(vals))}]"
+
+    def frac(r: dict) -> float | None:
+        got = r.get("tuner_best_grid_tok_s")
+        return got / r["grid_best"]["tok_s"] if got else None
+
+    def within(r: dict) -> bool:      # the same rule as the run's own: within max(2 %, noise)
+        f = frac(r)
+        return f is not None and f >= 1 - r["threshold"] - 1e-12
+
+    lines = []
+    for link, rs in by.items():
+        name = "no emulated latency" if link == "none" else f"slow link ({link} us/collective)"
+        reached = [r for r in rs if r["reach_fraction_of_one_pass"] is not None]
+        loads = [f"{r['host']['loadavg_before'][0]:.1f}/{r['host']['loadavg_after'][0]:.1f}"
+                 for r in rs if r.get("host")]
+        lines += [f"{name}: {len(rs)} runs, median [min..max]",
+                  f"  time to a setting within target ({len(reached)} of {len(rs)} runs reached it): "
+                  f"{spread([r['tuner_reach_s'] for r in reached], '{:.1f}')} s, "
+                  f"{spread([r['reach_fraction_of_one_pass'] * 100 for r in reached], '{:.0f}')} % of one "
+                  f"grid pass (goal <= 25 %)",
+                  f"  one grid pass: {spread([r['grid_one_pass_s'] for r in rs], '{:.0f}')} s; grid noise "
+                  f"{spread([r['grid_noise'] * 100 for r in rs], '{:.1f}')} %; tuner total "
+                  f"{spread([r['tuner_wall_s'] for r in rs], '{:.0f}')} s",
+                  f"  final choice within target: {sum(1 for r in rs if within(r))}/{len(rs)} runs; "
+                  f"fraction of the grid's best {spread([frac(r) for r in rs], '{:.3f}')}",
+                  "  load average (1 min) before/after: " + (", ".join(loads) or "not recorded")]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--summarise"]:
+        for line in summarise([Path(a) for a in argv[1:]]):
+            print(line)
+        return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tp-size", type=int, default=2)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))

@@ -9,8 +9,9 @@ inline for headless loops and tests), phase records through a `PhaseFeed` (the t
 the store, recordings and the report see the tuning. The tuner never touches widgets or the store
 (it reads the store's tok/s windows for the A/B, which the session fills).
 
-Stages: probe → (probe placements the what-if says could win) → propose → verify (A/B) →
-propose … → finish (leave the best applied, or restore the starting setting).
+Stages: probe (the starting setting, then what tuner.tuning.probing says could change the answer)
+→ propose → verify (A/B) → complete the table (probes held back so the first proposal came sooner)
+→ propose … → finish (leave the best applied, or restore the starting setting).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from tuner.tuning.cost_model import CostModel, Prediction, best, fit_cost_model
 from tuner.tuning.export import (adaptive_config, adaptive_flags, placement_note, sglang_flags)
 from tuner.tuning.observations import Iteration, parse_record, summarise
 from tuner.tuning.phase_feed import PhaseFeed
+from tuner.tuning.probing import next_probes
 from tuner.tuning.settings import Setting
 
 
@@ -60,9 +62,12 @@ class TunerOptions:
     budget_s: float = 300.0
     settle_s: float = core_windows.SETTLE_S                 # "What better means": drop the later of
     settle_iters: int = core_windows.SETTLE_ITERATIONS      # 2 s and 20 iterations after a change
-    probe_s: float = 1.5             # measured seconds per probe, after settling (phase means
-                                     # settle fast; tok/s windows for the A/B need longer)
-    probe_min_iters: int = 30
+    probe_s: float = 1.0             # measured seconds per probe, after settling: phase means and
+                                     # acceptance need iterations, not 1-s tok/s windows (the A/B's)
+    probe_min_iters: int = 10        # a floor for fast iterations only: on a slow link (100-300 ms
+                                     # iterations) this, not probe_s, sets a probe's length, and 30
+                                     # made a probe cost more than a grid point's 3 s (acceptance pools
+                                     # every probe and the A/B's iterations anyway)
     ab_segment_s: float = 3.0        # measured seconds per A/B segment (3 one-second windows)
     ab_pairs: int = 2                # candidate/incumbent segment pairs per verification ...
     ab_max_pairs: int = 4            # ... extended one pair at a time while the interval spans 1
@@ -207,27 +212,22 @@ def active_epoch(active: Any) -> int | None:
 
 
 def probe_plan(space: Sequence[Setting], initial: Setting) -> list[Setting]:
-    """The first measurements: the starting setting, tier 0 (draft kept warm), and for the starting placement
-    chains at the shallowest, middle and deepest steps (the draft and verify lines need ≥ 2 points,
-    the third checks them); one mid-size tree per topk in the space."""
+    """The probes known before any measurement: the starting setting, then (unless the what-if moves
+    the lead to another placement) the starting placement's deepest chain, or its shallowest when
+    it starts at the deepest, and one mid tree per topk. `probing.next_probes` decides the rest
+    from the fit (see tuner.tuning.probing)."""
     placement = initial.placement if initial.steps > 0 else SHARDED
     chains = sorted({s.steps for s in space if s.topk == 1 and s.steps > 0 and s.placement == placement})
     plan = [initial]
-    if Setting(0) in space:
-        plan.append(Setting(0))
     if chains:
-        for st in (chains[0], chains[len(chains) // 2], chains[-1]):
-            plan.append(Setting(st, placement=placement))
+        st = chains[-1] if chains[-1] != initial.steps or initial.topk != 1 else chains[0]
+        plan.append(Setting(st, placement=placement))
     for k in sorted({s.topk for s in space if s.topk > 1}):
         trees = sorted((s for s in space if s.topk == k and s.placement == placement),
                        key=lambda s: (s.steps, s.num_draft_tokens))
         if trees:
             plan.append(trees[len(trees) // 2])
-    out: list[Setting] = []
-    for s in plan:
-        if s not in out:
-            out.append(s)
-    return out
+    return [s for s in dict.fromkeys(plan) if s == initial or s in space]
 
 
 class Tuner:
@@ -290,7 +290,11 @@ class Tuner:
         self._rejected: set[Setting] = set()
         self._verified: set[Setting] = set()
         self._rounds = 0
+        self._probed: set[Setting] = set()         # every setting queued as a probe
+        self._completed = False                    # the completing probes ran (after the first A/B)
+        self._then: str | None = None              # after completing: None = propose, else finish(why)
         self._probes = 0
+        self._probe_cost = 0.0                      # the longest probe so far, change to done (s)
         self._planned = 1
         self._ab_jobs: list[_Job] = []
         self._first_job: _Job | None = None
@@ -416,10 +420,12 @@ class Tuner:
                     "space": [s.to_json() for s in self.space],
                     "probes": [s.to_json() for s in probe_plan(self.space, it.setting)]})
                 self.stage = "probing"
-                self._queue = [_Job(s, "probe", self.opts.probe_s, self.opts.probe_min_iters)
-                               for s in probe_plan(self.space, it.setting)]
+                # The starting setting first (no settling when nothing changed); then
+                # tuner.tuning.probing picks each next probe from the fit.
+                self._queue = [_Job(it.setting, "probe", self.opts.probe_s, self.opts.probe_min_iters)]
+                self._probed = {it.setting}
                 self._first_job = self._queue[0]
-                self._planned = len(self._queue) + 2 * self.opts.ab_pairs + 1
+                self._planned = len(probe_plan(self.space, it.setting)) + 2 * self.opts.ab_pairs + 1
                 job = None
             if job is None or not job.applied or job.measure_s <= 0:
                 continue
@@ -503,6 +509,8 @@ class Tuner:
             tok_s = 1000.0 * total_tok / total_ms if total_ms else math.nan
             if job.purpose == "probe":
                 self._probes += 1
+                if job is not self._first_job:
+                    self._probe_cost = max(self._probe_cost, now - job.t_apply)
             tok, ms = self._sums.get(job.setting, (0, 0.0))
             self._sums[job.setting] = (tok + total_tok, ms + total_ms)
             self.measured[job.setting] = 1000.0 * self._sums[job.setting][0] / self._sums[job.setting][1]
@@ -531,44 +539,37 @@ class Tuner:
     def _decide(self, now: float) -> None:
         if self.stage == "probing":
             self._refit(now)
-            extra = self._placement_probes()
-            if extra:
-                self.stage = "probing placements"
-                self._queue = [_Job(s, "probe", self.opts.probe_s, self.opts.probe_min_iters) for s in extra]
-                self._planned += len(extra)
+            if self._probe_next(complete=False):
                 return
             self._propose(now)
-        elif self.stage == "probing placements":
+        elif self.stage == "completing":
             self._refit(now)
-            self._propose(now)
+            if self._probe_next(complete=True):
+                return
+            self.stage = "proposing"
+            then, self._then = self._then, None
+            if then is None:
+                self._propose(now)
+            else:
+                self._finish(now, then)
         elif self.stage == "verifying":
             self._judge(now)
         elif self.stage == "finishing":
             self._done(now)
 
-    def _placement_probes(self) -> list[Setting]:
-        """Placements not yet measured whose what-if (draft collectives removed) could beat the
-        best measured placement by more than the noise floor: probe them at two depths. Where the
-        draft's collectives ran untimed (inside CUDA graphs) there is no what-if: probe them all."""
-        assert self.model is not None
-        bs = self._main_bs()
-        top = best(p for p in self.predictions if p.basis != "what-if")
-        if top is None or top.setting.steps == 0:
-            top = best(p for p in self.predictions if p.basis != "what-if" and p.setting.steps > 0)
-        if top is None:
-            return []
-        measured = set(self.model.placements(bs))
-        out: list[Setting] = []
-        for placement in sorted({s.placement for s in self.space if s.steps > 0} - measured):
-            w = self.model.what_if(top.setting, bs, placement)
-            unknown = w is None and self.model.comm_untimed(bs)
-            if not unknown and (w is None or top.tok_s is None
-                                or w.tok_s <= top.tok_s * (1 + self.opts.noise_floor)):
-                continue
-            steps = sorted({s.steps for s in self.space if s.placement == placement and s.topk == 1})
-            if steps:
-                out += [Setting(steps[0], placement=placement), Setting(steps[-1], placement=placement)]
-        return [s for s in dict.fromkeys(out) if s in self.space]
+    def _probe_next(self, complete: bool) -> bool:
+        """Queue what tuner.tuning.probing says could still change the answer (each setting once:
+        a probe that saw another batch size is not repeated forever); False when nothing is left."""
+        assert self.model is not None and self._initial is not None
+        nxt = [s for s in next_probes(self.model, self.space, self._initial, self._main_bs(),
+                                      self.opts.noise_floor, complete)
+               if s not in self._probed and s not in self._rejected]
+        if not nxt:
+            return False
+        self._probed.update(nxt)
+        self._queue = [_Job(s, "probe", self.opts.probe_s, self.opts.probe_min_iters) for s in nxt]
+        self._planned += len(nxt)
+        return True
 
     def _predicted(self, s: Setting) -> Prediction | None:
         for p in self.predictions:
@@ -585,14 +586,14 @@ class Tuner:
         cand = best(pool)
         inc_pred = self._predicted(self._incumbent)
         if cand is None or cand.setting == self._incumbent:
-            return self._finish(now, "the previous best is the predicted best"
-                                if self._rounds else "the starting setting is the predicted best")
+            return self._next_round(now, "the previous best is the predicted best"
+                                    if self._rounds else "the starting setting is the predicted best")
         if inc_pred is not None and inc_pred.tok_s:
             gain = cand.tok_s / inc_pred.tok_s - 1           # type: ignore[operator]
         else:
             gain = math.inf
         if gain < self.opts.noise_floor:
-            return self._finish(now, f"predicted gain {gain * 100:+.1f} % is within noise")
+            return self._next_round(now, f"predicted gain {gain * 100:+.1f} % is within noise")
         if self._rounds >= self.opts.max_rounds:
             return self._finish(now, f"{self.opts.max_rounds} verifications done")
         self._candidate = cand
@@ -650,7 +651,8 @@ class Tuner:
             return self._finish(now, "A/B without data")
         ratio, lo, hi = core_windows.ratio_of_medians(iw, cw)
         if lo <= 1 <= hi and len(c_jobs) < self.opts.ab_max_pairs \
-                and now - self._t0 + 2 * (self.opts.settle_s + self.opts.ab_segment_s) < self.opts.budget_s:
+                and now - self._t0 + 2 * (self.opts.settle_s + self.opts.ab_segment_s) \
+                + self._completion_reserve() < self.opts.budget_s:
             # Not decided yet: one more interleaved pair narrows the interval.
             for s, purpose in ((cand, "candidate"), (inc, "incumbent")):
                 job = _Job(s, purpose, self.opts.ab_segment_s, 1)
@@ -668,19 +670,41 @@ class Tuner:
         if verdict == "better":
             self._verified.add(cand)
             self._incumbent = cand
-            self.stage = "proposing"
-            return self._propose(now)
+            return self._next_round(now, None)
         if verdict == "worse":
             self._rejected.add(cand)
             self._emit(EventKinds.ROLLED_BACK, now, {"setting": cand.to_json(), "to": inc.to_json(),
                                                      "reason": f"measured {(ratio - 1) * 100:+.1f} % "
                                                                f"[{(lo - 1) * 100:+.1f}, {(hi - 1) * 100:+.1f}]"})
-            self.stage = "proposing"
-            return self._propose(now)
+            return self._next_round(now, None)
         # Within noise: keep the previous best (no change is the cheaper bet) and stop.
         self._rejected.add(cand)
-        return self._finish(now, f"measured gain {(ratio - 1) * 100:+.1f} % is within noise "
-                                 f"[{(lo - 1) * 100:+.1f}, {(hi - 1) * 100:+.1f}]")
+        return self._next_round(now, f"measured gain {(ratio - 1) * 100:+.1f} % is within noise "
+                                     f"[{(lo - 1) * 100:+.1f}, {(hi - 1) * 100:+.1f}]")
+
+    def _completion_reserve(self) -> float:
+        """Seconds the held-back probes will take (each as long as the longest probe so far): an
+        extra A/B pair must leave them room in the budget, or the table stays incomplete."""
+        if self._completed or self.model is None or self._initial is None:
+            return 0.0
+        pending = [s for s in next_probes(self.model, self.space, self._initial, self._main_bs(),
+                                          self.opts.noise_floor, complete=True)
+                   if s not in self._probed and s not in self._rejected]
+        return len(pending) * self._probe_cost
+
+    def _next_round(self, now: float, finish: str | None) -> None:
+        """After a verdict: once, first measure what only completes the table (the probes that could
+        not change the first proposal, held back so it came sooner); then propose again, or finish
+        with `finish` as the reason."""
+        if not self._completed:
+            self._completed = True
+            if self._probe_next(complete=True):
+                self.stage, self._then = "completing", finish
+                return
+        self.stage = "proposing"
+        if finish is None:
+            return self._propose(now)
+        return self._finish(now, finish)
 
     def _finish(self, now: float, reason: str) -> None:
         if self.stage == "finishing" or self.state != "running":
