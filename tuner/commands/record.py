@@ -4,8 +4,8 @@ For shared boxes reached over SSH: no terminal has to stay open (run it under no
 and Textual is never imported. A thin shell over the headless driver (tuner.core.driver), which
 ticks the session (handing every record to the core's Recorder) and runs the trace captures on a
 timer and the scripted setting changes; this prints progress and the events an operator away from
-the screen must know on stderr, in tuner.core.event_text's words. It stops cleanly on SIGINT/SIGTERM or at --duration; after a SIGKILL the file still opens
-(the Recorder commits about every second). A server that goes away is the backend's business: it
+the screen must know on stderr, in tuner.core.event_text's words. It stops cleanly on SIGINT/SIGTERM
+or at --duration; after a SIGKILL the file still opens (the Recorder commits about every second). A server that goes away is the backend's business: it
 emits `disconnected`/`connected` events (the marked gap) and the recording goes on.
 
 Must not import textual or reach into the store for anything but the progress line.

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping
 from probes import accept_buckets as AB
 from tuner.core import series as S
 from tuner.core import setting as vocab
-from tuner.core.event_text import event_text, short_error  # noqa: F401 - short_error: the header's
+from tuner.core.event_text import event_text
 from tuner.core.events import EventKind
 from tuner.core.records import Event
 from tuner.core.store import Store
