@@ -164,11 +164,13 @@ class Driver:
 
     def _follow(self) -> None:
         store = self.session.store
+        if self.on_event is None:     # nobody listens (the TUI reads the store itself)
+            self._seen = store.events_added
+            return
         new = store.events_since(self._seen)
         self._seen = store.events_added
-        if self.on_event is not None:
-            for e in new:
-                self.on_event(e)
+        for e in new:
+            self.on_event(e)
 
     def skip_events(self) -> None:
         """Forget the events the store holds now (a replay seeked: the face redraws from the store)."""
