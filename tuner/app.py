@@ -1,14 +1,15 @@
 """The TUI: a thin Textual face over one headless Session (live server or recording).
 
-A timer calls `session.tick()`; when the store's revision moved, each panel pulls the window it
+A timer calls the headless driver's `tick()` (tuner.core.driver: it steps the tuner, runs captures
+and moves the bus into the store); when the store's revision moved, each panel pulls the window it
 draws (tuner.widgets.views). Operator keys become control calls in worker threads; their results
 come back as events through the session, so the store, a recording and the report all see them.
-This module owns no measuring and no state logic: no statistics, no HTTP, no NVML.
+This module owns no measuring and no state logic: no statistics, no HTTP, no NVML. It never
+imports tuner.commands (the commands build the app, not the other way round).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any, Iterable
 
 from textual import on, work
@@ -20,6 +21,7 @@ from textual.widgets import Static
 
 from probes.names import STEPS
 from tuner.core import setting as vocab
+from tuner.core.driver import Driver
 from tuner.core.records import thaw
 from tuner.core.session import Session
 from tuner.messages import CaptureFinished, CaptureProgress, ControlFinished, PySpyFinished
@@ -122,10 +124,9 @@ class TunerApp(App[None]):
         self.pending = ""
         self.refused = ""
         self._seen_revision = -1
-        # The live tuner while the tune screen is open, or while it puts the server back after the
-        # screen closed (`tuner_released`); the tick steps it. Budget and space for the next one:
-        self.tuner: Any = None
-        self.tuner_released = False
+        # The tick, the tuner's lifecycle and captures: the same driver `record` and `tune` run.
+        self.driver = Driver(session)
+        # Budget and space for the next tuner:
         self.tune_budget_s = tune_budget_s
         self.tune_max_steps = tune_max_steps
         self.tune_topks, self.tune_draft_tokens = tuple(tune_topks), tuple(tune_draft_tokens)
@@ -151,8 +152,18 @@ class TunerApp(App[None]):
             self._load_worker(True)
 
     def on_unmount(self) -> None:
-        self._end_tuner_now()
+        self.driver.end_tuner()
         self.session.close()
+
+    @property
+    def tuner(self) -> Any:
+        """The live tuner while the tune screen is open, or while it puts the server back after the
+        screen closed (`tuner_released`); the driver's tick steps it."""
+        return self.driver.tuner
+
+    @property
+    def tuner_released(self) -> bool:
+        return self.driver.tuner_released
 
     # -- the one loop: tick, then pull ------------------------------------------------------------
 
@@ -160,14 +171,7 @@ class TunerApp(App[None]):
         """Drain the session's bus and redraw the panels if the store changed."""
         if not self.is_running:   # shutting down: a last timer tick may find the panels gone
             return
-        tuner = self.tuner
-        if tuner is not None:
-            # The tuner's decisions become events on the bus: step it before the session drains.
-            running = tuner.step()
-            if not running and self.tuner_released:
-                self.tuner, self.tuner_released = None, False
-                self._close_tuner(tuner)
-        self.session.tick()
+        self.driver.tick()
         store = self.session.store
         if store.revision != self._seen_revision:
             self._seen_revision = store.revision
@@ -266,20 +270,23 @@ class TunerApp(App[None]):
         if not getattr(backend, "CAN_CAPTURE_TRACE", False):
             self.notify("this server cannot capture traces", severity="warning")
             return
+        if self.driver.busy_capturing:
+            self.notify("a trace capture is already running", severity="warning")
+            return
         self._show_capture("starting a trace capture across all ranks…")
-        self._capture_worker()
 
-    @work(thread=True, exclusive=True, group="capture", exit_on_error=False)
-    def _capture_worker(self) -> None:
+        # Both run on the driver's capture thread: post_message is the thread-safe way back.
         def progress(text: str, fraction: float | None = None) -> None:
             self.post_message(CaptureProgress(text, fraction))
-        try:
-            from tuner.core.capture import capture_into
-            captured = capture_into(self.session, progress=progress)
-            error = f"captured, but the analysis failed: {captured.analysis_error}"
-            self.post_message(CaptureFinished(captured.analysis, "" if captured.analysis else error))
-        except Exception as exc:   # a failed capture is a message, never the end of the app
-            self.post_message(CaptureFinished(None, f"{type(exc).__name__}: {exc}"))
+
+        def done(captured: Any, error: str) -> None:
+            if captured is None:   # the driver noted it: the log and a recording say so too
+                self.post_message(CaptureFinished(None, error))
+                return
+            failed = f"captured, but the analysis failed: {captured.analysis_error}"
+            self.post_message(CaptureFinished(captured.analysis, "" if captured.analysis else failed))
+
+        self.driver.capture(progress=progress, done=done)
 
     def _show_capture(self, text: str) -> None:
         bar = self.main.query_one("#capture-bar", Static)
@@ -321,7 +328,7 @@ class TunerApp(App[None]):
     @work(thread=True, exclusive=True, group="pyspy", exit_on_error=False)
     def _pyspy_worker(self) -> None:
         try:
-            from tuner.commands.attach import pyspy_top
+            from tuner.core.pyspy import pyspy_top
             sample = getattr(self.session, "pyspy", None) or (lambda: pyspy_top(self.session))
             self.post_message(PySpyFinished(sample()))
         except Exception as exc:
@@ -356,8 +363,7 @@ class TunerApp(App[None]):
         if tuner is None:
             self.notify(reason, title="tuning is not available here", severity="warning")
             return
-        tuner.start()
-        self.tuner, self.tuner_released = tuner, False
+        self.driver.start_tuner(tuner)
         if self.session.load is None and self.prompts:
             # The tuner measures decode iterations: without traffic there are none.
             self._load_worker(True)
@@ -389,33 +395,8 @@ class TunerApp(App[None]):
     def release_tuner(self) -> None:
         """The tune screen closed: cancel a running tuner (it then puts the best verified setting
         back, stepped by the tick) and close it once it has finished."""
-        tuner = self.tuner
-        if tuner is None:
-            return
-        if tuner.state == "running":
-            tuner.cancel()
-            self.tuner_released = True
+        if self.driver.release_tuner():
             self.notify("tuning stopped: putting the best verified setting back")
-        else:
-            self.tuner, self.tuner_released = None, False
-            self._close_tuner(tuner)
-
-    @work(thread=True, group="tuner", exit_on_error=False)
-    def _close_tuner(self, tuner: Any) -> None:
-        tuner.close()    # joins the phase feed's thread: never on the event loop
-
-    def _end_tuner_now(self, timeout_s: float = 10.0) -> None:
-        """Quitting while tuning: let the tuner put the server back (bounded), then close it."""
-        tuner, self.tuner = self.tuner, None
-        if tuner is None:
-            return
-        try:
-            tuner.cancel()
-            end = time.monotonic() + timeout_s
-            while tuner.step() and time.monotonic() < end:
-                time.sleep(0.05)
-        finally:
-            tuner.close()
 
     # -- replay keys --------------------------------------------------------------------------------
 
@@ -437,6 +418,7 @@ class TunerApp(App[None]):
         backend = self.session.backend
         target = min(max(self.session.now() + delta, backend.start_t), backend.start_t + backend.length_s)
         self.session.seek(target)
+        self.driver.skip_events()
         self.main.clear_log()
         self.tick()
 
@@ -497,7 +479,7 @@ def make_app(session: Session, *, load: int = 0, prompts: list[dict] | None = No
              tune_draft_tokens: tuple[int, ...] = ()) -> TunerApp:
     """The app as every command and test builds it (Posting's make_posting)."""
     if prompts is None:
-        from tuner.commands.attach import builtin_prompts
+        from tuner.backends.load import builtin_prompts
         prompts = builtin_prompts()
     return TunerApp(session, tick_s=tick_s, load_concurrency=load, prompts=prompts,
                     max_new_tokens=max_new_tokens, start_load=start_load and load > 0, gpu_labels=gpu_labels,

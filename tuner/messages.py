@@ -1,4 +1,4 @@
-"""Textual messages of the TUI: operator intents going up from widgets, worker results coming back.
+"""Textual messages of the TUI: worker results coming back to the app.
 
 Widgets only post these; the app decides what to do with them (Textual's "messages up"). Nothing
 here measures or holds state: a sample never travels as a message, widgets pull the store instead.
@@ -10,14 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from textual.message import Message
-
-
-@dataclass
-class KnobChangeRequested(Message):
-    """The operator asked for one speculative setting to change (`speculative_num_steps` etc.)."""
-
-    key: str
-    value: Any
 
 
 @dataclass

@@ -9,6 +9,7 @@ import argparse
 import io
 import math
 import signal
+import threading
 import time
 
 import pytest
@@ -17,7 +18,8 @@ from harness import read_only_query, wait_until
 from report_helpers import Recording, free_port, start_engine
 from tuner.backends import connect
 from tuner.cli import main
-from tuner.commands.record import Progress, RecordLoop, ScheduledChange, parse_duration, parse_set_at
+from tuner.commands.record import Progress, parse_duration, parse_set_at
+from tuner.core.driver import Driver, ScheduledChange
 from tuner.core import series as S
 from tuner.core.events import EventKind
 from tuner.core.records import Event, Sample, Trace
@@ -77,9 +79,9 @@ def test_round_trip_records_traces_and_analyses_then_replays_record_for_record(e
     session.start()
     session.start_load([{"text": "def main(argv=None):\n"}, {"text": "class Cache:\n    def __init__(self"}], 2,
                        max_new_tokens=32)
-    loop = RecordLoop(session, path=path, duration_s=14.0, capture_every_s=3.0, capture_steps=3,
-                      schedule=[ScheduledChange(2.0, "speculative_num_steps", 2)])
-    loop.run()
+    loop = Driver(session, capture_every_s=3.0, capture_steps=3,
+                  schedule=[ScheduledChange(2.0, "speculative_num_steps", 2)])
+    loop.run(threading.Event(), duration_s=14.0)
     session.close()
     assert loop.captures >= 1, f"no capture finished ({loop.capture_failures} failed)"
 
@@ -128,7 +130,7 @@ def test_record_command_stops_cleanly_on_sigint_and_prints_progress(engine_tp2, 
     rec = Recording(engine_tp2.url, out, "--load", "2", "--max-new-tokens", "32", "--progress-every", "1",
                     "--set-at", f"3s:speculative_num_steps={steps}")
     rec.wait_started()
-    assert rec.wait_for_line(f"setting now steps={steps}", 60), rec.stderr()
+    assert rec.wait_for_line(f"→{steps}", 60) and "now running steps " in rec.stderr(), rec.stderr()
     rec.signal(signal.SIGINT)
     assert rec.wait() == 0, rec.stderr()
     err = rec.stderr()
@@ -181,9 +183,9 @@ def test_a_server_that_goes_away_leaves_a_marked_gap_and_recording_resumes(tmp_p
         wait_until(lambda: committed_since(0.0) > 20, 120, "readings from the first server")
         stop_started = time.time()
         assert server.stop(timeout=60.0) == 0
-        assert rec.wait_for_line("server gone", 30), rec.stderr()
+        assert rec.wait_for_line("disconnected: ", 30), rec.stderr()
         server = start_engine(*args)
-        assert rec.wait_for_line("server back", 60), rec.stderr()
+        assert rec.wait_for_line("s away", 60), rec.stderr()
         back_seen = time.time()
         wait_until(lambda: committed_since(back_seen) > 20, 120, "readings from the restarted server")
         wait_until(lambda: read_only_query(out, "SELECT count(*) FROM events WHERE kind = 'server_info'")[0] >= 2,

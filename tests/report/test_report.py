@@ -96,7 +96,7 @@ def test_gpu_readings_are_summarised_per_setting(synthetic, tmp_path, capsys):
 def test_tuning_events_and_predictions_are_tabled(synthetic):
     s = summarize(load(synthetic))
     assert [t["kind"] for t in s.tuning] == ["tuning_prediction", "tuning_applied"]
-    assert "predicted best steps=4" in s.tuning[0]["summary"]
+    assert "model: best steps 4 topk 1 draft 5 rank0 predicted 128.0" in s.tuning[0]["summary"]
     assert len(s.predictions) == 2
     html = (main(["report", str(synthetic), "--out", str(synthetic.with_suffix(".html"))]),
             synthetic.with_suffix(".html").read_text())[1]

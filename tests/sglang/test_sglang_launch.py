@@ -19,11 +19,11 @@ import pytest
 
 from harness import free_port
 
-from tuner.sglang_args import (
+from tuner.backends.sglang.args import (
     ArgsError, Launch, adaptive_candidates, apply_settings, check_command, get_arg, pinning_config,
     server_url, set_arg, with_pinning,
 )
-from tuner.sglang_launch import LaunchError, ManagedServer
+from tuner.backends.sglang.launch import LaunchError, ManagedServer
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN = Path(__file__).with_name("standin_sglang_server.py")

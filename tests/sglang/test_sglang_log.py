@@ -1,4 +1,4 @@
-"""SGLang's decode log line → samples (tuner.sglang_log), on a log written from reference §8."""
+"""SGLang's decode log line → samples (tuner.backends.sglang.log), on a log written from reference §8."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tuner.core import series as S
-from tuner.sglang_log import LogLineError, LogTail, parse_line, parse_lines, read_log, to_samples
+from tuner.backends.sglang.log import LogLineError, LogTail, parse_line, parse_lines, read_log, to_samples
 
 LOG = Path(__file__).parent / "fixtures" / "server_tp8_adaptive.log"
 UTC = 0.0

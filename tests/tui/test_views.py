@@ -7,6 +7,7 @@ import math
 import pytest
 
 from tuner.core import series as S
+from tuner.core.event_text import short_error
 from tuner.core.records import Event, Sample
 from tuner.core.store import Store
 from tuner.widgets import views
@@ -185,9 +186,9 @@ def test_trailing_mean_skips_gaps_and_forgets_old_values():
 
 
 def test_short_error_drops_the_request_and_fits_the_header():
-    assert views.short_error("GET http://127.0.0.1:1/specdecode/phases: cannot connect (refused)") == \
+    assert short_error("GET http://127.0.0.1:1/specdecode/phases: cannot connect (refused)") == \
         "cannot connect (refused)"
-    assert len(views.short_error("x" * 200)) == 60
+    assert len(short_error("x" * 200)) == 60
 
 
 def _record(seq: int, prefill: float | None) -> dict:

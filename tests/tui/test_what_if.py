@@ -153,8 +153,8 @@ def test_the_event_log_shows_the_tuners_decisions():
     finally:
         session.close()
     assert any(x.startswith("tuning from ") for x in lines)
-    assert any(x.startswith("tuner tries ") and "predicted" in x for x in lines)
-    assert any(x.startswith("tuner A/B ") for x in lines)
+    assert any(x.startswith("applying ") and "predicted" in x for x in lines)
+    assert any(x.startswith("A/B ") for x in lines)
     assert any(x.startswith("tuning done: best ") for x in lines)
     assert not any("measured" in x for x in lines)      # probes stay in the tune screen
 

@@ -256,3 +256,21 @@ class LoadDriver:
                                    Sample(t, S.LOAD_REQUESTS, float(requests)),
                                    Sample(t, S.LOAD_ERRORS, float(errors))])
             last_t, last_n = t, n
+
+
+# Code-shaped prompts: the shipped tiny model learned from Python sources, and real servers
+# speculate well on code too, so the load is typical of where EAGLE-3 is used.
+BUILTIN_PROMPTS = (
+    "def read_config(path):\n    \"\"\"Read a JSON config file and return it as a dict.\"\"\"\n",
+    "class LRUCache:\n    def __init__(self, capacity):\n",
+    "import os\nimport sys\n\n\ndef main(argv=None):\n",
+    "    for i, line in enumerate(lines):\n        if not line.strip():\n",
+    "def merge_sorted(a, b):\n    out = []\n    i = j = 0\n",
+    "    def __repr__(self):\n        return ",
+    "try:\n    import json\nexcept ImportError:\n",
+    "def parse_args():\n    parser = argparse.ArgumentParser(",
+)
+
+
+def builtin_prompts() -> list[dict]:
+    return [{"text": t} for t in BUILTIN_PROMPTS]

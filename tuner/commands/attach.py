@@ -10,8 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit
+
+from tuner.backends.load import builtin_prompts
+from tuner.core.pyspy import pyspy_top
+
+__all__ = ["add_arguments", "add_load_arguments", "add_tui_tune_arguments", "builtin_prompts", "gpu_labels",
+           "prompts_for", "pyspy_top", "run", "run_tui", "start_nvml", "tui_inputs"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,24 +74,6 @@ def tui_inputs(args: argparse.Namespace, prog: str) -> tuple[list[dict], dict] |
             return fail(f"{flag}: {e}")
     return prompts, {"tune_budget_s": budget, "tune_max_steps": args.tune_max_steps,
                      "tune_topks": lists["--tune-topk"] or (1,), "tune_draft_tokens": lists["--tune-draft-tokens"]}
-
-
-# Code-shaped prompts: the shipped tiny model learned from Python sources, and real servers
-# speculate well on code too, so the load is typical of where EAGLE-3 is used.
-BUILTIN_PROMPTS = (
-    "def read_config(path):\n    \"\"\"Read a JSON config file and return it as a dict.\"\"\"\n",
-    "class LRUCache:\n    def __init__(self, capacity):\n",
-    "import os\nimport sys\n\n\ndef main(argv=None):\n",
-    "    for i, line in enumerate(lines):\n        if not line.strip():\n",
-    "def merge_sorted(a, b):\n    out = []\n    i = j = 0\n",
-    "    def __repr__(self):\n        return ",
-    "try:\n    import json\nexcept ImportError:\n",
-    "def parse_args():\n    parser = argparse.ArgumentParser(",
-)
-
-
-def builtin_prompts() -> list[dict]:
-    return [{"text": t} for t in BUILTIN_PROMPTS]
 
 
 def prompts_for(args: argparse.Namespace) -> list[dict]:
@@ -168,22 +154,3 @@ def gpu_labels(sampler) -> dict[int, str]:
         name = d.name.replace("NVIDIA ", "").split()[0] if d.name else ""
         out[d.index] = f"{name} r{d.rank}" if d.rank is not None else name
     return out
-
-
-# -- what the py-spy key runs (captures: tuner.core.capture) -----------------------------------------
-
-def pyspy_top(session) -> Any:
-    """Glue for the py-spy key: the instruments sample the server's processes on this host."""
-    from probes.pyspy import sample_processes
-
-    pids = [int(r["pid"]) for r in session.backend.rank_info if r.get("pid")]
-    if not pids:
-        raise RuntimeError("the server did not say which processes are its ranks")
-    if not session.backend.LOCAL_GPUS and not is_local(session.backend.url):
-        raise RuntimeError("py-spy sees only this host's processes, and the server runs elsewhere")
-    return sample_processes(pids, duration_s=2.0)
-
-
-def is_local(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    return host in ("localhost", "::1") or host.startswith("127.")

@@ -76,8 +76,8 @@ def _event_printer(kind: str, data: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tuner.sglang_args import ArgsError, Launch, check_command, with_pinning
-    from tuner.sglang_launch import LaunchError, ManagedServer
+    from tuner.backends.sglang.args import ArgsError, Launch, check_command, with_pinning
+    from tuner.backends.sglang.launch import LaunchError, ManagedServer
 
     cmd = list(args.server_command)
     if cmd and cmd[0] == "--":

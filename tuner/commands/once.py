@@ -2,7 +2,8 @@
 
 For people (a quick look over SSH) and for tests: tok/s, acceptance with per-position p_k and a_k,
 per-phase ms per iteration with their comm parts, the active setting and what can change live.
-Optionally applies changes first (--set) and drives load (--load). Prints, never draws: no Textual.
+Optionally applies changes first (--set) and drives load (--load). A thin shell over the headless
+driver (tuner.core.driver), which ticks the session. Prints, never draws: no Textual.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ import argparse
 import json
 import math
 import sys
-import time
+import threading
 from typing import Any
 
 from tuner.core import setting as vocab
+from tuner.core.driver import Driver
 from tuner.core.text import terminal_safe
 
 TICK_S = 0.1
@@ -174,21 +176,14 @@ def run(args: argparse.Namespace) -> int:
         # SETTLE_WAIT_MAX_S and the readings say what they say. Nothing changed (a refused change
         # changes nothing): only the first polls.
         changed_at = session.now()
+        driver, stop = Driver(session), threading.Event()
         if changed:
-            end_settle = time.time() + SETTLE_WAIT_MAX_S
-            while time.time() < end_settle and session.now() < settle_end(session.store, changed_at):
-                session.tick()
-                time.sleep(TICK_S)
+            driver.run(stop, tick_s=TICK_S, duration_s=SETTLE_WAIT_MAX_S,
+                       until=lambda: session.now() >= settle_end(session.store, changed_at))
         else:
-            end_settle = time.time() + FIRST_READINGS_S
-            while time.time() < end_settle:
-                session.tick()
-                time.sleep(TICK_S)
+            driver.run(stop, tick_s=TICK_S, duration_s=FIRST_READINGS_S)
         t0 = session.now()
-        end = time.time() + args.seconds
-        while time.time() < end:
-            session.tick()
-            time.sleep(TICK_S)
+        driver.run(stop, tick_s=TICK_S, duration_s=args.seconds)
         session.stop_load()
     # Read after close: a poll still in flight when the time was up (a slow server) has ended by
     # then (its deadline bounds it), and what it found belongs to this look.

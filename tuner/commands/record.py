@@ -1,10 +1,11 @@
 """`specdecode-tune record URL --out FILE`: the headless session in a plain loop, into one recording.
 
 For shared boxes reached over SSH: no terminal has to stay open (run it under nohup/tmux/systemd),
-and Textual is never imported. The loop ticks the session (which hands every record to the core's
-Recorder), starts trace captures on a timer and scripted setting changes, and prints progress on
-stderr. It stops cleanly on SIGINT/SIGTERM or at --duration; after a SIGKILL the file still opens
-(the Recorder commits about every second). A server that goes away is the backend's business: it
+and Textual is never imported. A thin shell over the headless driver (tuner.core.driver), which
+ticks the session (handing every record to the core's Recorder) and runs the trace captures on a
+timer and the scripted setting changes; this prints progress and the events an operator away from
+the screen must know on stderr, in tuner.core.event_text's words. It stops cleanly on SIGINT/SIGTERM
+or at --duration; after a SIGKILL the file still opens (the Recorder commits about every second). A server that goes away is the backend's business: it
 emits `disconnected`/`connected` events (the marked gap) and the recording goes on.
 
 Must not import textual or reach into the store for anything but the progress line.
@@ -20,12 +21,15 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from tuner.core.setting import pairs as setting_pairs
 from tuner.commands.duration import parse_duration
+from tuner.core.driver import Driver, ScheduledChange
+from tuner.core.event_text import event_text
+from tuner.core.events import EventKind as K
+from tuner.core.records import Event
+from tuner.core.setting import pairs as setting_pairs
 from tuner.core.text import terminal_safe
 
 TICK_S = 0.1
@@ -39,15 +43,6 @@ def record_store():
     """The bounded store the headless recorder uses."""
     from tuner.core.store import Store
     return Store(capacity=STORE_READINGS, trace_capacity=STORE_TRACES)
-
-
-@dataclass(frozen=True, order=True)
-class ScheduledChange:
-    """`--set-at 20:speculative_num_steps=4`: ask for a change this many seconds after the start."""
-
-    at_s: float
-    key: str = field(compare=False)
-    value: Any = field(compare=False)
 
 
 def parse_set_at(text: str) -> ScheduledChange:
@@ -86,33 +81,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "recording's size)")
     p.add_argument("--progress-every", type=parse_duration, default=10.0, metavar="D",
                    help="progress line interval when stderr is not a terminal (default 10s)")
-
-
-# -- background jobs (captures go through tuner.core.capture) ---------------------------------------
-
-class Background:
-    """At most one blocking job (a capture, a setting change) at a time, off the ticking thread.
-
-    Daemon threads: a stop must never wait for a capture that the server will not finish.
-    """
-
-    def __init__(self) -> None:
-        self._thread: threading.Thread | None = None
-
-    @property
-    def busy(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def run(self, name: str, fn: Callable[[], None]) -> bool:
-        if self.busy:
-            return False
-        self._thread = threading.Thread(target=fn, name=name, daemon=True)
-        self._thread.start()
-        return True
-
-    def join(self, timeout: float) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)
 
 
 # -- progress -----------------------------------------------------------------------------------------
@@ -176,133 +144,42 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
-# -- the loop -------------------------------------------------------------------------------------------
+# -- what the operator reads ------------------------------------------------------------------------------
 
-class RecordLoop:
-    """Tick the session until stopped; run captures and scheduled changes in the background.
+SAID = frozenset({K.DISCONNECTED, K.DEGRADED, K.CONFIG_CHANGED, K.CONFIG_REFUSED, K.TRACE_CAPTURED, K.NOTE})
 
-    Args:
-        session: a started Session whose recorder writes the file.
-        duration_s: stop after this long (None: until stop is set).
-        capture_every_s: capture a trace this often (None: never); the first one after one interval.
-        schedule: setting changes to request, by seconds after the start.
-        progress: where the progress line goes (None: nowhere).
-        stop: set by the signal handlers (or a test) to end the loop.
-    """
 
-    def __init__(self, session: Any, *, path: Path, duration_s: float | None = None,
-                 capture_every_s: float | None = None, capture_steps: int = 5,
-                 schedule: list[ScheduledChange] | None = None, progress: Progress | None = None,
-                 stop: threading.Event | None = None, tick_s: float = TICK_S,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
-        self.session = session
-        self.path = path
-        self.duration_s = duration_s
-        self.capture_every_s = capture_every_s
-        self.capture_steps = capture_steps
-        self.schedule = sorted(schedule or [])
-        self.progress = progress
-        self.stop = stop or threading.Event()
-        self.tick_s = tick_s
-        self._monotonic = monotonic
-        self.captures = 0
-        self.capture_failures = 0
-        self.moved = 0
-        self._jobs = Background()
-        self._changes = Background()
-        self._seen_events = 0
+def worth_a_line(e: Event) -> bool:
+    """The events `record` says on a line of their own: the server going and coming back, a slow
+    server, the setting moving or refused, captures and notes (a failed capture or change)."""
+    if e.kind == K.CONNECTED:      # the first connection is the "recording ..." line already
+        return e.data.get("was") == "degraded" or float(e.data.get("after_s") or 0) > 0
+    return e.kind in SAID
 
-    def run(self) -> None:
-        t0 = self._monotonic()
-        next_capture = t0 + self.capture_every_s if self.capture_every_s else math.inf
-        todo = list(self.schedule)
-        while not self.stop.is_set():
-            now = self._monotonic()
-            elapsed = now - t0
-            if self.duration_s is not None and elapsed >= self.duration_s:
-                break
-            while todo and elapsed >= todo[0].at_s and not self._changes.busy:
-                self._changes.run("record-set", self._change_job(todo.pop(0)))
-            if now >= next_capture and not self._jobs.busy:
-                self._jobs.run("record-capture", self._capture_job)
-                next_capture = now + (self.capture_every_s or math.inf)
-            self.moved += self.session.tick()
-            self._report_events()
-            if self.progress is not None:
-                self.progress.update(self.status_line(elapsed))
-            remaining = self.tick_s - (self._monotonic() - now)
-            if remaining > 0:
-                self.stop.wait(remaining)
-        self._jobs.join(5.0)
-        self._changes.join(5.0)
-        self.moved += self.session.tick()
 
-    def _change_job(self, change: ScheduledChange) -> Callable[[], None]:
-        def job() -> None:
-            try:
-                res = self.session.set_config({change.key: change.value}, by="record")
-                msg = (f"set {change.key}={change.value}" if res.ok
-                       else f"set {change.key}={change.value} refused: {res.reason}")
-            except Exception as e:   # noqa: BLE001 - a failed change is reported, the recording goes on
-                msg = f"set {change.key}={change.value} failed: {type(e).__name__}: {e}"
-            if self.progress is not None:
-                self.progress.say(msg)
-        return job
+def say_event(progress: Progress) -> Callable[[Event], None]:
+    def say(e: Event) -> None:
+        said = event_text(e.kind, e.data) if worth_a_line(e) else None
+        if said is not None:
+            progress.say(said.text)
+    return say
 
-    def _capture_job(self) -> None:
-        from probes.capture import CaptureError
-        from tuner.core.capture import capture_into
 
-        try:
-            analysis = capture_into(self.session, num_steps=self.capture_steps).analysis
-            self.captures += 1
-            if self.progress is not None:
-                self.progress.say(f"trace captured ({analysis.get('mode') if analysis else 'not analysed'})")
-        except Exception as e:   # noqa: BLE001 - a bad trace or server must never end the capture thread
-            msg = str(e).splitlines()[0] if isinstance(e, (CaptureError, OSError)) and str(e) \
-                else f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
-            self.capture_failures += 1
-            self.session.note(f"trace capture failed: {msg}")
-            if self.progress is not None:
-                self.progress.say(f"trace capture failed: {msg}")
+def status_line(driver: Driver, path: Path, duration_s: float | None) -> str:
+    from tuner.core import series as S
 
-    def _report_events(self) -> None:
-        """Disconnects, reconnects and refusals get a line of their own."""
-        from tuner.core.events import EventKind as K
-
-        events = self.session.store.events((K.DISCONNECTED, K.CONNECTED, K.DEGRADED, K.CONFIG_CHANGED,
-                                            K.CONFIG_REFUSED))
-        new, self._seen_events = events[self._seen_events:], len(events)
-        if self.progress is None:
-            return
-        for e in new:
-            d = e.data
-            if e.kind == K.DISCONNECTED:
-                self.progress.say(f"server gone: {d.get('error', '')} (recording goes on; waiting for it)")
-            elif e.kind == K.DEGRADED:
-                self.progress.say(f"server slow: {d.get('reason', '')} (recording goes on)")
-            elif e.kind == K.CONNECTED and d.get("was") == "degraded":
-                self.progress.say("server answers in time again")
-            elif e.kind == K.CONNECTED and float(d.get("after_s") or 0) > 0:
-                self.progress.say(f"server back after {float(d.get('after_s')):.1f} s")
-            elif e.kind == K.CONFIG_CHANGED:
-                self.progress.say("setting now " + _setting(d.get("new") or {}))
-
-    def status_line(self, elapsed: float) -> str:
-        from tuner.core import series as S
-
-        st = self.session.store
-        dur = f" / {_hms(self.duration_s)}" if self.duration_s else ""
-        tok = st.value(S.LOAD_TOK_PER_S) if st.latest(S.LOAD_TOK_PER_S) else st.value(S.SERVER_TOK_PER_S)
-        acc = st.value(S.SPEC_ACCEPT_LEN)
-        rec = self.session.recorder
-        written = getattr(rec, "written", self.moved)
-        conn = self.session.connection().text()
-        parts = [f"recording {_hms(elapsed)}{dur}", f"{written} records", _mb(_size(self.path)),
-                 "tok/s " + ("n/a" if math.isnan(tok) else f"{tok:.1f}"),
-                 "accept " + ("n/a" if math.isnan(acc) else f"{acc:.2f}"),
-                 _setting(self.session.active_config()), f"traces {self.captures}", conn]
-        return " · ".join(p for p in parts if p)
+    session = driver.session
+    st = session.store
+    dur = f" / {_hms(duration_s)}" if duration_s else ""
+    tok = st.value(S.LOAD_TOK_PER_S) if st.latest(S.LOAD_TOK_PER_S) else st.value(S.SERVER_TOK_PER_S)
+    acc = st.value(S.SPEC_ACCEPT_LEN)
+    written = getattr(session.recorder, "written", driver.moved)
+    conn = session.connection().text()
+    parts = [f"recording {_hms(driver.elapsed())}{dur}", f"{written} records", _mb(_size(path)),
+             "tok/s " + ("n/a" if math.isnan(tok) else f"{tok:.1f}"),
+             "accept " + ("n/a" if math.isnan(acc) else f"{acc:.2f}"),
+             _setting(session.active_config()), f"traces {driver.captures}", conn]
+    return " · ".join(p for p in parts if p)
 
 
 def _setting(active: Any) -> str:
@@ -342,7 +219,8 @@ class _Stopper:
 
 def run(args: argparse.Namespace) -> int:
     from tuner.backends import ServerError, connect
-    from tuner.commands.attach import builtin_prompts, gpu_labels, start_nvml
+    from tuner.backends.load import builtin_prompts
+    from tuner.commands.attach import gpu_labels, start_nvml
     from tuner.commands.keys import ApiKeyError, api_key_of
     from tuner.core.session import Session
     from tuner.recording import Recorder, RecordingError, header_for
@@ -391,8 +269,8 @@ def run(args: argparse.Namespace) -> int:
     session = Session(backend, recorder=recorder, store=record_store())
     progress = Progress(sys.stderr, every_s=args.progress_every)
     stop = threading.Event()
-    loop = RecordLoop(session, path=args.out, duration_s=args.duration, capture_every_s=args.capture_trace_every,
-                      capture_steps=args.capture_steps, schedule=args.set_at, progress=progress, stop=stop)
+    driver = Driver(session, schedule=args.set_at, capture_every_s=args.capture_trace_every,
+                    capture_steps=args.capture_steps, on_event=say_event(progress))
     sampler = None
     t0 = time.monotonic()
     with _Stopper(stop):
@@ -407,7 +285,8 @@ def run(args: argparse.Namespace) -> int:
                 session.start_load(prompts, args.load, max_new_tokens=args.max_new_tokens)
             progress.say(f"recording {args.url} ({backend.kind}) into {args.out}; "
                          + (f"for {_hms(args.duration)}" if args.duration else "Ctrl-C or SIGTERM stops"))
-            loop.run()
+            driver.run(stop, tick_s=TICK_S, duration_s=args.duration,
+                       on_tick=lambda: progress.update(status_line(driver, args.out, args.duration)))
         finally:
             if sampler is not None:
                 sampler.stop()
@@ -415,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
             progress.end()
     if recorder.error:
         return fail(recorder.error)
-    print(f"specdecode-tune record: wrote {args.out} ({recorder.written} records, {loop.captures} trace captures, "
+    print(f"specdecode-tune record: wrote {args.out} ({recorder.written} records, {driver.captures} trace captures, "
           f"{_mb(_size(args.out))}, {time.monotonic() - t0:.0f} s); see it with `specdecode-tune replay {args.out}` "
           f"or `specdecode-tune report {args.out} --out report.html`", file=sys.stderr)
     return 0

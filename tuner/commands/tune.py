@@ -1,9 +1,10 @@
 """`specdecode-tune tune URL [--budget D] [--apply] [--out FILE]`: headless live tuning.
 
 Connects to the server, keeps load on it (unless --load 0 and the server has its own traffic),
-runs the live tuner (tuner.tuning.live) to the end, prints each step and then the readout:
-chosen setting, the A/B evidence, predicted vs measured tok/s, fitted costs, what an
-acceptance-only policy would pick, the what-if for the draft's placement, and SGLang flags.
+runs the live tuner (tuner.tuning.live) to the end on the headless driver (tuner.core.driver),
+prints each step in tuner.core.event_text's words and then the readout: chosen setting, the A/B
+evidence, predicted vs measured tok/s, fitted costs, what an acceptance-only policy would pick,
+the what-if for the draft's placement, and SGLang flags.
 Without --apply the server is put back to the setting it ran before; with --out everything
 (samples, events, the tuning events) is recorded into the same file format as `record`.
 """
@@ -13,10 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
+import threading
 from pathlib import Path
 
 from tuner.commands.duration import parse_duration
+from tuner.core.driver import Driver
+from tuner.core.event_text import event_text
+from tuner.core.records import Event, thaw
 from tuner.core.text import terminal_safe
 
 
@@ -67,41 +71,25 @@ def _say(line: str) -> None:
     print(terminal_safe(line, keep_newlines=True), flush=True)
 
 
-def _event_line(kind: str, d: dict) -> str | None:
-    from tuner.tuning.summary import label
+def say_event(e: Event) -> None:
+    """A tuning event as a line of its own (tuner.core.event_text's words); its findings indented
+    under the decisions. The finish is the summary that follows."""
+    if not e.kind.startswith("tuning_") or e.kind == "tuning_finished":
+        return
+    said = event_text(e.kind, thaw(e.data))
+    if said is not None:
+        _say(("" if e.kind in TOP_LEVEL else "  ") + said.text)
 
-    if kind == "tuning_started":
-        return (f"tuning from {label(d['initial'])}: {len(d['space'])} settings, "
-                f"{len(d['probes'])} probes, budget {d['budget_s']:.0f} s")
-    if kind == "tuning_probe":
-        return f"  measured {label(d['setting'])} ({d['purpose']}): {d['tok_s']:.1f} tok/s over {d['n']} iterations"
-    if kind == "tuning_prediction" and d.get("best"):
-        b = d["best"]
-        return f"  model: best {label(b)} predicted {b['tok_s']:.1f} ± {b['sd']:.1f} tok/s (bs {d['bs']})"
-    if kind == "tuning_applied":
-        gain = d.get("predicted_gain")
-        return (f"applying {label(d['setting'])}: predicted {d['predicted_tok_s']:.1f} ± {d['sd']:.1f} tok/s"
-                + (f" ({gain * 100:+.1f} % vs {label(d['incumbent'])})" if gain is not None else "")
-                + "; verifying with an interleaved A/B")
-    if kind == "tuning_verified":
-        return (f"  A/B: {d['verdict']}, {(d['ratio'] - 1) * 100:+.1f} % "
-                f"[{(d['lo'] - 1) * 100:+.1f}, {(d['hi'] - 1) * 100:+.1f}]")
-    if kind == "tuning_rolled_back":
-        return f"  rolled back {label(d['setting'])} -> {label(d['to'])}: {d['reason']}"
-    if kind == "tuning_refused":
-        return f"  the server refused {label(d['setting'])}: {d['reason']}"
-    if kind == "tuning_problem":
-        return f"  problem: {d['message']}"
-    return None
+
+TOP_LEVEL = frozenset({"tuning_started", "tuning_applied"})
 
 
 def run(args: argparse.Namespace) -> int:
     from tuner.backends import ServerError, connect
     from tuner.commands.attach import prompts_for
     from tuner.commands.keys import ApiKeyError, api_key_of
-    from tuner.core.records import thaw
     from tuner.core.session import Session
-    from tuner.tuning.live import TUNING_KINDS, InlineRunner, Tuner, TunerOptions, TuningError
+    from tuner.tuning.live import InlineRunner, Tuner, TunerOptions, TuningError
     from tuner.tuning.settings import tune_space
     from tuner.tuning.summary import summary
 
@@ -142,10 +130,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"specdecode-tune tune: cannot record to {args.out}: {e}", file=sys.stderr)
             return 2
     session = Session(backend, recorder=recorder)
+    driver = Driver(session, on_event=say_event)
     session.start()
     space = tune_space(lambda arg: backend.why_not(arg) is None, args.max_steps, args.topk, args.draft_tokens,
                        args.placements, include_off=not args.no_off)
-    tuner = None
     try:
         try:
             tuner = Tuner(session, space, TunerOptions(budget_s=budget, apply_best=args.apply),
@@ -157,30 +145,19 @@ def run(args: argparse.Namespace) -> int:
             session.start_load(prompts, args.load, args.max_new_tokens)
         _say(f"tuning {args.url} ({backend.kind}); load: "
              + (f"{args.load} requests in flight" if args.load else "the server's own traffic"))
-        tuner.start()
-        printed: list = []      # tuning events already printed (a few dozen at most)
+        driver.start_tuner(tuner)
+        stop = threading.Event()
         interrupted = False
         while True:
             try:
-                running = tuner.step()
-                session.tick()
-                t0 = printed[-1].t if printed else -float("inf")
-                for e in session.store.events(TUNING_KINDS, t0=t0):
-                    if any(e is p for p in printed):
-                        continue
-                    printed.append(e)
-                    line = _event_line(e.kind, thaw(e.data))
-                    if line:
-                        _say(line)
-                if not running:
-                    break
-                time.sleep(0.1)
+                driver.run(stop, until=lambda: not driver.tuner_running())
+                break
             except KeyboardInterrupt:
                 if interrupted:
                     raise
                 interrupted = True
                 _say("interrupted: putting the server back and summarising (Ctrl-C again to quit at once)")
-                tuner.cancel()
+                driver.cancel_tuner()
         if tuner.result is None:
             print(f"specdecode-tune tune: {tuner.status}", file=sys.stderr)
             return 1
@@ -202,8 +179,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     finally:
-        if tuner is not None:
-            tuner.close()
+        driver.close()
         session.close()
 
 

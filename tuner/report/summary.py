@@ -26,6 +26,7 @@ from tuner.core import series as S
 from tuner.core import setting as vocab
 from tuner.core import windows as W
 from tuner.core.ab import first_iterations
+from tuner.core.event_text import event_text
 from tuner.core.redact import redact
 from tuner.core.windows import MIN_WINDOWS
 from tuner.core.records import thaw
@@ -448,39 +449,11 @@ def tuning_of(data: RecordingData) -> tuple[list[dict[str, Any]], list[dict[str,
         if not e.kind.startswith(TUNING_PREFIX):
             continue
         d = thaw(e.data)
-        rows.append({"t": e.t, "kind": e.kind, "summary": _tuning_text(e.kind, d)})
+        said = event_text(e.kind, d)
+        rows.append({"t": e.t, "kind": e.kind, "summary": said.text if said is not None else ""})
         if e.kind == "tuning_prediction":
             preds = list(d.get("predictions") or [])
     return rows, preds
-
-
-def _tuning_text(kind: str, d: dict[str, Any]) -> str:
-    def lab(s: Any) -> str:
-        return vocab.pairs(s) if isinstance(s, dict) else str(s)
-
-    def num(x: Any, f: str = "{:.1f}") -> str:
-        return f.format(x) if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
-
-    if kind == "tuning_probe":
-        return f"probe {lab(d.get('setting'))}: {num(d.get('tok_s'))} tok/s over {d.get('n')} iterations"
-    if kind == "tuning_prediction":
-        best = d.get("best") or {}
-        return f"predicted best {lab(best)} at {num(best.get('tok_s'))} tok/s (batch {d.get('bs')})"
-    if kind == "tuning_applied":
-        return (f"applied {lab(d.get('setting'))}, predicted {num(d.get('predicted_tok_s'))} tok/s "
-                f"(gain {num((d.get('predicted_gain') or math.nan) * 100, '{:+.1f}')} %)")
-    if kind == "tuning_verified":
-        return (f"verified {lab(d.get('setting'))}: {d.get('verdict')} ratio {num(d.get('ratio'), '{:.3f}')} "
-                f"[{num(d.get('lo'), '{:.3f}')}, {num(d.get('hi'), '{:.3f}')}], predicted "
-                f"{num(d.get('predicted_ratio'), '{:.3f}')}")
-    if kind == "tuning_rolled_back":
-        return f"rolled back {lab(d.get('setting'))} to {lab(d.get('to'))}: {d.get('reason')}"
-    if kind in ("tuning_refused", "tuning_problem"):
-        return str(d.get("reason") or d.get("message") or "")
-    if kind == "tuning_finished":
-        res = d.get("result") or d
-        return str(res.get("summary") or res.get("reason") or "finished")
-    return ", ".join(f"{k}={v}" for k, v in list(d.items())[:4])
 
 
 def captures_of(data: RecordingData) -> list[dict[str, Any]]:

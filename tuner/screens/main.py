@@ -17,6 +17,7 @@ from textual.widgets import Footer, Static
 
 from probes.names import STEPS
 from tuner.core import setting as vocab
+from tuner.core.event_text import short_error
 from tuner.widgets import views
 from tuner.widgets.ab import ABReadout, ABView, Metric
 from tuner.widgets.acceptance import PositionBars
@@ -150,10 +151,10 @@ class MainScreen(Screen[None]):
             state = conn.state          # connecting | connected | degraded | disconnected
             detail = ""
             if state == "degraded":
-                detail = views.short_error(conn.degraded, 60, keep_path=True)
+                detail = short_error(conn.degraded, 60, keep_path=True)
             elif state == "disconnected":
                 away = max(0.0, self.session.now() - conn.since)
-                detail = f"{away:.0f} s · {views.short_error(conn.error, 40)}"
+                detail = f"{away:.0f} s · {short_error(conn.error, 40)}"
         launch = info.get("launch") or {}
         tp = info.get("tp_size", launch.get("tp_size"))
         self.query_one("#header", ServerHeader).show(HeaderView(

@@ -106,6 +106,8 @@ class TuneScreen(Screen[None]):
         self.view = TuneView()
         self._model: tuple[int, Any] = (0, None)
         self._applying: tuple[str, Future] | None = None
+        # Pushed is not mounted: the app's timer can tick in between, before the panels exist.
+        self._mounted = False
 
     def compose(self) -> ComposeResult:
         with Vertical(id="tune-top"):
@@ -119,6 +121,7 @@ class TuneScreen(Screen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
+        self._mounted = True
         top = self.query_one("#tune-top")
         if self.tuner is not None:
             top.border_title = "tune · live"
@@ -158,7 +161,9 @@ class TuneScreen(Screen[None]):
                           space=[s.to_json() for s in t.space])
 
     def refresh_view(self) -> None:
-        """Redraw from the tuner (live) or the recording; only what changed."""
+        """Redraw from the tuner (live) or the recording; only what changed (nothing before mount)."""
+        if not self._mounted:
+            return
         self._check_apply()
         view = self.build()
         if view == self.view:

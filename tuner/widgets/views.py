@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping
 from probes import accept_buckets as AB
 from tuner.core import series as S
 from tuner.core import setting as vocab
+from tuner.core.event_text import event_text
 from tuner.core.events import EventKind
 from tuner.core.records import Event
 from tuner.core.store import Store
@@ -199,77 +200,13 @@ def gpu_view(store: Store, t_end: float, history_s: float = 30.0, note: str = ""
     return GpuView(tuple(rows), note)
 
 
+LOG_HIDDEN = frozenset({"tuning_probe", "tuning_prediction"})
+"""Event kinds the log leaves out: the tuner's probes and predictions are the tune screen's rows."""
+
+
 def event_line(e: Event, origin: float) -> LogLine | None:
-    """One log line for an event, or None for kinds the log does not show."""
-    d, t, K = e.data, e.t - origin, EventKind
-    if e.kind == K.CONFIG_CHANGED:
-        return LogLine(t, "now running " + change_label(d.get("old") or {}, d.get("new") or {}), "good")
-    if e.kind == K.CONFIG_REQUESTED:
-        return LogLine(t, "asked for " + _changes(d.get("changes") or {}), "dim")
-    if e.kind == K.CONFIG_REFUSED:
-        return LogLine(t, f"refused {_changes(d.get('changes') or {})}: {d.get('reason', '?')}", "error")
-    if e.kind == K.CONNECTED:
-        away = d.get("after_s") or 0
-        return LogLine(t, f"connected to {d.get('url', '?')}" + (f" after {away:.0f}s away" if away else ""), "good")
-    if e.kind == K.CONNECTED and d.get("was") == "degraded":
-        return LogLine(t, "answering in time again", "good")
-    if e.kind == K.DISCONNECTED:
-        return LogLine(t, f"disconnected: {short_error(str(d.get('error', '?')), 80)}", "error")
-    if e.kind == K.DEGRADED:
-        return LogLine(t, f"degraded: {short_error(str(d.get('reason', '?')), 80, keep_path=True)}", "warn")
-    if e.kind == K.POLL_ERROR:
-        return LogLine(t, f"{d.get('endpoint', '?')}: {d.get('error', '?')}", "warn")
-    if e.kind == K.LOAD_STARTED:
-        return LogLine(t, f"load started: {d.get('concurrency', '?')} concurrent", "info")
-    if e.kind == K.LOAD_STOPPED:
-        return LogLine(t, f"load stopped after {d.get('requests', '?')} requests", "info")
-    if e.kind == K.LOAD_ERROR:
-        return LogLine(t, f"load: {d.get('error', '?')}", "warn")
-    if e.kind == K.PHASE_GAP:
-        return LogLine(t, f"phase stream missed {d.get('dropped', '?')} iterations", "warn")
-    if e.kind == K.TRACE_CAPTURED:
-        return LogLine(t, f"trace captured: {len(d.get('files') or ())} files ({d.get('trace_id', '')})", "good")
-    if e.kind == K.NOTE:
-        return LogLine(t, str(d.get("text", "")), "info")
-    if e.kind == K.RECORDING_GAP:
-        return LogLine(t, f"recording gap: {d.get('reason', '?')}", "warn")
-    if e.kind == K.SERVER_INFO:
-        return LogLine(t, f"server: {d.get('kind', '?')} {d.get('version', '')} · {d.get('model', '')}", "dim")
-    if e.kind.startswith("tuning_"):
-        return _tuning_line(e, t)
-    return None
-
-
-def _tuning_line(e: Event, t: float) -> LogLine | None:
-    """The tuner's decisions (tuner.tuning.live's events) in the log; probes stay in the tune screen."""
-    d = e.data
-    if e.kind == "tuning_started":
-        return LogLine(t, f"tuning from {vocab.compact(d.get('initial') or {})}", "info")
-    if e.kind == "tuning_applied":
-        gain = d.get("predicted_gain")
-        more = f" (predicted {gain * 100:+.0f}%)" if isinstance(gain, (int, float)) else ""
-        return LogLine(t, f"tuner tries {vocab.compact(d.get('setting') or {})}{more}", "info")
-    if e.kind == "tuning_verified" and isinstance(d.get("ratio"), (int, float)):
-        return LogLine(t, f"tuner A/B {vocab.compact(d.get('setting') or {})}: {d.get('verdict')} "
-                          f"{(d['ratio'] - 1) * 100:+.1f}%", "good" if d.get("verdict") == "better" else "info")
-    if e.kind == "tuning_rolled_back":
-        return LogLine(t, f"tuner rolled back {vocab.compact(d.get('setting') or {})}: {d.get('reason', '')}", "warn")
-    if e.kind == "tuning_problem":
-        return LogLine(t, f"tuner: {d.get('message', '?')}", "warn")
-    if e.kind == "tuning_finished":
-        return LogLine(t, f"tuning done: best {vocab.compact(d.get('best') or {})} ({d.get('stop_reason', '')})", "good")
-    return None
-
-
-def short_error(error: str, limit: int = 60, keep_path: bool = False) -> str:
-    """`cannot connect (...)` from `GET http://host/path: cannot connect (...)`: the header has one line.
-    keep_path: `/path: ...` instead, where which endpoint failed matters (a degraded server)."""
-    head, sep, rest = error.partition(": ")
-    if sep and head.split(" ", 1)[0] in ("GET", "POST", "PUT", "DELETE"):
-        path = "/" + head.split("://", 1)[-1].split("/", 1)[-1] if "://" in head else head.split(" ", 1)[-1]
-        error = f"{path}: {rest}" if keep_path else rest
-    return error if len(error) <= limit else error[: limit - 1] + "…"
-
-
-def _changes(changes: Mapping[str, Any]) -> str:
-    return ", ".join(f"{vocab.word(k)}={v}" for k, v in changes.items()) or "nothing"
+    """One log line for an event (tuner.core.event_text's words), or None for kinds the log does not show."""
+    if e.kind in LOG_HIDDEN:
+        return None
+    said = event_text(e.kind, e.data)
+    return None if said is None else LogLine(e.t - origin, said.text, said.tone)

@@ -5,7 +5,7 @@ every process it spawned (SGLang's scheduler, detokenizer and TP-rank processes)
 to a log file, whose newest line is the progress shown while waiting. Readiness is SGLang's:
 `GET /health` answers 200 and `GET /model_info` answers JSON (reference §1.1, §10).
 
-A relaunch applies settings SGLang cannot change live (tuner.sglang_args) by stopping the server
+A relaunch applies settings SGLang cannot change live (tuner.backends.sglang.args) by stopping the server
 and starting the rewritten command: it asks `confirm` first, reports progress, marks the start and
 the outcome with `on_event` (the recorder's and TUI's hook), and records every command it tried.
 If the new setting does not come up, the previous command is started again.
@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping
 
 import httpx
 
-from tuner.sglang_args import Launch, apply_settings, server_url
+from tuner.backends.sglang.args import Launch, apply_settings, server_url
 
 READY_LINE = "The server is fired up and ready to roll!"
 
