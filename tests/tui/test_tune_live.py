@@ -63,11 +63,16 @@ def test_tune_screen_runs_the_tuner_and_applies_a_row(engine):
             assert len(seen) > 3 and view.progress == 1.0
             rows = {r.label: r for r in view.rows}
             assert {"off", "s1 k1 N2 sharded", "s2 k1 N3 sharded"} <= set(rows)
-            for label in ("off", "s1 k1 N2 sharded", "s2 k1 N3 sharded"):
-                r = rows[label]
-                assert r.predicted > 0 and r.sd > 0 and r.measured > 0, r
+            # Every setting is predicted; the tuner measures only those that could still win
+            # (tuning.probing), and within its budget: on a busy machine not every one.
+            space = ("off", "s1 k1 N2 sharded", "s2 k1 N3 sharded")   # the start (s3) is outside it
+            measured = [rows[label] for label in space if rows[label].measured == rows[label].measured]
+            assert measured, "the tuner measured nothing"
+            for label in space:
+                assert rows[label].predicted > 0 and rows[label].sd > 0, rows[label]
+            for r in measured:
                 # The cost model's prediction of a setting it measured is near the measurement.
-                assert abs(r.predicted - r.measured) < 0.5 * r.measured, r
+                assert r.measured > 0 and abs(r.predicted - r.measured) < 0.5 * r.measured, r
             assert any(line.startswith("sharded (bs ") for line in view.costs)
             assert any("acceptance p_k" in line for line in view.costs)
             status = str(screen.query_one("#tune-status").render())
