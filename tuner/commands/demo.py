@@ -48,8 +48,12 @@ def local_gpu_count() -> int:
         return 0
 
 
+_SIGNALLED: list[int] = []
+
+
 def _exit_on_signal(signum: int, frame: object) -> None:
     # A closed terminal (SIGHUP) or a kill (SIGTERM) must still run the teardown in `run`.
+    _SIGNALLED.append(signum)
     raise SystemExit(128 + signum)
 
 
@@ -98,3 +102,13 @@ def run(args: argparse.Namespace) -> int:
         return 130
     finally:
         engine.stop(timeout=15.0, grace_s=5.0)
+        if _SIGNALLED:
+            # The signal tore the app down mid-run, so Textual's terminal threads (not daemons)
+            # were never stopped and would hold the interpreter at exit, on a terminal that may be
+            # gone. The engine is stopped: leave now.
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            os._exit(128 + _SIGNALLED[0])
