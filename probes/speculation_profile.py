@@ -50,18 +50,12 @@ def rates(h: Sequence[int], k: int) -> tuple[list[float], list[float]]:
     """(conditional, marginal) rate vectors, exactly K long, from a correct-drafts histogram
     (h[j] = verify steps that accepted exactly j drafts). A position after one nobody reached has
     conditional rate 0.0 (the format wants floats, and nothing was accepted there)."""
-    total = float(sum(h))
-    if total <= 0:
+    from probes.accept_buckets import position_acceptance
+
+    pa = position_acceptance(h, k)
+    if pa.verifies <= 0:
         raise ProfileError("no verify steps to build a profile from")
-    marginal, tail = [], total
-    for pos in range(1, k + 1):
-        tail -= h[pos - 1] if pos - 1 < len(h) else 0
-        marginal.append(max(tail, 0.0) / total)
-    conditional, prev = [], 1.0
-    for p in marginal:
-        conditional.append(p / prev if prev > 0 else 0.0)
-        prev = p
-    return conditional, marginal
+    return [0.0 if math.isnan(a) else a for a in pa.alpha], list(pa.p)
 
 
 def mean_accept_length(h: Sequence[int]) -> float:
