@@ -6,7 +6,9 @@ What is compiled, and why that way:
     whole forward is then captured as one CUDA graph by refengine.graphs — the only graph cache:
     Inductor's own cudagraphs stay off (mode "default" or "max-autotune-no-cudagraphs");
   * the EAGLE-3 head's forward, whole (one small layer plus fc, norm and lm_head), for each
-    placement's copy of the head when it is first placed.
+    placement's copy of the head when it is first placed;
+  * the greedy chain's per-step glue (refengine.graphs.chain_tail: argmax, id map, the next
+    step's inputs and mask), which eager is about a dozen tiny kernels per draft step.
 Collectives stay outside compiled code: the Communicator's ops are excluded from tracing, so at
 TP > 1 a compiled region ends at each collective and the op runs as before — counted, timed,
 labelled with its phase and captured in the CUDA graph like every other kernel. At TP 1 there is
@@ -72,6 +74,23 @@ def compile_forward(module: torch.nn.Module, *, backend: str = "inductor", mode:
         return compiled(*args, **kwargs)
     module.forward = forward
     return module
+
+
+def compile_chain_tail(*, backend: str = "inductor", mode: str | None = "default") -> Callable:
+    """refengine.graphs.chain_tail compiled (fullgraph, static shapes but the mask's context
+    width), run only inside graph-cache bodies like every compiled forward."""
+    from refengine.graphs import chain_tail
+
+    options = {} if backend != "inductor" else {"mode": mode}
+    compiled = torch.compile(chain_tail, backend=backend, fullgraph=True, dynamic=False, **options)
+
+    @functools.wraps(chain_tail)
+    def tail(*args):
+        if not in_graph_body():
+            return chain_tail(*args)
+        torch._dynamo.maybe_mark_dynamic(args[-1], args[-1].dim() - 1)
+        return compiled(*args)
+    return tail
 
 
 def exclude_collectives(comm) -> None:

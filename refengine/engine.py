@@ -29,7 +29,7 @@ from probes.adaptive_policy import Schedule
 from probes.names import DRAFT, DRAFT_EXTEND, OTHER, PREFILL, SHARDED, VERIFY, VERIFY_SAMPLE
 from refengine import spec
 from refengine.comm import PHASES, Communicator
-from refengine.graphs import GROUP, LOCAL, GraphCache, graphed_chain, graphed_forward, resolve_mode
+from refengine.graphs import GROUP, LOCAL, GraphCache, chain_tail, graphed_chain, graphed_forward, resolve_mode
 from refengine.config import EngineOptions, ModelLimits, SpecConfig, simulator
 from refengine.draft import DraftPlacement
 from refengine.messages import GenRequest, GenUpdate, SpecStats
@@ -177,8 +177,9 @@ class Engine:
                 target.model.embed_tokens.weight.detach().clone(), freeze=True).to(device, dtype)
         self.target = fuse_projections(apply_tp_target(target.to(device, dtype).eval(), comm))
         prepare_head = None
+        self.chain_tail = chain_tail
         if opts.enable_torch_compile:
-            from refengine.compiled import compile_models
+            from refengine.compiled import compile_chain_tail, compile_models
             mode = opts.torch_compile_mode
             if mode == "auto":
                 # SGLang's default and its override variable (cuda_graph_runner.py).
@@ -186,6 +187,7 @@ class Engine:
                     "max-autotune-no-cudagraphs" if self.device.type == "cuda" else "default")
             prepare_head = compile_models(self.target, comm, mode, opts.torch_compile_max_bs,
                                           opts.torch_compile_backend)
+            self.chain_tail = compile_chain_tail(backend=opts.torch_compile_backend, mode=mode)
         self.kv = self.target.make_kv(self.rows + 1, self.row_len, dtype, device)
         self.eos = set(target.config.eos_token_ids)
         self.draft: DraftPlacement | None = None
@@ -597,7 +599,7 @@ class Engine:
                 first = d.head.to_target_ids(first_logits.argmax(-1))
                 g = self._head("draft_step")
                 drafts = graphed_chain(self.graphs, g.placement, g.scope, d.head, d.kv, rows, seq, first,
-                                       hidden, s, ctx, self.pad_row)
+                                       hidden, s, ctx, self.pad_row, self.chain_tail)
         return torch.stack(spec.chain_tree(roots, drafts), 1), q
 
     def _accept(self, reqs, tokens, parents, logits, temps, q, sampled, rejection, s):

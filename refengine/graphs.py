@@ -391,13 +391,32 @@ def _restore(bufs: dict[str, torch.Tensor], snap: dict[str, torch.Tensor]) -> No
 CHAIN_MAX_STEPS = 64
 
 
+def chain_tail(logits: torch.Tensor, h: torch.Tensor, d2t: torch.Tensor, out: torch.Tensor,
+               step: torch.Tensor, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+               mask: torch.Tensor) -> torch.Tensor:
+    """The greedy chain's work after one draft forward, in place on the chain's graph state:
+    the argmax, the draft-to-target id map, the token stored at `step`, and the next step's
+    inputs (ids, hidden, positions and the causal mask they see). One function so that compiled
+    (refengine.compiled.compile_chain_tail) it is a few fused kernels, not a dozen launches a step."""
+    tok = logits[:, -1].argmax(-1)
+    tok = tok + d2t[tok]
+    out.scatter_(1, step.view(1, 1).expand(tok.shape[0], 1), tok[:, None])
+    ids.copy_(tok[:, None])
+    hidden.copy_(h)
+    positions.add_(1)
+    step.add_(1)
+    mask.copy_(torch.arange(mask.shape[-1], device=mask.device)[None, None, :] <= positions[:, :, None])
+    return tok
+
+
 def graphed_chain(cache: GraphCache, placement: str, scope: str, head, kv, rows: torch.Tensor,
                   seq_lens: torch.Tensor, first: torch.Tensor, hidden: torch.Tensor, steps: int, ctx: int,
-                  pad_row: int) -> torch.Tensor:
+                  pad_row: int, tail: Callable[..., torch.Tensor] = chain_tail) -> torch.Tensor:
     """refengine.spec.draft_chain (greedy, [B, steps] target ids) with the chain's state in the
     graph: one key per (placement, rows, ctx), replayed steps - 1 times with no host op between.
 
-    Args mirror draft_chain; `head` is the placed head itself (not a graphed stand-in)."""
+    Args mirror draft_chain; `head` is the placed head itself (not a graphed stand-in); `tail` is
+    chain_tail or its compiled form."""
     b, dev = rows.shape[0], rows.device
     r, width = cache.rows_for(b), hidden.shape[-1]
     key = GraphKey("draft_step", placement, r, (1, ctx, width, "chain"))
@@ -406,6 +425,7 @@ def graphed_chain(cache: GraphCache, placement: str, scope: str, head, kv, rows:
         "hidden": torch.zeros(r, 1, width, dtype=hidden.dtype, device=dev),
         "rows": torch.full((r,), pad_row, dtype=rows.dtype, device=dev),
         "positions": torch.zeros(r, 1, dtype=torch.long, device=dev),
+        "mask": torch.zeros(r, 1, ctx, dtype=torch.bool, device=dev),
         "out": torch.zeros(r, CHAIN_MAX_STEPS, dtype=torch.long, device=dev),
         "step": torch.zeros(1, dtype=torch.long, device=dev)})
     st["ids"][:b, 0] = first
@@ -415,21 +435,16 @@ def graphed_chain(cache: GraphCache, placement: str, scope: str, head, kv, rows:
     if b < r:   # pad rows: the spare KV row, from slot 0 (a smaller batch may have used them)
         st["rows"][b:] = pad_row
         st["positions"][b:] = 0
+    torch.le(torch.arange(ctx, device=dev)[None, None, :], st["positions"][:, :, None], out=st["mask"])
     st["step"].zero_()
+    d2t = head.d2t
 
     def body(x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         from refengine.models.layers import AttnMeta
 
         pos = x["positions"]
-        mask = torch.arange(ctx, device=pos.device)[None, None, :] <= pos[:, :, None]
-        logits, h = head(x["ids"], x["hidden"], AttnMeta(x["rows"], pos, pos, mask), kv)
-        tok = head.to_target_ids(logits[:, -1].argmax(-1))
-        x["out"].scatter_(1, x["step"].view(1, 1).expand(tok.shape[0], 1), tok[:, None])
-        x["ids"].copy_(tok[:, None])
-        x["hidden"].copy_(h)
-        pos.add_(1)
-        x["step"].add_(1)
-        return (tok,)
+        logits, h = head(x["ids"], x["hidden"], AttnMeta(x["rows"], pos, pos, x["mask"]), kv)
+        return (tail(logits, h, d2t, x["out"], x["step"], x["ids"], x["hidden"], pos, x["mask"]),)
 
     for _ in range(steps - 1):
         cache.run(key, scope, st, body, in_place=True)

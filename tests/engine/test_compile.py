@@ -13,8 +13,8 @@ import torch
 
 from tests.harness import wait_until
 from refengine.client import EngineClient, EngineOptions, GenRequest
-from refengine.compiled import compile_forward, configure_dynamo, recompiles
-from refengine.graphs import _in_body, in_graph_body
+from refengine.compiled import compile_chain_tail, compile_forward, configure_dynamo, recompiles
+from refengine.graphs import _in_body, chain_tail, in_graph_body
 from refengine.models.layers import causal_meta, fuse_projections
 from refengine.presets import build_head, build_target
 
@@ -83,6 +83,36 @@ def test_draft_head_traces_whole_for_both_inputs():
     for (lr, hr), (lg, hg) in zip(ref, got):
         torch.testing.assert_close(lg, lr, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(hg, hr, rtol=1e-5, atol=1e-5)
+
+
+def _chain_state(r: int, ctx: int, width: int = 8) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(ctx)
+    return {"logits": torch.randn(r, 1, 50, generator=g), "h": torch.randn(r, 1, width, generator=g),
+            "d2t": torch.randint(0, 5, (50,), generator=g), "out": torch.zeros(r, 6, dtype=torch.long),
+            "step": torch.tensor([2]), "ids": torch.zeros(r, 1, dtype=torch.long),
+            "hidden": torch.zeros(r, 1, width), "positions": torch.tensor([[5], [ctx - 3], [0]])[:r],
+            "mask": torch.zeros(r, 1, ctx, dtype=torch.bool)}
+
+
+def test_chain_tail_traces_whole_matches_eager_and_a_context_bucket_never_recompiles():
+    tail = compile_chain_tail(backend="aot_eager")
+    before = compiled = None
+    for ctx in (32, 64):
+        ref, got = _chain_state(3, ctx), _chain_state(3, ctx)
+        want = chain_tail(*ref.values())
+        if before is None:
+            before = recompiles()
+        with _in_body():
+            tok = tail(*got.values())             # fullgraph: a graph break raises
+        if compiled is None:
+            compiled = recompiles()
+        torch.testing.assert_close(tok, want)
+        for name in ref:                          # every in-place update, as the eager tail made it
+            torch.testing.assert_close(got[name], ref[name])
+        assert got["step"].item() == 3 and got["out"][:, 2].tolist() == want.tolist()
+        assert got["mask"][1, 0].sum().item() == ctx - 1      # positions ctx-2: sees 0..ctx-2
+    assert compiled - before == 1
+    assert recompiles() == compiled, "a wider context bucket compiled again"
 
 
 def _generate(client, config: dict, n: int = 24) -> list[int]:
