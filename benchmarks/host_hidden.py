@@ -135,6 +135,7 @@ def measure(http, a, batch: int, trace_dir: Path) -> dict:
     syncs = [r["syncs"] for r in recs if "syncs" in r]
     if a.keep_traces:
         import shutil
+        Path(a.keep_traces).mkdir(parents=True, exist_ok=True)
         for f in files:
             shutil.copy(f, Path(a.keep_traces) / f"{'overlap' if 'overlap' in str(d) else 'sync'}-b{batch}-{f.name}")
     phases = sorted({p for r in recs for p in r["phase_ms"]})
