@@ -67,6 +67,9 @@ class Req:
     """Tokens an iteration launched but not yet read may still commit (at most; 0 when none is)."""
     launched: int = -1
     """The launch count of the last iteration this request ran in."""
+    first: tuple[torch.Tensor, object] | None = None
+    """The prefill's token while the host has not read it: (its host copy, the clock mark after
+    which that copy is valid). Committed before any later token of the request (_take_firsts)."""
 
     def coins(self, n: int) -> torch.Tensor:
         return torch.rand(n, generator=self.gen, dtype=torch.float64)
@@ -256,7 +259,9 @@ class Engine:
 
     # -- requests --------------------------------------------------------------------------------
     def add_request(self, req: GenRequest) -> GenUpdate | None:
-        """Prefill one request; returns its first update (or a refusal)."""
+        """Queue one request's prefill; returns a refusal, or None: the first token stays on the
+        device (row_root) and reaches the host with the next read (_take_firsts), so an admission
+        never waits for the GPU, as SGLang's overlapped prefill does not."""
         budget = len(req.input_ids) + req.max_new_tokens + self.max_draft_tokens + 2
         if not req.input_ids:
             return GenUpdate(req.rid, [], True, "error", error="empty prompt")
@@ -281,25 +286,42 @@ class Engine:
             hidden, aux = self._prefill_forward(r)
             last = self.target.logits(hidden[:, -1:])
             if req.temperature > 0:
-                probs = spec.sampling_probs(last, torch.tensor([req.temperature], device=self.device),
-                                            torch.tensor([req.top_k], device=self.device),
-                                            torch.tensor([req.top_p], device=self.device, dtype=torch.float64))
-                first = int(spec.sample_from(probs[:, 0], r.coins(1).to(self.device)).item())
+                probs = spec.sampling_probs(last, self._h2d([req.temperature], torch.float32),
+                                            self._h2d([req.top_k], torch.long), self._h2d([req.top_p], torch.float64))
+                first = spec.sample_from(probs[:, 0], self._to_dev(r.coins(1)))
             else:
-                first = int(last[0, 0].argmax(-1).item())
+                first = last[0, 0].argmax(-1, keepdim=True)
             r.seq_len = n
             self.row_seq[r.row] = n
-            self.row_root[r.row] = first
+            self.row_root[r.row : r.row + 1] = first
         self.reqs[r.rid] = r
         if self.draft is not None:
             # SGLang's _draft_extend_for_prefill, whatever the steps: tier 0 keeps the draft warm.
             with self.timer.phase(PREFILL, "specdecode.prefill_draft_extend"):
                 self._prefill_extend(r, aux[0], first)
-        update = self._commit_tokens(r, [first])
-        if r.finished:
-            self.reqs.pop(r.rid)
-            self.free_rows.append(r.row)
-        return update
+        # Until it is read the request counts one token ahead: an iteration may run it (its root is
+        # on the device), and one with max_new_tokens 1 is never launched (_runnable).
+        r.first, r.ahead = (self._d2h(first), self.comm.clock.mark()), 1
+        return None
+
+    def _take_firsts(self) -> list[GenUpdate]:
+        """Commit every prefill token the host has not read yet (waiting, if need be, only for its
+        own copy): before any later token of those requests is committed."""
+        updates = []
+        for r in [r for r in self.reqs.values() if r.first is not None]:
+            (host, mark), r.first = r.first, None
+            self.comm.clock.wait(mark)
+            if r.launched < 0:
+                r.ahead = 0
+            u = self._commit_tokens(r, [int(host[0])])
+            if u is not None:
+                updates.append(u)
+            if r.finished and r.launched < 0:
+                # Never launched: nothing on the GPU uses its row. (A launched one is freed by the
+                # read of that iteration, whose results are then dropped.)
+                self.reqs.pop(r.rid)
+                self.free_rows.append(r.row)
+        return updates
 
     def _prefill_width(self, n: int) -> int | None:
         """The padded width a prompt of n tokens is prefilled at through the graph cache (powers of
@@ -376,9 +398,9 @@ class Engine:
         reqs = self._runnable()
         nxt = self._launch(reqs) if reqs else None
         if not self.overlap:
-            return self._read(nxt) if nxt is not None else ([], None)
+            return self._read(nxt) if nxt is not None else (self._take_firsts(), None)
         prev, self.inflight = self.inflight, nxt
-        return self._read(prev) if prev is not None else ([], None)
+        return self._read(prev) if prev is not None else (self._take_firsts(), None)
 
     def _counting_syncs(self, fn):
         """fn() with torch's sync debug mode on: every call that makes the host wait for the
@@ -402,7 +424,7 @@ class Engine:
         """Read the iteration in flight, if any: before a setting changes (it ran the old one
         and its record says so) and at shutdown."""
         prev, self.inflight = self.inflight, None
-        return self._read(prev) if prev is not None else ([], None)
+        return self._read(prev) if prev is not None else (self._take_firsts(), None)
 
     def _launch(self, reqs: list[Req]) -> _Launched:
         """Queue one iteration's work over `reqs`; nothing here waits for the device."""
@@ -477,7 +499,7 @@ class Engine:
         self.comm.clock.wait(f.done)
         got = f.results.tolist()
         cfg, s, k = f.cfg, f.cfg.steps, f.cfg.topk
-        updates, committed, acc_l, dropped = [], 0, [], 0
+        updates, committed, acc_l, dropped = self._take_firsts(), 0, [], 0
         ctx_l: list[int] = []     # each request's context before this commit, aligned with acc_l
         with record_function("specdecode.commit"):   # host work: in `other`, hidden when overlapped
             for r, g in zip(f.reqs, got):
@@ -687,7 +709,7 @@ class Engine:
             d.hidden[rows] = hid
             d.logits[rows] = logits.to(d.logits.dtype)
 
-    def _prefill_extend(self, r: Req, aux: torch.Tensor, first_token: int) -> None:
+    def _prefill_extend(self, r: Req, aux: torch.Tensor, first: torch.Tensor) -> None:
         """The draft over the prompt (positions 0..n-1): ids x_{p+1} (the first output token
         last) with the target's aux g_p at position p; its last row seeds the first cycle."""
         d = self.draft
@@ -695,13 +717,15 @@ class Engine:
             return
         n = len(r.tokens)
         t = self._prefill_width(n)
-        ids, head, ctx = r.tokens[1:] + [first_token], d.head, self._bucket(r.seq_len + 1)
+        ids, head, ctx = r.tokens[1:] + [0], d.head, self._bucket(r.seq_len + 1)
         if t is not None:   # padded like the target's prefill (see _prefill_forward), one graph per width
             ids, head, ctx = ids + [0] * (t - n), self._head(PREFILL), self._bucket(t)
             aux = torch.cat([aux, aux.new_zeros(t - n, aux.shape[-1])])
         rows = self._h2d([r.row], torch.long)
         start = torch.zeros(1, dtype=torch.long, device=self.device)
-        hid, logits = spec.draft_extend(head, d.kv, rows, start, self._h2d([ids], torch.long), aux[None],
+        ids = self._h2d([ids], torch.long)
+        ids[0, n - 1 : n] = first        # the first output token, still on the device
+        hid, logits = spec.draft_extend(head, d.kv, rows, start, ids, aux[None],
                                         self._h2d([n - 1], torch.long), ctx)
         d.hidden[r.row] = hid[0]
         d.logits[r.row] = logits[0].to(d.logits.dtype)

@@ -77,8 +77,8 @@ def test_stops_truncate_after_eos_and_budget(overlap):
     plain.apply_config(SpecConfig(steps=0, num_draft_tokens=1, epoch=1))
     outs = {}
     for eng, tag in ((plain, "plain"), (e, "spec")):
-        first = eng.add_request(GenRequest("x", [2, 40, 6], max_new_tokens=30, ignore_eos=True))
-        toks = list(first.token_ids)
+        assert eng.add_request(GenRequest("x", [2, 40, 6], max_new_tokens=30, ignore_eos=True)) is None
+        toks = []
         while eng.reqs:
             ups, _ = eng.step()
             toks += [t for u in ups for t in u.token_ids]
@@ -86,8 +86,8 @@ def test_stops_truncate_after_eos_and_budget(overlap):
     assert outs["plain"] == outs["spec"] and len(outs["spec"]) == 30
     stop = outs["plain"][7]
     for eng in (plain, e):
-        first = eng.add_request(GenRequest("y", [2, 40, 6], max_new_tokens=30, stop_token_ids=[stop]))
-        toks, final = list(first.token_ids), None
+        assert eng.add_request(GenRequest("y", [2, 40, 6], max_new_tokens=30, stop_token_ids=[stop])) is None
+        toks, final = [], None
         while eng.reqs:
             for u in eng.step()[0]:
                 toks += u.token_ids
@@ -114,7 +114,7 @@ def _scripted(overlap: bool, stop: int) -> tuple[dict[str, list[int]], dict, lis
             records.append(rec)
 
     def add(rid, prompt, **kw):
-        keep([e.add_request(GenRequest(rid, prompt, **kw))])
+        keep([u for u in [e.add_request(GenRequest(rid, prompt, **kw))] if u is not None])
 
     def change(cfg):
         keep(*e.drain())
@@ -143,7 +143,8 @@ def test_overlap_scheduler_runs_the_same_iterations():
     since the iteration in flight at the abort is dropped)."""
     ref = _engine()
     ref.apply_config(SpecConfig(steps=0, num_draft_tokens=1, epoch=1))
-    late = list(ref.add_request(GenRequest("p", [90, 7, 3], max_new_tokens=8, ignore_eos=True)).token_ids)
+    assert ref.add_request(GenRequest("p", [90, 7, 3], max_new_tokens=8, ignore_eos=True)) is None
+    late = []
     while ref.busy:
         late += [t for u in ref.step()[0] for t in u.token_ids]
     stop = late[5]
@@ -157,3 +158,31 @@ def test_overlap_scheduler_runs_the_same_iterations():
     assert [r["epoch"] for r in recs] == sorted(r["epoch"] for r in recs)
     # A request finished by a stop token ran one more iteration whose result was dropped.
     assert any(r.get("dropped") for r in recs) and not any(r.get("dropped") for r in plain_recs)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_an_admission_leaves_its_first_token_on_the_device_until_the_next_read(overlap):
+    """add_request queues the prefill and returns nothing (no wait for the GPU); the first token
+    comes with the next step's updates, ahead of the request's later tokens. A request that the
+    first token finishes (max_new_tokens 1) is never launched and frees its row."""
+    ref = _engine(overlap)
+    ref.apply_config(SpecConfig(steps=3, num_draft_tokens=4, epoch=1))
+    assert ref.add_request(GenRequest("a", [2, 40, 6], max_new_tokens=6, ignore_eos=True)) is None
+    assert ref.reqs["a"].completion_tokens == 0
+    root = int(ref.row_root[ref.reqs["a"].row])
+    ups, _ = ref.step()
+    assert ups and ups[0].rid == "a" and ups[0].token_ids[0] == root
+    toks = [t for u in ups for t in u.token_ids]
+    while ref.busy:
+        toks += [t for u in ref.step()[0] for t in u.token_ids]
+    assert len(toks) == 6
+
+    e = _engine(overlap)
+    e.apply_config(SpecConfig(steps=3, num_draft_tokens=4, epoch=1))
+    free = len(e.free_rows)
+    assert e.add_request(GenRequest("one", [2, 40, 6], max_new_tokens=1, ignore_eos=True)) is None
+    launches = e._launches
+    ups, rec = e.step()
+    assert rec is None and e._launches == launches, "a request the first token finishes was launched"
+    assert [(u.rid, u.token_ids, u.finished, u.finish_reason) for u in ups] == [("one", toks[:1], True, "length")]
+    assert not e.busy and not e.reqs and len(e.free_rows) == free
