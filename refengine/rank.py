@@ -217,12 +217,14 @@ class Follower:
         return False
 
     def _publish(self, updates, record) -> None:
-        if record is None:
-            return
-        self._accumulate(record)
+        """An iteration's record and updates; updates may come without a record (a prefill's first
+        token read when no iteration was in flight)."""
+        if record is not None:
+            self._accumulate(record)
         if self.rank == 0:
             # The record first: a reader woken by a final update already has its iteration.
-            self.out_q.put(PhaseRecord(record))
+            if record is not None:
+                self.out_q.put(PhaseRecord(record))
             for u in updates:
                 self.out_q.put(Update(u))
 
