@@ -19,6 +19,7 @@ import os
 import time
 import warnings
 import zlib
+from typing import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -67,9 +68,10 @@ class Req:
     """Tokens an iteration launched but not yet read may still commit (at most; 0 when none is)."""
     launched: int = -1
     """The launch count of the last iteration this request ran in."""
-    first: tuple[torch.Tensor, object] | None = None
+    first: tuple[torch.Tensor, object, int] | None = None
     """The prefill's token while the host has not read it: (its host copy, the clock mark after
-    which that copy is valid). Committed before any later token of the request (_take_firsts)."""
+    which that copy is valid, the launch count when it was queued). Committed before any later
+    token of the request (_take_firsts)."""
 
     def coins(self, n: int) -> torch.Tensor:
         return torch.rand(n, generator=self.gen, dtype=torch.float64)
@@ -301,15 +303,19 @@ class Engine:
                 self._prefill_extend(r, aux[0], first)
         # Until it is read the request counts one token ahead: an iteration may run it (its root is
         # on the device), and one with max_new_tokens 1 is never launched (_runnable).
-        r.first, r.ahead = (self._d2h(first), self.comm.clock.mark()), 1
+        r.first, r.ahead = (self._d2h(first), self.comm.clock.mark(), self._launches), 1
         return None
 
-    def _take_firsts(self) -> list[GenUpdate]:
-        """Commit every prefill token the host has not read yet (waiting, if need be, only for its
-        own copy): before any later token of those requests is committed."""
+    def _take_firsts(self, force: bool = False) -> list[GenUpdate]:
+        """Commit the prefill tokens the host has not read yet, before any later token of those
+        requests. Only those queued before the latest launch, unless `force`: waiting for one
+        queued after it would leave the GPU with nothing queued behind the wait."""
         updates = []
         for r in [r for r in self.reqs.values() if r.first is not None]:
-            (host, mark), r.first = r.first, None
+            host, mark, at = r.first
+            if at >= self._launches and not force:
+                continue
+            r.first = None
             self.comm.clock.wait(mark)
             if r.launched < 0:
                 r.ahead = 0
@@ -383,24 +389,32 @@ class Engine:
                 if not r.finished and not (r.ahead and r.completion_tokens + 1 >= r.params.max_new_tokens)]
 
     @torch.no_grad()
-    def step(self) -> tuple[list[GenUpdate], dict | None]:
+    def step(self, admit: Callable[[], None] | None = None) -> tuple[list[GenUpdate], dict | None]:
         """One iteration -> (updates, phase record or None).
 
         Without overlap: launch an iteration over every running request and read its results.
         With the overlap scheduler (SGLang's default): launch the next iteration, then read the
         one in flight, whose GPU work covered this host work; a request that the read finishes
-        ran one more iteration on the GPU, whose results are dropped."""
+        ran one more iteration on the GPU, whose results are dropped.
+        `admit` (the rank's add_request calls) runs right after the launch: a prefill's host work
+        then overlaps two queued iterations instead of delaying the next launch (on the H200 an
+        admission between iterations left the GPU idle while it was launched); the new requests
+        join the iteration after."""
         if self._count_syncs:
-            return self._counting_syncs(self._step)
-        return self._step()
+            return self._counting_syncs(lambda: self._step(admit))
+        return self._step(admit)
 
-    def _step(self) -> tuple[list[GenUpdate], dict | None]:
+    def _step(self, admit: Callable[[], None] | None = None) -> tuple[list[GenUpdate], dict | None]:
         reqs = self._runnable()
         nxt = self._launch(reqs) if reqs else None
+        if admit is not None:
+            admit()
+        # Nothing queued and nobody admitted: a first token still unread is all that is left.
+        idle = nxt is None and admit is None
         if not self.overlap:
-            return self._read(nxt) if nxt is not None else (self._take_firsts(), None)
+            return self._read(nxt) if nxt is not None else (self._take_firsts(idle), None)
         prev, self.inflight = self.inflight, nxt
-        return self._read(prev) if prev is not None else (self._take_firsts(), None)
+        return self._read(prev) if prev is not None else (self._take_firsts(idle and self.inflight is None), None)
 
     def _counting_syncs(self, fn):
         """fn() with torch's sync debug mode on: every call that makes the host wait for the
@@ -424,7 +438,8 @@ class Engine:
         """Read the iteration in flight, if any: before a setting changes (it ran the old one
         and its record says so) and at shutdown."""
         prev, self.inflight = self.inflight, None
-        return self._read(prev) if prev is not None else (self._take_firsts(), None)
+        updates, record = self._read(prev) if prev is not None else ([], None)
+        return updates + self._take_firsts(force=True), record
 
     def _launch(self, reqs: list[Req]) -> _Launched:
         """Queue one iteration's work over `reqs`; nothing here waits for the device."""

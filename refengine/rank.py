@@ -201,15 +201,18 @@ class Follower:
             self._emit(e.abort(rid))
         if cmd.profile_start is not None:
             self._start_profile(cmd.profile_start)
-        for req in cmd.new:
-            self._emit(e.add_request(req))
         if cmd.profile_stop or (cmd.shutdown and self.profiler is not None):
             self._stop_profile()
         if cmd.shutdown:
             self._send_stats(force=True)
             return True
-        if e.busy:
-            self._publish(*e.step())
+
+        def admit() -> None:
+            for req in cmd.new:
+                self._emit(e.add_request(req))
+        if e.busy or cmd.new:
+            # New requests are prefilled after the next iteration is launched (Engine.step).
+            self._publish(*e.step(admit if cmd.new else None))
             if self.profiler is not None:
                 self.profile_steps += 1
                 self.profiler.step()

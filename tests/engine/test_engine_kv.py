@@ -186,3 +186,35 @@ def test_an_admission_leaves_its_first_token_on_the_device_until_the_next_read(o
     assert rec is None and e._launches == launches, "a request the first token finishes was launched"
     assert [(u.rid, u.token_ids, u.finished, u.finish_reason) for u in ups] == [("one", toks[:1], True, "length")]
     assert not e.busy and not e.reqs and len(e.free_rows) == free
+
+
+def test_a_request_admitted_during_a_step_is_prefilled_after_the_launch_and_read_later():
+    """Engine.step(admit): the next iteration is launched first, then the prefill is queued; the
+    read that follows does not wait for that prefill (its first token stays pending until an
+    iteration queued behind it is launched), and the request's tokens still arrive in order."""
+    e = _engine(True)
+    e.apply_config(SpecConfig(steps=3, num_draft_tokens=4, epoch=1))
+    assert e.add_request(GenRequest("old", [2, 40, 6], max_new_tokens=40, ignore_eos=True)) is None
+    got: dict[str, list[int]] = {}
+
+    def keep(updates):
+        for u in updates:
+            got.setdefault(u.rid, []).extend(u.token_ids)
+
+    keep(e.step()[0])
+
+    keep(e.step(lambda: e.add_request(GenRequest("new", [5, 6, 7], max_new_tokens=9, ignore_eos=True)))[0])
+    new = e.reqs["new"]
+    assert [r.rid for r in e.inflight.reqs] == ["old"], "the admitted request joined the launch before it"
+    assert new.first is not None and "new" not in got, "the read waited for a prefill queued after the launch"
+    keep(e.step()[0])
+    assert new.first is None and len(got["new"]) >= 1
+    while e.busy:
+        keep(e.step()[0])
+    ref = _engine(True)
+    ref.apply_config(SpecConfig(steps=0, num_draft_tokens=1, epoch=1))
+    ref.add_request(GenRequest("new", [5, 6, 7], max_new_tokens=9, ignore_eos=True))
+    alone = []
+    while ref.busy:
+        alone += [t for u in ref.step()[0] for t in u.token_ids]
+    assert got["new"] == alone and len(got["old"]) == 40
