@@ -44,7 +44,9 @@ from engine_runs import base_env, published_curve  # noqa: E402
 from tuner.engine_process import EngineProcess  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMED = ("draft", "verify", "verify_sample", "draft_extend")
+# Every phase timed by CUDA events (prefill included: it is its own phase, timed like the others);
+# `other` is the host's remainder of the wall and has no event time.
+TIMED = ("prefill", "draft", "verify", "verify_sample", "draft_extend")
 
 
 class ClosedLoop:

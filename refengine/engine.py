@@ -218,6 +218,8 @@ class Engine:
         self.inflight: _Launched | None = None
         """With the overlap scheduler: the iteration launched last, read after the next launch."""
         self._launches = 0
+        self._admit_s = 0.0
+        """Host time of admissions made inside step(), not yet in a launch's wall."""
         self._pinned = self.device.type == "cuda"
         # Diagnostics (benchmarks/gpu_smoke.py): count the host's waits for the GPU per step.
         self._count_syncs = self._pinned and os.environ.get("SPECDECODE_COUNT_SYNCS") == "1"
@@ -375,7 +377,10 @@ class Engine:
         than wall."""
         if not self.busy:
             self.timer.collect()
-        self._since = time.perf_counter()
+            self._since = None
+        # A start still pending (a step that admitted but launched nothing) stays: its broadcast
+        # and prefill belong to the next launch's record with everything after them.
+        self._since = self._since or time.perf_counter()
 
     @property
     def busy(self) -> bool:
@@ -408,7 +413,14 @@ class Engine:
         reqs = self._runnable()
         nxt = self._launch(reqs) if reqs else None
         if admit is not None:
+            since, t = self._since, time.perf_counter()
             admit()
+            # The admission's host time goes in the wall of the next launch, whose record holds
+            # its prefill's phase times: from a start mark still pending (nothing was launched),
+            # else added (the loop's next begin_command would overwrite add_request's mark).
+            self._since = since
+            if since is None:
+                self._admit_s += time.perf_counter() - t
         # Nothing queued and nobody admitted: a first token still unread is all that is left.
         idle = nxt is None and admit is None
         if not self.overlap:
@@ -505,7 +517,9 @@ class Engine:
             r.ahead, r.launched = s + 1, self._launches
         done = self.timer.marks[-1][2]
         host_s = time.perf_counter() - t0
-        return _Launched(self._launches, reqs, cfg, n_tok, host_s, time.time() - host_s, results, done, self.timer.take(),
+        t_launch = time.time() - host_s
+        host_s, self._admit_s = host_s + self._admit_s, 0.0
+        return _Launched(self._launches, reqs, cfg, n_tok, host_s, t_launch, results, done, self.timer.take(),
                          [e.as_dict() for e in self.graphs.drain_events()])
 
     def _read(self, f: _Launched) -> tuple[list[GenUpdate], dict]:
