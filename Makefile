@@ -1,15 +1,19 @@
 # Two commands do all the set-up on a fresh machine:  `make demo`  and  `make test`.
+# The set-up is quiet: one line says what it does, and pip speaks only when something goes wrong
+# (tests/test_packaging.py keeps the package's own build free of warnings).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip install -q --disable-pip-version-check
 
+# The CPU build of torch first, so the `engine` extra does not pull a multi-GB CUDA build.
 $(BIN)/specdecode-tune: pyproject.toml
-	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	# The CPU build of torch first, so the `engine` extra does not pull a multi-GB CUDA build.
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[engine,dev]'
-	touch $@
+	@echo "setting up $(VENV): torch (CPU build), then this package with its engine and dev extras (minutes the first time)"
+	@$(PY) -m venv $(VENV)
+	@$(PIP) --upgrade pip
+	@$(PIP) torch==2.13.0
+	@$(PIP) -e '.[engine,dev]'
+	@touch $@
 
 setup: $(BIN)/specdecode-tune
 
@@ -18,6 +22,6 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
-	$(BIN)/lint-imports
+	$(BIN)/lint-imports --no-logo
 
 .PHONY: setup demo test

@@ -10,6 +10,20 @@ at its launch from its batch size by the shared policy, which is fed the accepte
 read; a tier switch is not a config change (same epoch), and each record says the steps it ran.
 Steps 0 is SGLang 0.5.23's tier 0 (a one-token verify plus a draft-extend, so the draft stays warm);
 an engine without a draft (`--speculative-algorithm NONE`) is plain decoding.
+
+Semantics worth knowing:
+- Sampling (temperature > 0) is SGLang's target-only tree sampling for any topk; with
+  `speculative_use_rejection_sampling` and topk = 1 the chain is drawn from q = softmax(draft / T)
+  and accepted with min(1, p / q). Coins come from a per-request generator seeded by the request's
+  seed (else crc32(rid) ^ random_seed), drawn identically on every rank.
+- The acceptance simulator (`speculative_simulate_accept`, or a speculation profile) runs all the
+  draft and verify compute, then forces how many drafts count as accepted; output tokens are then
+  the drafts and records say `simulated: true`.
+- A topk switch costs nothing at switch time: the last extend's full draft logits are kept per
+  request (buffers sized for topk <= 8 and N <= 64). A placement switch moves the draft KV between
+  iterations, counted in `other` of the next record.
+- With the overlap scheduler a request finished by a stop token has one more iteration on the
+  device; its results are dropped.
 Must not talk to queues or processes (refengine.rank does).
 """
 

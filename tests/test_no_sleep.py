@@ -1,6 +1,8 @@
-"""Tests wait on conditions, never on the clock: no `time.sleep` (or `asyncio.sleep`) in tests/
-outside the short allowlist below, where a sleep is the behaviour being simulated or a pace, not a
-way to let something else happen first. Waiting goes through `harness.wait_until`."""
+"""Tests wait on conditions, never on the clock: no `time.sleep` (or `asyncio.sleep`, or a Textual
+pilot's `pause(delay)`, which is an asyncio sleep) in tests/ outside the short allowlist below, where a
+sleep is the behaviour being simulated or a pace, not a way to let something else happen first.
+Waiting goes through `harness.wait_until` (`tui/helpers.wait_for` in a pilot). A bare `pilot.pause()`
+(let pending messages run) is not a sleep."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ ALLOWED = {
                                            "does, so a reader that trusts a file's existence alone is caught",
     ("tui/make_fixture.py", "record"): "a script, not a test: it records the real engine at the TUI's 10 Hz tick",
     ("hostile/conftest.py", "_peak_rss_mb"): "the pace of sampling a child's memory while it runs",
+    ("tui/helpers.py", "wait_for"): "the pilot's poll interval between two looks at the condition",
 }
 
 
@@ -35,6 +38,8 @@ def _sleeps(path: Path) -> list[tuple[str, int]]:
                 if (isinstance(f, ast.Attribute) and f.attr == "sleep" and isinstance(f.value, ast.Name)
                         and f.value.id in ("time", "asyncio")) or (isinstance(f, ast.Name) and f.id in bare):
                     found.append((func, child.lineno))
+                elif isinstance(f, ast.Attribute) and f.attr == "pause" and (child.args or child.keywords):
+                    found.append((func, child.lineno))   # pilot.pause(delay): asyncio.sleep(delay)
             visit(child, name)
 
     visit(tree, "<module>")
@@ -61,5 +66,6 @@ def test_the_scan_sees_every_spelling(tmp_path):
                  "def a():\n    time.sleep(1)\n"
                  "async def b():\n    await asyncio.sleep(1)\n"
                  "def c():\n    nap(1)\n"
+                 "async def d(pilot):\n    await pilot.pause()\n    await pilot.pause(1.0)\n    await pilot.pause(delay=1)\n"
                  "CHILD = 'time.sleep(600)'  # inside a child's source: not this process waiting\n")
-    assert _sleeps(f) == [("a", 4), ("b", 6), ("c", 8)]
+    assert _sleeps(f) == [("a", 4), ("b", 6), ("c", 8), ("d", 11), ("d", 12)]

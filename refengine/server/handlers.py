@@ -3,6 +3,28 @@
 Each route is a small function taking (app, request) and returning a Reply, or writing a stream.
 Must not hold engine state (that is ServerApp's) and must not let one bad request hurt the server:
 every failure becomes a 4xx/5xx reply with a message.
+
+Reply shapes the headless core (tuner/backends) parses:
+- /server_info: every launch arg at top level, never changed (`launch_command` with the key
+  redacted), plus `status`, `version`, `"engine": "refengine"` (tells it from SGLang) and
+  `internal_states`: a list of one dict, the launch args with the *active* knobs, `config_epoch`,
+  `world_size`, `last_gen_throughput`, `avg_spec_accept_length`, `emulated_comm`, `simulated_accept` and the
+  adaptive schedule in force (`speculative_adaptive`, `speculative_adaptive_config`,
+  `specdecode_num_steps`: the pinned tier, -1 when the policy chooses).
+- /set_internal_state: 200 `[true]` after every rank applied it (changes are serialised, each gets
+  its own epoch, and /server_info shows a config only once every rank runs it); 400
+  `{"error": {"message", "type": "BadRequestError", "code": 400}}` with nothing changed otherwise
+  (an unknown key: SGLang's `Updating KEY is not supported.`); 503 when the engine is gone.
+- /start_profile, /stop_profile: 200 text (stop returns after every rank wrote its file); 400 JSON for
+  a second start, a stop with nothing running, or a bad body.
+- /flush_cache[?timeout=S]: 200 text when idle (or idle within S seconds), 400 while requests run.
+- /generate, /v1/completions: when the engine fails a request, a non-streaming reply is 503
+  `{"error": ...}`; a stream sends the final chunk (`finish_reason` `{"type": "abort", "message"}`),
+  then `data: {"error": {...}}`, then `data: [DONE]`. A client that leaves mid-stream has its request
+  aborted at once.
+- 401 `{"error": "Unauthorized"}` without the key (`/health*` and `/metrics` are open, as in SGLang);
+  404/405/413 JSON errors; 503 while starting. A `rid` already in flight: 400 `Duplicate request ID
+  detected: {rid}` (SGLang's).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 SGLang cannot run here (no GPU, kernel wheels), so `launch`'s process management is tested
 against this small real HTTP program that behaves like SGLang where `launch` looks: it takes
 SGLang's flags (unknown ones are accepted, as SGLang would have its own), answers /health with
-503 while "starting" and 200 after, serves /model_info and /server_info (with `launch_command`
+503 while "starting" and 200 after (each answer logged), serves /model_info and /server_info (with `launch_command`
 and the resolved speculative args), logs SGLang-like lines, and spawns a child process the way
 SGLang spawns its schedulers. Test-only knobs (never SGLang's): env STANDIN_STARTUP_S (seconds
 of "starting"), STANDIN_REFUSE ("key=value": exit 1 at startup when launched with it, as SGLang
@@ -68,8 +68,11 @@ def main() -> int:
             if args.api_key and self.headers.get("Authorization") != f"Bearer {args.api_key}":
                 return self._json(401, {"error": "Unauthorized"})
             if time.monotonic() < ready_at:
+                if self.path == "/health":   # in the log, so a test can see what the launcher was told
+                    print("[stand-in] /health 503 starting", flush=True)
                 return self._json(503, {"error": "starting"})
             if self.path == "/health":
+                print("[stand-in] /health 200", flush=True)
                 return self._json(200, {})
             if self.path == "/model_info":
                 return self._json(200, {"model_path": args.model_path, "is_generation": True})

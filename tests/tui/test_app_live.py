@@ -119,7 +119,7 @@ def test_a_killed_server_shows_disconnected_and_recovers_after_restart():
                 server.kill()
                 await wait_for(pilot, lambda: "disconnected" in header_text(app), why="disconnected in the header")
                 await pilot.press("plus")          # a change while down: a message, not a crash
-                await pilot.pause(1.0)
+                await wait_for(pilot, lambda: app.refused and not app.pending, why="the change refused with a reason")
                 server.restart()
                 await wait_for(pilot, lambda: "● connected" in header_text(app), timeout=120, why="reconnected")
                 log = app.main.query_one("#events").plain()
