@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping
 
 import httpx
 
-from tuner.backends.sglang.args import Launch, apply_settings, server_url
+from tuner.backends.sglang.args import Launch, apply_settings, runs_already, server_url
 
 READY_LINE = "The server is fired up and ready to roll!"
 
@@ -196,7 +196,7 @@ class ManagedServer:
         """The launch `changes` would run, None when the server runs it already; ArgsError (one
         line) for a setting SGLang would refuse. Nothing is stopped or started."""
         new = apply_settings(self.launch, changes)
-        return None if new == self.launch else new
+        return None if new == self.launch or runs_already(self.launch, changes) else new
 
     @staticmethod
     def question(changes: Mapping[str, Any], new: Launch) -> str:
