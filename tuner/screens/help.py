@@ -37,8 +37,7 @@ PANELS = """
 ## Panels
 
 - **tok/s**: decode tokens per second, 2-s means: the server's count (blue) and, when the load
-  driver runs, the client's own count (yellow); under `launch`, the server log's own figure (purple).
-  Red lines mark where the setting changed.
+  driver runs, the client's own count (yellow). Red lines mark where the setting changed.
 - **acceptance**: accept length τ over time (tokens committed per verify, bonus included) and,
   per draft position k, p_k: the share of verifies that accepted at least k drafts;
   α_k = p_k / p_(k-1).
