@@ -81,7 +81,8 @@ def _ask(question: str) -> bool:
 
 
 def _event_printer(kind: str, data: dict) -> None:
-    # The recording and TUI hook in here later; until then events are one line each on stderr.
+    # Before and after the TUI (and with --no-tui) events are one line each on stderr; while the
+    # TUI runs they go to its session (tuner.backends.sglang.managed.ManagedRelaunch).
     print(f"specdecode-tune launch: event {kind} {json.dumps(data, sort_keys=True)}", file=sys.stderr)
 
 
