@@ -46,3 +46,17 @@ def test_no_decode_line_means_no_slot_and_the_fixture_log():
     decodes, tiers = LogTail(LOG, utc_offset_s=0).poll_all()
     got = chosen_tiers(tiers, decodes, slots={"1": {}, "8": {}})
     assert {k: (v.steps, v.batch, v.moves) for k, v in got.items()} == {1: (4, 4, 2)}
+
+
+def test_the_same_from_a_store_the_log_feed_filled():
+    from tuner.backends.sglang.log import log_samples
+    from tuner.core.store import Store
+    from tuner.tuning.adaptive_tiers import chosen_tiers_in
+
+    decodes = [_decode("00", 2), _decode("10", 12)]
+    moves = [_switch("01", 3, 5), _switch("11", 5, 1)]
+    store = Store()
+    store.add_many(log_samples(decodes, moves))
+    got = chosen_tiers_in(store)
+    assert {k: (v.steps, v.batch) for k, v in got.items()} == {1: (5, 2), 8: (1, 12)}
+    assert chosen_tiers_in(store, t1=moves[0].t) == {1: got[1].__class__(1, 5, moves[0].t, 2, 1)}

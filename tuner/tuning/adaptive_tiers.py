@@ -9,16 +9,20 @@ slot of the batch size the nearest decode line reports (`#running-req`), routed 
 --decode-log-interval iterations, and SGLang pads the batch size to a CUDA-graph size before
 routing, which the log does not say.
 
-Pure: plain values in, plain values out; no I/O, no store, no widgets.
+`chosen_tiers` is pure (plain values in and out); `chosen_tiers_in` reads the same facts from a
+store that managed mode's log feed filled (tuner.backends.sglang.managed.LogFeed: `log/tier_steps`
+per switch line, `log/running_reqs` per decode line), live or from a recording. No I/O, no widgets.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Protocol
+from typing import Any, Iterable, Mapping, NamedTuple, Protocol
 
 from probes.adaptive_policy import DEFAULT_TIERS, tier_for
+from tuner.core import series as S
 
 
 class TierMove(Protocol):
@@ -45,7 +49,7 @@ class ChosenTier:
     steps: int
     t: float                # when the move was logged
     batch: int              # the batch size it was attributed to (the nearest decode line's)
-    moves: int              # tier moves attributed to this slot
+    moves: int              # tier lines attributed to this slot (a policy move logs two: update, switch)
 
 
 def chosen_tiers(moves: Iterable[TierMove], batches: Iterable[BatchReading],
@@ -81,3 +85,25 @@ def _nearest(times: list[float], readings: list[tuple[float, int]], t: float) ->
         return readings[-1][1]
     before, after = readings[i - 1], readings[i]
     return after[1] if after[0] - t <= t - before[0] else before[1]
+
+
+class _Move(NamedTuple):
+    t: float
+    kind: str
+    new_steps: int
+    new_draft_tokens: int | None
+
+
+class _Batch(NamedTuple):
+    t: float
+    running_reqs: int
+
+
+def chosen_tiers_in(store: Any, t0: float = -math.inf, t1: float = math.inf,
+                    slots: Mapping[int, object] | Iterable[int] = DEFAULT_TIERS) -> dict[int, ChosenTier]:
+    """`chosen_tiers` over the log readings a store holds between t0 and t1."""
+    tiers = store.window(S.LOG_TIER_STEPS, t0, t1)
+    running = store.window(S.LOG_RUNNING, t0, t1)
+    moves = [_Move(t, "switch", int(v), None) for t, v in zip(tiers.t, tiers.v) if not math.isnan(v)]
+    batches = [_Batch(t, int(v)) for t, v in zip(running.t, running.v) if not math.isnan(v)]
+    return chosen_tiers(moves, batches, slots)
