@@ -317,7 +317,7 @@ class TunerApp(App[None]):
             ok, error = True, ""
         except Exception as exc:   # noqa: BLE001 - a failed relaunch is said, the app goes on
             ok, error = False, (str(exc).splitlines() or [type(exc).__name__])[0]
-        if had_load:
+        if had_load and self.is_running:       # not after a quit during the relaunch
             try:
                 self.session.start_load(self.prompts, self.load_concurrency, self.max_new_tokens)
             except Exception as exc:   # noqa: BLE001
