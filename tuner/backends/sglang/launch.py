@@ -122,7 +122,8 @@ class ManagedServer:
                     raise LaunchError(f"the server was not ready within {self.ready_timeout_s:.0f} s"
                                       f"\n{self.log_tail()}")
                 line = self.log_tail(1)
-                if line and line != last:
+                # Our own marker line is the command already said at "starting": wait for the server's.
+                if line and line != last and not line.startswith("### specdecode-tune launch:"):
                     last = line
                     self.on_progress(f"[{time.monotonic() - t0:5.0f} s] {line[-160:]}")
                 time.sleep(self.poll_s)
