@@ -295,6 +295,9 @@ def test_cli_refuses_without_yes_off_a_terminal_and_bad_input(tmp_path):
     assert _cli(tmp_path, "--no-tui").returncode == 2
     bad = _cli(tmp_path, "--no-tui", "--try", "steps", "--", "python")
     assert bad.returncode == 2 and "KEY=VALUE" in bad.stderr
+    bad = _cli(tmp_path, "--no-tui", "--record", str(tmp_path / "r.db"), "--", "python")
+    assert bad.returncode == 2 and "--record records the TUI's session" in bad.stderr
+    assert _cli(tmp_path, "--load", "-1", "--", "python").stderr.strip().endswith("--load must be 0 or more")
 
 
 @pytest.mark.slow

@@ -102,6 +102,9 @@ def run(args: argparse.Namespace, run_app: Callable[[Any], None] | None = None) 
         args.api_key = api_key_of(args)        # ApiKeyError is a ValueError: one line
         if args.load < 0:
             raise ValueError("--load must be 0 or more")
+        if args.record is not None and args.no_tui:
+            raise ValueError("--record records the TUI's session: drop --no-tui, or run "
+                             "`specdecode-tune record URL` beside it")
         from tuner.commands.attach import prompts_for
         args.prompt_list = prompts_for(args)
     except (ArgsError, ValueError, OSError) as e:
