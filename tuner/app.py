@@ -4,6 +4,8 @@ A timer calls the headless driver's `tick()` (tuner.core.driver: it steps the tu
 and moves the bus into the store); when the store's revision moved, each panel pulls the window it
 draws (tuner.widgets.views). Operator keys become control calls in worker threads; their results
 come back as events through the session, so the store, a recording and the report all see them.
+Under `launch` (managed mode) a knob the server cannot change live is offered as a relaunch
+(tuner.core.relaunch): a confirmation, progress in the bar, the outcome in the log.
 This module owns no measuring and no state logic: no statistics, no HTTP, no NVML. It never
 imports tuner.commands (the commands build the app, not the other way round).
 """
@@ -23,8 +25,10 @@ from probes.names import STEPS
 from tuner.core import setting as vocab
 from tuner.core.driver import Driver
 from tuner.core.records import thaw
+from tuner.core.relaunch import Relauncher, relaunch_changes
 from tuner.core.session import Session
-from tuner.messages import CaptureFinished, CaptureProgress, ControlFinished, PySpyFinished
+from tuner.messages import (CaptureFinished, CaptureProgress, ControlFinished, PySpyFinished, RelaunchFinished,
+                            RelaunchProgress)
 from tuner.screens.help import HelpScreen
 from tuner.screens.main import CHART_WINDOW_S, MainScreen
 from tuner.screens.tune import TuneScreen
@@ -36,6 +40,8 @@ DEFAULT_LOAD = 4
 TUNE_BUDGET_S = 120.0
 TUNE_MAX_STEPS = 5
 CONTROL_ACTIONS = {"knob", "toggle_load", "capture_trace", "pyspy"}
+RELAUNCH_BLOCKS = CONTROL_ACTIONS | {"tune"}
+"""Actions held while a relaunch stops and starts the server (they would talk to no server)."""
 REPLAY_ACTIONS = {"pause", "step", "seek", "speed"}
 
 
@@ -98,6 +104,8 @@ class TunerApp(App[None]):
         load_concurrency: requests the load driver keeps in flight (0: DEFAULT_LOAD when l is pressed).
         prompts: prompts for the load driver.
         start_load: start the load driver as soon as the app is up.
+        relauncher: managed mode's relauncher (`launch`); None elsewhere: knobs the server cannot
+            change live say why, and nothing offers a relaunch.
     """
 
     CSS_PATH = "app.tcss"
@@ -109,9 +117,12 @@ class TunerApp(App[None]):
                  start_load: bool = False, max_new_tokens: int = 128,
                  gpu_labels: dict[int, str] | None = None, tune_budget_s: float = TUNE_BUDGET_S,
                  tune_max_steps: int = TUNE_MAX_STEPS, tune_topks: tuple[int, ...] = (1,),
-                 tune_draft_tokens: tuple[int, ...] = ()) -> None:
+                 tune_draft_tokens: tuple[int, ...] = (), relauncher: Relauncher | None = None) -> None:
         super().__init__()
         self.session = session
+        self.relauncher = relauncher
+        self.relaunching = ""
+        """The changes a running relaunch applies, in words ("" when none runs)."""
         self.tick_s = tick_s
         # The l key starts this many requests when --load gave none.
         self.load_concurrency = load_concurrency or DEFAULT_LOAD
@@ -193,7 +204,16 @@ class TunerApp(App[None]):
 
     # -- keys -------------------------------------------------------------------------------------
 
+    def offers_relaunch(self, key: str) -> bool:
+        """Managed mode, and `key` changes only by a relaunch of the server."""
+        backend = self.session.backend
+        if self.relauncher is None or backend is None or self.read_only:
+            return False
+        return backend.capabilities.needs_restart_for(key) is not None
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if self.relaunching and action in RELAUNCH_BLOCKS:
+            return False
         if action in CONTROL_ACTIONS:
             # While the tune screen is up the tuner owns the setting: no knob keys behind its back.
             return not self.read_only and not self.tuning_on_screen()
@@ -219,8 +239,15 @@ class TunerApp(App[None]):
         self.request_change(k.arg, nxt)
 
     def request_change(self, key: str, value: Any) -> None:
-        """Send one change, unless the backend cannot do it (then say why)."""
+        """Send one change, unless the backend cannot do it (then offer a relaunch in managed mode,
+        else say why)."""
+        if self.relaunching:
+            self.notify(f"a relaunch is running ({self.relaunching}): a moment", severity="warning")
+            return
         reason = self.capability(key)
+        if reason and self.offers_relaunch(key):
+            self.offer_relaunch(key, value)
+            return
         if reason:
             self.notify(reason, title=f"{vocab.word(key)} cannot change here", severity="warning")
             return
@@ -245,6 +272,72 @@ class TunerApp(App[None]):
         if not message.ok:
             self.refused = f"{vocab.word(message.key)}={message.value}: {message.reason or 'no reason given'}"
             self.notify(self.refused, title="refused", severity="error")
+        self.main.query_one("#knobs", KnobsPanel).show(self.main.knob_view(self.session.active_config()))
+
+    # -- managed relaunch -------------------------------------------------------------------------
+
+    def offer_relaunch(self, key: str, value: Any) -> None:
+        """Ask whether to relaunch the server with `key` = `value` (and what the launch needs with
+        it); a setting the launch would refuse is said in one line and nothing is asked."""
+        assert self.relauncher is not None
+        changes = relaunch_changes(key, value, self.session.active_config())
+        words = ", ".join(f"{vocab.word(k)} {v}" for k, v in changes.items())
+        try:
+            proposal = self.relauncher.proposal(changes)
+        except ValueError as e:
+            self.notify(str(e), title=f"cannot relaunch with {words}", severity="warning")
+            return
+        if proposal is None:
+            self.notify(f"the server already runs {words}")
+            return
+        question, command = proposal
+        from tuner.screens.relaunch import RelaunchConfirm
+
+        self.push_screen(RelaunchConfirm(question, command),
+                         callback=lambda yes: self._relaunch_answered(changes, words, bool(yes)))
+
+    def _relaunch_answered(self, changes: dict[str, Any], words: str, yes: bool) -> None:
+        if not yes:
+            self.notify(f"not relaunched: the server keeps running as it is ({words} not applied)")
+            return
+        self.relaunching = words
+        self.refresh_bindings()
+        self._show_capture(f"⧗ relaunch for {words}: stopping the server…")
+        self._relaunch_worker(changes)
+
+    @work(thread=True, exclusive=True, group="relaunch", exit_on_error=False)
+    def _relaunch_worker(self, changes: dict[str, Any]) -> None:
+        assert self.relauncher is not None
+        # The load would only count errors while the server is away: it resumes on the new one.
+        had_load = self.session.load is not None
+        if had_load:
+            self.session.stop_load()
+        try:
+            self.relauncher.relaunch(changes, lambda text: self.post_message(RelaunchProgress(text)))
+            ok, error = True, ""
+        except Exception as exc:   # noqa: BLE001 - a failed relaunch is said, the app goes on
+            ok, error = False, (str(exc).splitlines() or [type(exc).__name__])[0]
+        if had_load and self.is_running:       # not after a quit during the relaunch
+            try:
+                self.session.start_load(self.prompts, self.load_concurrency, self.max_new_tokens)
+            except Exception as exc:   # noqa: BLE001
+                self.session.note(f"load not restarted after the relaunch: {exc}")
+        self.post_message(RelaunchFinished(changes, ok, error))
+
+    @on(RelaunchProgress)
+    def _relaunch_progress(self, message: RelaunchProgress) -> None:
+        if self.relaunching:
+            self._show_capture(f"⧗ relaunch for {self.relaunching}: {message.text[-160:]}")
+
+    @on(RelaunchFinished)
+    def _relaunch_finished(self, message: RelaunchFinished) -> None:
+        words, self.relaunching = self.relaunching, ""
+        self._show_capture("")
+        self.refresh_bindings()
+        if message.ok:
+            self.notify(f"relaunched with {words}")
+        else:
+            self.notify(message.error, title="relaunch failed", severity="error")
         self.main.query_one("#knobs", KnobsPanel).show(self.main.knob_view(self.session.active_config()))
 
     def action_toggle_load(self) -> None:
@@ -476,7 +569,7 @@ def make_app(session: Session, *, load: int = 0, prompts: list[dict] | None = No
              max_new_tokens: int = 128, tick_s: float | None = 0.25, start_load: bool = True,
              gpu_labels: dict[int, str] | None = None, tune_budget_s: float = TUNE_BUDGET_S,
              tune_max_steps: int = TUNE_MAX_STEPS, tune_topks: tuple[int, ...] = (1,),
-             tune_draft_tokens: tuple[int, ...] = ()) -> TunerApp:
+             tune_draft_tokens: tuple[int, ...] = (), relauncher: Relauncher | None = None) -> TunerApp:
     """The app as every command and test builds it (Posting's make_posting)."""
     if prompts is None:
         from tuner.backends.load import builtin_prompts
@@ -484,4 +577,4 @@ def make_app(session: Session, *, load: int = 0, prompts: list[dict] | None = No
     return TunerApp(session, tick_s=tick_s, load_concurrency=load, prompts=prompts,
                     max_new_tokens=max_new_tokens, start_load=start_load and load > 0, gpu_labels=gpu_labels,
                     tune_budget_s=tune_budget_s, tune_max_steps=tune_max_steps, tune_topks=tune_topks,
-                    tune_draft_tokens=tune_draft_tokens)
+                    tune_draft_tokens=tune_draft_tokens, relauncher=relauncher)

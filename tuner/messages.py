@@ -48,3 +48,22 @@ class PySpyFinished(Message):
 
     result: Any
     error: str = ""
+
+
+@dataclass
+class RelaunchProgress(Message):
+    """Managed mode's relaunch moved on (stopping, starting, the server log's newest line)."""
+
+    text: str
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, RelaunchProgress)
+
+
+@dataclass
+class RelaunchFinished(Message):
+    """A managed relaunch ended: the server runs `changes`, or `error` says why not."""
+
+    changes: dict[str, Any]
+    ok: bool
+    error: str = ""

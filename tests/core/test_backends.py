@@ -152,6 +152,25 @@ def test_sglang_with_plugin_sets_steps_through_its_key_and_reads_false_as_refusa
         sg.stop()
 
 
+def test_sglang_relaunched_server_is_asked_for_the_plugin_and_a_lease_at_once(wire):
+    sg = StandIn(kind="sglang", plugin=False, adaptive=True).start()
+    try:
+        b = SGLangBackend(sg.url)
+        session, clock = wire(b)
+        b.poll_server_info()
+        assert b.plugin is None and sg.posts == []
+        # Relaunched (managed mode) with the plugin: a new startup_time, the same URL.
+        sg.plugin, sg.startup_time = True, sg.startup_time + 30
+        clock.advance(1.0)                                   # well inside a lease renewal period
+        b.poll_server_info()
+        assert b.plugin is not None and b.capabilities.CAN_SET_STEPS
+        assert sg.posts == [{"server_args": {"specdecode_timers": 60.0}}]
+        b.poll_server_info()
+        assert len(sg.posts) == 1                            # the same server: renewed on its period
+    finally:
+        sg.stop()
+
+
 def test_sglang_without_phase_stream_changes_come_from_read_back(wire):
     sg = StandIn(kind="sglang").start()
     try:

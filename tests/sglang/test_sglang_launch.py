@@ -20,7 +20,7 @@ from harness import free_port
 
 from tuner.backends.sglang.args import (
     ArgsError, Launch, adaptive_candidates, apply_settings, check_command, get_arg, pinning_config,
-    server_url, set_arg, with_pinning,
+    runs_already, server_url, set_arg, with_pinning,
 )
 from tuner.backends.sglang.launch import LaunchError, ManagedServer
 
@@ -72,6 +72,18 @@ def test_steps_change_keeps_sglangs_rules():
 def test_settings_sglang_would_refuse_are_refused_up_front(changes, words):
     with pytest.raises(ArgsError, match=words):
         apply_settings(Launch(BASE), changes)
+
+
+def test_runs_already_reads_values_not_flag_order():
+    base = Launch(BASE)
+    assert runs_already(base, {"speculative_num_steps": 3}) and runs_already(base, {"speculative_eagle_topk": 1})
+    assert apply_settings(base, {"speculative_num_steps": 3}) != base          # reordered: not a change
+    assert not runs_already(base, {"speculative_eagle_topk": 2, "speculative_num_draft_tokens": 4})
+    assert runs_already(base, {"speculative_draft_placement": "sharded"})
+    assert not runs_already(base, {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": 0})   # left to SGLang: say it
+    pcie = apply_settings(base, {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": 1})
+    assert runs_already(pcie, {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": 1})
+    assert not runs_already(base, {"speculative_num_steps": 0})              # refused: not "already"
 
 
 def test_env_and_attention_dp_settings():
@@ -283,6 +295,9 @@ def test_cli_refuses_without_yes_off_a_terminal_and_bad_input(tmp_path):
     assert _cli(tmp_path, "--no-tui").returncode == 2
     bad = _cli(tmp_path, "--no-tui", "--try", "steps", "--", "python")
     assert bad.returncode == 2 and "KEY=VALUE" in bad.stderr
+    bad = _cli(tmp_path, "--no-tui", "--record", str(tmp_path / "r.db"), "--", "python")
+    assert bad.returncode == 2 and "--record records the TUI's session" in bad.stderr
+    assert _cli(tmp_path, "--load", "-1", "--", "python").stderr.strip().endswith("--load must be 0 or more")
 
 
 @pytest.mark.slow
@@ -304,3 +319,28 @@ def test_relaunch_the_reference_engine(tmp_path):
     finally:
         s.stop(grace_s=15)
     assert not s.alive()
+
+
+def test_after_shutdown_nothing_starts_again(managed):
+    """A relaunch on the TUI's worker thread may still be running when launch exits: once shut
+    down, the manager starts nothing (the new command nor the rollback)."""
+    managed.start()
+    pid = managed.proc.pid
+    managed.shutdown(grace_s=5)
+    assert not _alive(pid) and managed.proc is None
+    with pytest.raises(LaunchError, match="shutting down"):
+        managed.relaunch({"speculative_num_steps": 5}, confirmed=True)
+    assert managed.proc is None
+    assert [k for k, _ in managed.events] == ["relaunch_started", "relaunch_failed"]
+
+
+def test_proposal_and_question_change_nothing(managed):
+    managed.start()
+    pid = managed.proc.pid
+    new = managed.proposal({"speculative_eagle_topk": 2, "speculative_num_draft_tokens": 4})
+    assert "--speculative-eagle-topk 2 --speculative-num-draft-tokens 4" in new.display()
+    assert new.display() in managed.question({"speculative_eagle_topk": 2}, new)
+    assert managed.proposal({"speculative_num_steps": 3}) is None          # runs it already
+    with pytest.raises(ArgsError, match="exceeds the tree"):
+        managed.proposal({"speculative_eagle_topk": 2, "speculative_num_draft_tokens": 40})
+    assert managed.proc.pid == pid and managed.events == [] and len(managed.tried) == 1

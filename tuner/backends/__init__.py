@@ -28,11 +28,12 @@ def detect_kind(server_info: dict, metric_names: list[str] | None = None) -> str
     return None
 
 
-def connect(url: str, api_key: str | None = None, timeout: float = 3.0) -> Backend:
+def connect(url: str, api_key: str | None = None, timeout: float = 3.0, kind: str | None = None) -> Backend:
     """The backend for the server at `url`. Raises ServerError (one line) when none can be used.
 
     Reads /server_info and /metrics once each (every read is bounded by its deadline), so a slow
-    server costs connect() at most two deadlines.
+    server costs connect() at most two deadlines. `kind` ("sglang" or "refengine") skips the
+    detection: `launch --server-kind sglang` drives `serve` with SGLang's live controls only.
     """
     from tuner.backends.promtext import MetricsParseError, parse_metrics
     from tuner.backends.refengine import RefEngineBackend
@@ -50,7 +51,7 @@ def connect(url: str, api_key: str | None = None, timeout: float = 3.0) -> Backe
             raise
         if not isinstance(info, dict):
             raise BadAnswer("GET /server_info: not a JSON object")
-        kind = detect_kind(info)
+        kind = kind or detect_kind(info)
         if kind is None:
             try:
                 metrics_text = probe.read_metrics_text()

@@ -3,7 +3,9 @@
 Starts the SGLang server as a child (argv list, own session, log file), waits until it is ready,
 then opens the TUI on it (or, with --no-tui, keeps it serving). Settings SGLang cannot change
 live are applied by a relaunch with rewritten arguments: `--try KEY=VALUE,...` does that from the
-command line, one relaunch per --try. Every command tried is printed at the end, exactly, so any
+command line, one relaunch per --try; in the TUI a knob key the server cannot follow live offers
+the relaunch (tuner.backends.sglang.managed), and the server's log feeds SGLang's decode and
+adaptive-tier lines into the session. Every command tried is printed at the end, exactly, so any
 setting can be reproduced by hand. Nothing is left running when it returns.
 
 --pin-steps 1,2,3,4,5 makes the launch adaptive with a config in which SGLang's own policy never
@@ -19,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--yes", action="store_true", help="relaunch without asking")
     parser.add_argument("--no-tui", action="store_true",
                         help="do not open the TUI; with --try, exit after the last setting")
+    parser.add_argument("--server-kind", choices=("auto", "sglang", "refengine"), default="auto",
+                        help="how the TUI treats the server (default: detected); `sglang` on `specdecode-tune "
+                             "serve` rehearses SGLang: only its live controls, the rest by relaunch")
+    parser.add_argument("--record", type=Path, default=None, metavar="FILE",
+                        help="record the TUI's session (readings, events, relaunches) into FILE")
+    from tuner.commands.attach import add_load_arguments
+    add_load_arguments(parser)
     # dest is not "command": the CLI's subparser already stores the subcommand's name there.
     parser.add_argument("server_command", metavar="COMMAND", nargs=argparse.REMAINDER,
                         help="the server command after `--`, e.g. python -m sglang.launch_server ARGS…")
@@ -71,11 +81,13 @@ def _ask(question: str) -> bool:
 
 
 def _event_printer(kind: str, data: dict) -> None:
-    # The recording and TUI hook in here later; until then events are one line each on stderr.
+    # Before and after the TUI (and with --no-tui) events are one line each on stderr; while the
+    # TUI runs they go to its session (tuner.backends.sglang.managed.ManagedRelaunch).
     print(f"specdecode-tune launch: event {kind} {json.dumps(data, sort_keys=True)}", file=sys.stderr)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, run_app: Callable[[Any], None] | None = None) -> int:
+    """The command. `run_app(app)` runs the TUI (default: `app.run()`, on this terminal)."""
     from tuner.backends.sglang.args import ArgsError, Launch, check_command, with_pinning
     from tuner.backends.sglang.launch import LaunchError, ManagedServer
 
@@ -88,7 +100,14 @@ def run(args: argparse.Namespace) -> int:
         check_command(cmd)
         tries = [parse_try(t) for t in args.tries]
         args.api_key = api_key_of(args)        # ApiKeyError is a ValueError: one line
-    except (ArgsError, ValueError) as e:
+        if args.load < 0:
+            raise ValueError("--load must be 0 or more")
+        if args.record is not None and args.no_tui:
+            raise ValueError("--record records the TUI's session: drop --no-tui, or run "
+                             "`specdecode-tune record URL` beside it")
+        from tuner.commands.attach import prompts_for
+        args.prompt_list = prompts_for(args)
+    except (ArgsError, ValueError, OSError) as e:
         print(f"specdecode-tune launch: {e}", file=sys.stderr)
         return 2
     log_path = args.log or Path(tempfile.mkdtemp(prefix="specdecode-launch-")) / "server.log"
@@ -131,14 +150,14 @@ def run(args: argparse.Namespace) -> int:
                     progress(f"the server exited with status {server.proc.returncode}\n{server.log_tail()}")
                     rc = 1
         else:
-            rc = _attach(server, args)
+            rc = _attach(server, args, run_app or (lambda app: app.run()))
     except (ArgsError, LaunchError) as e:
         progress(str(e))
         rc = 1
     except KeyboardInterrupt:
         rc = 130
     finally:
-        server.stop()
+        server.shutdown()          # a relaunch still running on the TUI's worker starts nothing after
         signal.signal(signal.SIGTERM, previous)
         print(server.report(), file=sys.stderr)
     return rc
@@ -154,13 +173,47 @@ def _hold(server, seconds: float) -> None:
         time.sleep(min(0.2, max(0.0, end - time.monotonic())))
 
 
-def _attach(server, args: argparse.Namespace) -> int:
+def _attach(server, args: argparse.Namespace, run_app: Callable[[Any], None]) -> int:
+    """The TUI over the managed server: knob keys it cannot follow live offer a relaunch, the
+    server's log feeds the session, and `--record` records it all."""
+    from tuner.app import make_app
     from tuner.backends import ServerError, connect
-    from tuner.commands.attach import builtin_prompts, run_tui
+    from tuner.backends.sglang.managed import LogFeed, ManagedRelaunch
+    from tuner.commands.attach import gpu_labels, start_nvml
+    from tuner.core.session import Session
+    from tuner.core.text import terminal_safe
 
+    kind = None if args.server_kind == "auto" else args.server_kind
     try:
-        backend = connect(server.url, api_key=args.api_key)
+        backend = connect(server.url, api_key=args.api_key, kind=kind)
     except ServerError as e:
-        print(f"specdecode-tune launch: {e}", file=sys.stderr)
+        print(terminal_safe(f"specdecode-tune launch: {e}"), file=sys.stderr)
         return 1
-    return run_tui(backend, 0, builtin_prompts())
+    recorder = None
+    if args.record is not None:
+        from tuner.recording import Recorder, header_for
+        try:
+            recorder = Recorder(args.record, header_for(backend, command="launch", launch_command=server.launch.display()))
+        except Exception as e:  # noqa: BLE001 - RecordingError, OSError: one line either way
+            backend.stop()
+            print(f"specdecode-tune launch: cannot record to {args.record}: {e}", file=sys.stderr)
+            return 2
+    session = Session(backend, recorder=recorder)
+    events, progress = server.on_event, server.on_progress
+    # While the TUI owns the terminal nothing prints: relaunch events go to the session (its log
+    # and the recording), progress to the TUI's bar.
+    relauncher = ManagedRelaunch(server, session.put, session.now)
+    feed = LogFeed(server.log_path, session.put, session.now).start()
+    sampler = start_nvml(session)
+    try:
+        run_app(make_app(session, load=args.load, prompts=args.prompt_list, max_new_tokens=args.max_new_tokens,
+                         gpu_labels=gpu_labels(sampler), relauncher=relauncher))
+    finally:
+        feed.stop()
+        if sampler is not None:
+            sampler.stop()
+        session.close()
+        server.on_event, server.on_progress = events, progress
+    if args.record is not None:
+        print(f"specdecode-tune launch: recorded to {args.record}", file=sys.stderr)
+    return 0

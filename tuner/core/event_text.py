@@ -140,6 +140,14 @@ _TEXTS: dict[str, Callable[[Mapping[str, Any]], EventText | None]] = {
     K.LOAD_ERROR: lambda d: EventText(f"load: {d.get('error', '?')}", "warn"),
     K.PHASE_GAP: lambda d: EventText(f"phase stream missed {d.get('dropped', '?')} iterations", "warn"),
     K.TRACE_CAPTURED: _trace,
+    K.RELAUNCH_STARTED: lambda d: EventText(f"relaunching the server for {_changes(d.get('changes'))}", "info"),
+    K.RELAUNCH_READY: lambda d: EventText(f"relaunched with {_changes(d.get('changes'))} in "
+                                          f"{_num(d.get('seconds'))} s", "good"),
+    K.RELAUNCH_FAILED: lambda d: EventText(f"relaunch with {_changes(d.get('changes'))} failed: "
+                                           f"{short_error(str(d.get('error', '?')), 100)}", "error"),
+    K.RELAUNCH_ROLLED_BACK: lambda d: EventText("the previous launch command runs again", "warn"),
+    K.ADAPTIVE_TIER: lambda d: EventText(f"adaptive: steps {d.get('old_steps', '?')} → {d.get('new_steps', '?')} "
+                                         f"(EMA correct drafts {_num(d.get('ema_accept_len'), '{:.2f}')})", "dim"),
     K.NOTE: lambda d: EventText(str(d.get("text", "")), "info"),
     K.RECORDING_GAP: lambda d: EventText(f"recording gap: {d.get('reason', '?')}", "warn"),
     K.SERVER_INFO: lambda d: EventText(f"server: {d.get('kind', '?')} {d.get('version', '')} · {d.get('model', '')}",

@@ -47,6 +47,18 @@ class EventKind:
     """The phase stream reader missed records. data: dropped."""
     TRACE_CAPTURED = "trace_captured"
     """A profiler capture finished. data: trace_id, files, ranks, (analysis summary)."""
+    RELAUNCH_STARTED = "relaunch_started"
+    """Managed mode stops the server to start it with a rewritten command.
+    data: changes, command (shell-quoted, secrets redacted), previous."""
+    RELAUNCH_READY = "relaunch_ready"
+    """The relaunched server is ready. data: changes, command, seconds."""
+    RELAUNCH_FAILED = "relaunch_failed"
+    """The new command did not come up. data: changes, command, error (one line)."""
+    RELAUNCH_ROLLED_BACK = "relaunch_rolled_back"
+    """After a failed relaunch the previous command runs again. data: command."""
+    ADAPTIVE_TIER = "adaptive_tier"
+    """SGLang's adaptive policy moved a slot's steps (its log line, managed mode).
+    data: old_steps, new_steps, ema_accept_len."""
     NOTE = "note"
     """Free text from the operator or a tool. data: text."""
     RECORDING_GAP = "recording_gap"

@@ -29,6 +29,13 @@ LOAD_INFLIGHT = "load/inflight"
 LOAD_REQUESTS = "load/requests_total"
 LOAD_ERRORS = "load/errors_total"
 
+# SGLang's own log lines, read by managed mode (tuner.backends.sglang.log): kept apart from the same
+# readings taken from /metrics so a chart or a report always knows its source.
+LOG_GEN_THROUGHPUT = "log/gen_throughput_tok_per_s"   # "gen throughput (token/s)" of a decode line
+LOG_ACCEPT_LEN = "log/accept_len"                # "accept len" of a decode line
+LOG_RUNNING = "log/running_reqs"                 # "#running-req" of a decode line
+LOG_TIER_STEPS = "log/tier_steps"                # steps of the adaptive tier after a switch line
+
 PHASE_WALL_MS = "phase/wall_ms"                  # wall time per iteration (rank 0)
 PHASE_IDLE_MS = "phase/idle_ms"                  # wall - union of the phases
 

@@ -175,10 +175,12 @@ class MainScreen(Screen[None]):
         return "   ".join(parts) + f"   [dim]{views.SMOOTH_S:g}-s means · red: setting changed[/]"
 
     def knob_view(self, active: dict) -> KnobView:
-        unavailable = {k.arg: r for k in vocab.knobs() if (r := self.app.capability(k.arg))}
+        relaunch = frozenset(k.arg for k in vocab.knobs() if self.app.offers_relaunch(k.arg))
+        unavailable = {k.arg: r for k in vocab.knobs() if k.arg not in relaunch and (r := self.app.capability(k.arg))}
         return KnobView(
             values=vocab.by_arg(active), unavailable=unavailable, pending=self.app.pending,
-            refused=self.app.refused, load=self._load_text(), read_only=self.app.read_only)
+            refused=self.app.refused, load=self._load_text(), read_only=self.app.read_only,
+            relaunch=relaunch)
 
     def _load_text(self) -> str:
         if self.app.read_only:

@@ -18,6 +18,7 @@ from tuner.widgets.fmt import is_num
 SERVER_COLOR = (79, 179, 217)
 CLIENT_COLOR = (224, 176, 64)
 ACCEPT_COLOR = (139, 195, 74)
+LOG_COLOR = (170, 140, 220)      # SGLang's own log lines (managed mode)
 MARKER_COLOR = (217, 110, 110)
 
 

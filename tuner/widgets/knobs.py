@@ -31,6 +31,8 @@ class KnobView:
     """The load driver's state, e.g. "4 concurrent · 31.2 tok/s", "off", or why it cannot run."""
     read_only: bool = False
     """Replay: show the setting, no controls."""
+    relaunch: frozenset[str] = frozenset()
+    """Knobs whose keys offer a relaunch (managed mode: the server cannot change them live)."""
 
 
 def knob_action(k: vocab.Knob, delta: int) -> str:
@@ -82,6 +84,8 @@ class KnobsPanel(Static):
                 line += f"  [dim i]{escape(view.unavailable[k.arg])}[/]"
             else:
                 line += f"  {_controls(k)}"
+                if k.arg in view.relaunch:
+                    line += "  [dim i]by relaunch[/]"
             lines.append(line)
         if view.load:
             load = f"{'load':<13}{escape(view.load)}"

@@ -20,7 +20,7 @@ from tuner.core.records import Event
 from tuner.core.store import Store
 from tuner.tuning.what_if_now import WhatIfReadout, what_if_now
 from tuner.widgets.acceptance import AcceptView
-from tuner.widgets.charts import ACCEPT_COLOR, CLIENT_COLOR, SERVER_COLOR, ChartView, Series
+from tuner.widgets.charts import ACCEPT_COLOR, CLIENT_COLOR, LOG_COLOR, SERVER_COLOR, ChartView, Series
 from tuner.widgets.event_log import LogLine
 from tuner.widgets.fmt import is_num
 from tuner.widgets.gpus import GpuRow, GpuView
@@ -72,8 +72,10 @@ def _chart_series(store: Store, name: str, label: str, color: tuple[int, int, in
 
 def throughput_view(store: Store, origin: float, t_end: float, window_s: float) -> ChartView:
     t0 = t_end - window_s
+    # "log": the decode lines' own tok/s, under `launch` (SGLang's log-window figure).
     out = [s for name, label, color in ((S.SERVER_TOK_PER_S, "server", SERVER_COLOR),
-                                        (S.LOAD_TOK_PER_S, "client", CLIENT_COLOR))
+                                        (S.LOAD_TOK_PER_S, "client", CLIENT_COLOR),
+                                        (S.LOG_GEN_THROUGHPUT, "log", LOG_COLOR))
            if (s := _chart_series(store, name, label, color, origin, t0, t_end)) is not None]
     return ChartView(tuple(out), _markers(store, origin, t0, t_end), t_end - origin, window_s)
 

@@ -33,6 +33,7 @@ class SGLangBackend(LiveBackend):
         self.plugin: dict[str, Any] | None = None     # GET /specdecode/streams when our plugin is in
         self._plugin_checked = False
         self._lease_at = float("-inf")
+        self._started: Any = None                    # the server's startup_time, to see a relaunch
 
     def normalize_info(self, raw: dict[str, Any]) -> dict[str, Any]:
         info = common_info(self.kind, raw)
@@ -52,6 +53,11 @@ class SGLangBackend(LiveBackend):
         return self.plugin is not None
 
     def after_info(self, now: float) -> None:
+        started = self.info.get("startup_time")
+        if started != self._started:
+            # A new server process (a managed relaunch): it may load the plugin or not, and holds
+            # no timer lease yet, so both are asked again now rather than at the next renewal.
+            self._started, self._plugin_checked, self._lease_at = started, False, float("-inf")
         if not self._plugin_checked:
             self.check_plugin()
         if self.plugin is not None and now - self._lease_at >= RENEW_EVERY_S:

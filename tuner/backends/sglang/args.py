@@ -257,6 +257,28 @@ def apply_settings(launch: Launch, changes: Mapping[str, Any],
     return Launch(tuple(argv), tuple(sorted(env.items())))
 
 
+def runs_already(launch: Launch, changes: Mapping[str, Any], read_file=Path.read_text) -> bool:
+    """Whether `launch` already runs with `changes`. Comparing rewritten argv lists cannot say:
+    `set_arg` moves a rewritten flag to the end, so the launch's own values are rewritten the same
+    way and compared instead (a value the launch leaves to SGLang's default counts as different)."""
+    argv, env = list(launch.argv), launch.env_dict()
+    current: dict[str, Any] = {}
+    for k in changes:
+        if k == PCIE_IPC_ENV:
+            v: Any = env.get(k)
+        elif k == PLACEMENT:
+            v = SHARDED if get_arg(argv, ATTN_DP) in (None, "1") else None
+        else:
+            v = get_arg(argv, k)
+        if v is None:
+            return False
+        current[k] = v
+    try:
+        return apply_settings(launch, changes, read_file) == apply_settings(launch, current, read_file)
+    except ArgsError:
+        return False
+
+
 def pinning_config(candidates: list[int]) -> dict[str, Any]:
     """An adaptive config for live step pinning: one batch-size slot holding every candidate, so
     every step has graphs at every batch size, and a warm-up so long that SGLang's own policy never

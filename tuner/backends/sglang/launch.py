@@ -6,9 +6,11 @@ to a log file, whose newest line is the progress shown while waiting. Readiness 
 `GET /health` answers 200 and `GET /model_info` answers JSON (reference §1.1, §10).
 
 A relaunch applies settings SGLang cannot change live (tuner.backends.sglang.args) by stopping the server
-and starting the rewritten command: it asks `confirm` first, reports progress, marks the start and
-the outcome with `on_event` (the recorder's and TUI's hook), and records every command it tried.
-If the new setting does not come up, the previous command is started again.
+and starting the rewritten command: it asks `confirm` first (or the caller asked already, through
+`proposal`, as the TUI does), reports progress, marks the start and the outcome with `on_event`
+(the session's bus under `launch`: the TUI's log and the recording), and records every command it
+tried. If the new setting does not come up, the previous command is started again. A relaunch may
+run on a worker thread; `shutdown()` from another thread ends it and nothing is started after.
 
 Must not import textual or torch, nor build a shell string from anything.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +28,7 @@ from typing import Any, Callable, Mapping
 
 import httpx
 
-from tuner.backends.sglang.args import Launch, apply_settings, server_url
+from tuner.backends.sglang.args import Launch, apply_settings, runs_already, server_url
 
 READY_LINE = "The server is fired up and ready to roll!"
 
@@ -56,6 +59,8 @@ class ManagedServer:
     tried: list[Tried] = field(default_factory=list)
     proc: subprocess.Popen | None = None
     _log: Any = None
+    _closed: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def url(self) -> str:
@@ -68,21 +73,26 @@ class ManagedServer:
         if self.proc is not None and self.proc.poll() is None:
             raise LaunchError("the server is already running")
         entry = Tried(self.launch.display(), dict(changes or {}))
-        self.tried.append(entry)
-        self.on_progress(f"starting: {entry.command}")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")
-        self._log.write(f"\n### specdecode-tune launch: {entry.command}\n".encode())
-        self._log.flush()
         t0 = time.monotonic()
-        try:
-            self.proc = subprocess.Popen(list(self.launch.argv), env={**os.environ, **self.launch.env_dict()},
-                                         stdin=subprocess.DEVNULL, stdout=self._log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-        except OSError as e:
-            entry.outcome = f"failed: {e.strerror or e}"
-            self._close_log()
-            raise LaunchError(f"cannot start {self.launch.argv[0]}: {e.strerror or e}") from None
+        # Under the lock: a shutdown from another thread either comes first (nothing starts) or
+        # sees the new process and stops it.
+        with self._lock:
+            if self._closed:
+                raise LaunchError("not started: launch is shutting down")
+            self.tried.append(entry)
+            self.on_progress(f"starting: {entry.command}")
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(self.log_path, "ab")
+            self._log.write(f"\n### specdecode-tune launch: {entry.command}\n".encode())
+            self._log.flush()
+            try:
+                self.proc = subprocess.Popen(list(self.launch.argv), env={**os.environ, **self.launch.env_dict()},
+                                             stdin=subprocess.DEVNULL, stdout=self._log,
+                                             stderr=subprocess.STDOUT, start_new_session=True)
+            except OSError as e:
+                entry.outcome = f"failed: {e.strerror or e}"
+                self._close_log()
+                raise LaunchError(f"cannot start {self.launch.argv[0]}: {e.strerror or e}") from None
         try:
             self._wait_ready(t0)
         except LaunchError as e:
@@ -100,9 +110,11 @@ class ManagedServer:
         last = ""
         with httpx.Client(timeout=5.0, headers=self._headers(), trust_env=False) as http:
             while True:
-                assert self.proc is not None
-                if self.proc.poll() is not None:
-                    raise LaunchError(f"the server exited with status {self.proc.returncode} before "
+                proc = self.proc
+                if proc is None:                   # stopped by a shutdown meanwhile
+                    raise LaunchError("stopped before it was ready: launch is shutting down")
+                if proc.poll() is not None:
+                    raise LaunchError(f"the server exited with status {proc.returncode} before "
                                       f"it was ready\n{self.log_tail()}")
                 if self._ready(http):
                     return
@@ -110,7 +122,8 @@ class ManagedServer:
                     raise LaunchError(f"the server was not ready within {self.ready_timeout_s:.0f} s"
                                       f"\n{self.log_tail()}")
                 line = self.log_tail(1)
-                if line and line != last:
+                # Our own marker line is the command already said at "starting": wait for the server's.
+                if line and line != last and not line.startswith("### specdecode-tune launch:"):
                     last = line
                     self.on_progress(f"[{time.monotonic() - t0:5.0f} s] {line[-160:]}")
                 time.sleep(self.poll_s)
@@ -126,6 +139,12 @@ class ManagedServer:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def shutdown(self, grace_s: float = 30.0) -> None:
+        """Stop the server for good: a relaunch running on another thread starts nothing after."""
+        with self._lock:
+            self._closed = True
+        self.stop(grace_s)
 
     def stop(self, grace_s: float = 30.0, record: bool = True) -> None:
         """End the server and everything it spawned (SIGTERM to its session, then SIGKILL)."""
@@ -174,20 +193,30 @@ class ManagedServer:
 
     # --- relaunch -------------------------------------------------------------------------------
 
-    def relaunch(self, changes: Mapping[str, Any]) -> bool:
+    def proposal(self, changes: Mapping[str, Any]) -> Launch | None:
+        """The launch `changes` would run, None when the server runs it already; ArgsError (one
+        line) for a setting SGLang would refuse. Nothing is stopped or started."""
+        new = apply_settings(self.launch, changes)
+        return None if new == self.launch or runs_already(self.launch, changes) else new
+
+    @staticmethod
+    def question(changes: Mapping[str, Any], new: Launch) -> str:
+        """The confirmation asked before a relaunch (the CLI's prompt, the TUI's dialog)."""
+        return (f"Relaunch the server to apply {_describe(changes)}? It stops serving until the "
+                f"new one is ready.\n  {new.display()}")
+
+    def relaunch(self, changes: Mapping[str, Any], *, confirmed: bool = False) -> bool:
         """Apply `changes` by restarting the server with a rewritten command.
 
-        Returns False when the operator declined. Raises ArgsError for a setting SGLang would
-        refuse (nothing is stopped then) and LaunchError when neither the new nor the previous
-        command came up again.
+        Returns False when the operator declined (`confirm`, unless `confirmed`: the caller
+        asked already). Raises ArgsError for a setting SGLang would refuse (nothing is stopped
+        then) and LaunchError when neither the new nor the previous command came up again.
         """
-        new = apply_settings(self.launch, changes)
-        if new == self.launch:
+        new = self.proposal(changes)
+        if new is None:
             self.on_progress("nothing to change: the server already runs with these settings")
             return True
-        question = (f"Relaunch the server to apply {_describe(changes)}? It stops serving until the "
-                    f"new one is ready.\n  {new.display()}")
-        if not self.confirm(question):
+        if not confirmed and not self.confirm(self.question(changes, new)):
             return False
         old = self.launch
         self.on_event("relaunch_started", {"changes": dict(changes), "command": new.display(),

@@ -11,9 +11,22 @@ when that size is above 1), and ".mmm" milliseconds with SGLANG_LOG_MS=1. The mi
 "key: value" parts whose set varies (hybrid pools, DSPARK, PD-decode, MFU and occupancy
 suffixes), so the message is split into parts rather than matched whole; unknown parts are kept.
 
-`parse_line` / `parse_lines` are pure; `LogTail` follows a growing file by byte offset. Lines that
-are not decode lines are skipped; a decode line that does not parse is reported, never guessed.
-Must not import torch or textual.
+Adaptive mode (`--speculative-adaptive`) logs its tier moves on TP rank 0, two lines:
+
+    [..] Adaptive spec params updated: steps 3 -> 4 (ema_accept_len=3.61)
+    [..] Switch adaptive runtime state: steps 3 -> 4, draft_tokens 4 -> 5
+
+the first when the policy of the current batch's batch-size slot moves
+(sglang/srt/speculative/adaptive_spec_params.py:263-272, `_apply_target_steps`), the second when the
+worker swaps to another captured tier, for a policy move or because the batch routed to another
+slot (sglang/srt/speculative/eagle_worker_v2.py:1861-1872, `apply_runtime_state`). Both go through
+`log_info_on_rank0` (sglang/srt/utils/common.py:3982-3990), which may append
+" (rank-check failed: …)". `parse_tier_line` reads them; neither names the slot, see
+tuner.tuning.adaptive_tiers for that.
+
+`parse_line` / `parse_lines` / `parse_tier_line` are pure; `LogTail` follows a growing file by byte
+offset. Lines that are not decode lines are skipped; a decode line that does not parse is reported,
+never guessed. Must not import torch or textual.
 """
 
 from __future__ import annotations
@@ -34,6 +47,11 @@ _LINE = re.compile(
 _PREFIX_PART = re.compile(r" (DP|PP|ATTN_CP|MOE_DP|TP|EP)(\d+)")
 _HEAD = re.compile(r"^Decode batch(?: \[(?P<iter>\d+)\])?$")
 _GRAPH = re.compile(r"^(cuda|cpu|npu|musa) graph$")
+_RANK_CHECK = r"(?: \(rank-check failed: .*\))?$"
+_POLICY = re.compile(r"^Adaptive spec params updated: steps (?P<old>\d+) -> (?P<new>\d+) "
+                     r"\(ema_accept_len=(?P<ema>[-+0-9.eE]+|nan|inf|-inf)\)" + _RANK_CHECK)
+_SWITCH = re.compile(r"^Switch adaptive runtime state: steps (?P<old>\d+) -> (?P<new>\d+), "
+                     r"draft_tokens (?P<old_n>\d+) -> (?P<new_n>\d+)" + _RANK_CHECK)
 
 SERIES_TOKEN_USAGE = "server/token_usage"
 
@@ -63,6 +81,24 @@ class DecodeLine:
     graph: bool | None = None
     iteration: int | None = None         # with SGLANG_LOG_FORWARD_ITERS
     extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def dp(self) -> int:
+        return self.ranks.get("DP", 0)
+
+
+@dataclass(frozen=True)
+class TierLine:
+    """One adaptive tier move from the log: the policy's ("policy": a slot's EMA moved its steps)
+    or the worker's ("switch": it now runs another captured tier)."""
+    t: float
+    ranks: dict[str, int]
+    kind: str                             # "policy" | "switch"
+    old_steps: int
+    new_steps: int
+    ema_accept_len: float | None = None   # policy lines: the slot's EMA of correct drafts per request
+    old_draft_tokens: int | None = None   # switch lines
+    new_draft_tokens: int | None = None
 
     @property
     def dp(self) -> int:
@@ -106,13 +142,7 @@ def parse_line(line: str, *, utc_offset_s: float | None = None) -> DecodeLine | 
     for need in ("running_reqs", "gen_throughput", "queue_reqs"):
         if need not in values:
             raise LogLineError(f"decode log: no {need} in: {line[:200]}")
-    st = time.strptime(m.group("ts"), "%Y-%m-%d %H:%M:%S")
-    if utc_offset_s is None:
-        t = time.mktime(st)
-    else:
-        t = _utc_epoch(st) - utc_offset_s
-    if m.group("ms"):
-        t += int(m.group("ms")) / 1000.0
+    t = _time(m, utc_offset_s)
     ranks = {k: int(v) for k, v in _PREFIX_PART.findall(m.group("prefix"))}
     return DecodeLine(
         t=t, ranks=ranks, running_reqs=int(values["running_reqs"]),
@@ -121,6 +151,28 @@ def parse_line(line: str, *, utc_offset_s: float | None = None) -> DecodeLine | 
         token_usage=values.get("token_usage"), accept_len=values.get("accept_len"),
         accept_rate=values.get("accept_rate"), graph=graph,
         iteration=int(head.group("iter")) if head.group("iter") else None, extra=extra)
+
+
+def _time(m: re.Match, utc_offset_s: float | None) -> float:
+    st = time.strptime(m.group("ts"), "%Y-%m-%d %H:%M:%S")
+    t = time.mktime(st) if utc_offset_s is None else _utc_epoch(st) - utc_offset_s
+    return t + int(m.group("ms")) / 1000.0 if m.group("ms") else t
+
+
+def parse_tier_line(line: str, *, utc_offset_s: float | None = None) -> TierLine | None:
+    """An adaptive tier move (policy or switch line), None for any other line."""
+    m = _LINE.match(line.rstrip("\r\n"))
+    if m is None:
+        return None
+    msg = m.group("msg")
+    ranks = {k: int(v) for k, v in _PREFIX_PART.findall(m.group("prefix"))}
+    if (p := _POLICY.match(msg)) is not None:
+        return TierLine(_time(m, utc_offset_s), ranks, "policy", int(p.group("old")), int(p.group("new")),
+                        ema_accept_len=float(p.group("ema")))
+    if (w := _SWITCH.match(msg)) is not None:
+        return TierLine(_time(m, utc_offset_s), ranks, "switch", int(w.group("old")), int(w.group("new")),
+                        old_draft_tokens=int(w.group("old_n")), new_draft_tokens=int(w.group("new_n")))
+    return None
 
 
 def _utc_epoch(st: time.struct_time) -> float:
@@ -181,6 +233,17 @@ class LogTail:
         self.errors: list[str] = []
 
     def poll(self) -> list[DecodeLine]:
+        """The decode lines completed since the last call."""
+        return parse_lines(self.read_lines(), utc_offset_s=self.utc_offset_s, errors=self.errors)
+
+    def poll_all(self) -> tuple[list[DecodeLine], list[TierLine]]:
+        """The decode lines and the adaptive tier moves completed since the last call."""
+        lines = self.read_lines()
+        tiers = [x for x in (parse_tier_line(ln, utc_offset_s=self.utc_offset_s) for ln in lines) if x]
+        return parse_lines(lines, utc_offset_s=self.utc_offset_s, errors=self.errors), tiers
+
+    def read_lines(self) -> list[str]:
+        """The lines completed since the last call (a partial last line waits for its newline)."""
         try:
             size = self.path.stat().st_size
         except OSError:
@@ -194,9 +257,25 @@ class LogTail:
             data = f.read(size - self.offset)
         self.offset += len(data)
         data = self._rest + data
-        complete, _, self._rest = data.rpartition(b"\n")
-        if not complete and not _:
+        complete, newline, self._rest = data.rpartition(b"\n")
+        if not newline:
             self._rest = data
             return []
-        text = complete.decode("utf-8", errors="replace").split("\n")
-        return parse_lines(text, utc_offset_s=self.utc_offset_s, errors=self.errors)
+        return complete.decode("utf-8", errors="replace").split("\n")
+
+
+def log_samples(decodes: Iterable[DecodeLine], tiers: Iterable[TierLine] = (), *, dp: int = 0) -> list[Sample]:
+    """Managed mode's samples from the log, under `log/` names (tuner.core.series) so they never mix
+    with the same readings from /metrics: decode tok/s, accept length, running requests per decode
+    line, and the steps of the tier the worker runs after each switch line."""
+    out: list[Sample] = []
+    for d in decodes:
+        if d.dp != dp:
+            continue
+        out += [Sample(d.t, S.LOG_GEN_THROUGHPUT, d.gen_throughput),
+                Sample(d.t, S.LOG_RUNNING, float(d.running_reqs))]
+        if d.accept_len is not None:
+            out.append(Sample(d.t, S.LOG_ACCEPT_LEN, d.accept_len))
+    out += [Sample(x.t, S.LOG_TIER_STEPS, float(x.new_steps)) for x in tiers
+            if x.kind == "switch" and x.dp == dp]
+    return out
