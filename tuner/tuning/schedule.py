@@ -23,7 +23,9 @@ The JSON (`tune --schedule --json FILE`, read by benchmarks/schedule_ab.py `--fr
                  ...],
      "adaptive_config": {"1": {"candidate_steps": [5]}, "4": {...}} | null,
      "flags": ["--speculative-algorithm", "EAGLE3", ..., "--speculative-adaptive-config", "PATH"],
-     "loads": [1, 2, 4], "notes": ["..."]}
+     "loads": [1, 2, 4],                  # [0]: the server's own traffic, no load driven
+     "notes": ["..."],                    # thin buckets named, non-chain bests, one tier everywhere
+     "problems": ["..."]}                 # added by the command: a load without data, refusals
 
 `bs_hi` is null for the last, open-ended bucket. Pure: nothing here measures or talks to a server.
 """
@@ -45,9 +47,10 @@ MEASURED = "measured"
 PREDICTED_ONLY = "predicted-only"
 TOO_LITTLE = "too little data"
 
-MIN_BUCKET_ITERS = 50
-"""Settled iterations a bucket needs before it gets a best setting: fewer are batches seen only
-while requests came and went, which say little about that batch size's costs."""
+MIN_BUCKET_ITERS = 20
+"""Settled iterations a bucket needs before it gets a best setting (two of the live tuner's
+shortest probes): fewer are batches seen only while requests came and went, which say little
+about that batch size's costs."""
 MEASURED_ITERS = 10
 """A best setting counts as measured with this many settled iterations of it (the live tuner's
 shortest probe)."""
@@ -115,7 +118,9 @@ class BucketRow:
                 "best": b.setting.as_server_args() if b is not None else None,
                 "predicted_tok_s": _num(b.tok_s) if b is not None else None,
                 "predicted_sd": _num(b.sd) if b is not None else None,
-                "measured_tok_s": _num(b.measured_tok_s) if b is not None else None,
+                # Only a best measured long enough has a measured figure: a few iterations seen
+                # while the load changed are noise beside a prediction.
+                "measured_tok_s": _num(b.measured_tok_s) if b is not None and self.stage == MEASURED else None,
                 "stage": self.stage, "reason": self.reason,
                 "sglang_steps": self.chain.setting.steps if self.chain is not None else None}
 
