@@ -59,7 +59,7 @@ def test_without_phase_costs_the_gauges_give_an_approximate_tier() -> None:
     # 4.5: nothing running; 12.0: the newest running reading is 8 s old.
     assert pairs == [(1, 5), (1, 5), (9, 1), (9, 3), (9, 1)]
     doc = cc.check(cc.chosen_tiers(pairs), None, cc.GAUGES)
-    assert doc["approximate"] and doc["note"].startswith("approximate")
+    assert doc["approximate"] and doc["note"].startswith("Approximate")
     rows = {r["bucket"]: r for r in doc["rows"]}
     assert rows["1"]["chosen_steps"] == 5 and rows["8"]["chosen_steps"] == 1
     assert rows["8"]["chosen_share"] == pytest.approx(2 / 3, abs=1e-3)

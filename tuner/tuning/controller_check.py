@@ -161,11 +161,12 @@ def check(chosen: Mapping[int, ChosenTier], schedule: Schedule | None, source: s
         chosen_tok = _predicted(row, schedule, tier(c.steps, placement))
         rows.append(CheckRow(lo, hi, c, row.best.setting, row.stage, chosen_tok, best_tok))
     if schedule is None:
-        note = "no phase costs (no per-iteration phase stream): the tier the controller ran, without the tuner's best"
+        note = "No phase costs (no per-iteration phase stream): the tier the controller ran, without the tuner's best."
     else:
-        note = "loss: the tuner's predicted tok/s at the bucket's batch size, best tier minus the tier the controller ran most"
+        note = ("Lost tok/s: the tuner's predicted tok/s at the bucket's batch size, its best tier minus the "
+                "tier the controller ran most.")
     if approximate:
-        note = ("approximate: sglang:spec_num_steps sampled against sglang:num_running_reqs at poll times; "
+        note = ("Approximate: sglang:spec_num_steps sampled against sglang:num_running_reqs at poll times. "
                 + note)
     return {"source": source, "approximate": approximate, "placement": placement,
             "rows": [r.to_json() for r in rows], "note": note}
