@@ -72,3 +72,14 @@ def test_chosen_tiers_from_any_source_of_pairs() -> None:
     got = cc.chosen_tiers([(1, 7), (1, 7), (1, 5), (40, 1), (33, 0), (33, 0)])
     assert got[1].steps == 7 and got[1].n == 3
     assert got[32].steps == 0 and got[32].tiers == {0: 2, 1: 1}
+
+
+def test_pairs_from_the_log_are_checked_against_the_fit_of_the_phase_records() -> None:
+    iters = _records([(HIGH, s, 80, 8, False) for s in (1, 2, 3, 5)])
+    doc = cc.check_from_pairs([(8, 5)] * 30 + [(9, 3)] * 10, cc.LOG, iters)
+    assert doc["source"] == "log" and not doc["approximate"]
+    (row,) = doc["rows"]
+    assert row["chosen_steps"] == 5 and row["best_steps"] in (1, 2) and row["loss_tok_s"] > 0
+    assert cc.check_from_pairs([], cc.LOG) is None
+    alone = cc.check_from_pairs([(1, 3)], cc.LOG)
+    assert alone["rows"][0]["stage"] == cc.NO_FIT

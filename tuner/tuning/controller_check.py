@@ -186,6 +186,21 @@ def check_from_iterations(iters: Sequence[Iteration], max_steps: int | None = No
     return check(chosen_tiers(adaptive), schedule, RECORDS, placement)
 
 
+def check_from_pairs(pairs: Iterable[tuple[int, int]], source: str, iters: Sequence[Iteration] = (),
+                     max_steps: int | None = None, placement: str = SHARDED) -> dict[str, Any] | None:
+    """The check from (batch size, steps) pairs of another source (SGLang's log lines in managed
+    mode: source LOG; sampled gauges: GAUGES), with the per-bucket fit over `iters` when there are
+    any (settled phase-stream iterations). None without a pair."""
+    chosen = chosen_tiers(pairs)
+    if not chosen:
+        return None
+    schedule = None
+    if iters:
+        deepest = max([it.setting.steps for it in iters] + [c.steps for c in chosen.values()])
+        schedule = fit_schedule(iters, tier_space(max(max_steps or 0, deepest), placement))
+    return check(chosen, schedule, source, placement)
+
+
 def lines(doc: Mapping[str, Any]) -> list[str]:
     """The check as short text lines (the TUI panel and `tune`'s readout): one per bucket."""
     out = []

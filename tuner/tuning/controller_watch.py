@@ -7,6 +7,8 @@ arguments) or a phase record says `adaptive: true`. Then, with a phase stream (o
 with our plugin), it reads the stream with its own cursor (tuner.tuning.phase_feed, as the tuner
 does: it needs every record) and checks tiers from the records against the per-bucket fit; without
 one it pairs the store's `sglang:spec_num_steps` and running-requests gauges (approximate, no fit).
+In managed mode the SGLang log's tier lines can be fed in as (batch size, steps) pairs
+(`add_log_pairs`); they are used where the records say nothing adaptive.
 `step()` never blocks (the feed polls on its own thread); the driver calls it from its tick. Must
 not touch widgets or decide anything about tuning.
 """
@@ -14,7 +16,7 @@ not touch widgets or decide anything about tuning.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from tuner.core import series as S
 from tuner.core.records import Event
@@ -45,6 +47,7 @@ class ControllerWatch:
         self._feed: Any = None
         self._mode: str | None = None        # None until adaptive: "records" | "gauges"
         self._iters: deque[Iteration] = deque(maxlen=max_iters)
+        self._log_pairs: deque[tuple[int, int]] = deque(maxlen=max_iters)
         self._seen_adaptive = False
         self._last_t = float("-inf")
         self._last_doc: dict | None = None
@@ -91,9 +94,19 @@ class ControllerWatch:
             self.checks += 1
             self.session.put(Event(now, cc.EVENT_KIND, doc))
 
+    def add_log_pairs(self, pairs: Iterable[tuple[int, int]]) -> None:
+        """(batch size, steps) read from SGLang's own log lines (managed mode; the parser lives with
+        the SGLang backend). Used where the phase records say nothing adaptive; not approximate."""
+        self._log_pairs.extend(pairs)
+        self._seen_adaptive = self._seen_adaptive or bool(self._log_pairs)
+
     def _check(self, now: float) -> dict | None:
         if self._mode == cc.RECORDS:
-            return cc.check_from_iterations(settle(list(self._iters)))
+            doc = cc.check_from_iterations(settle(list(self._iters)))
+            if doc is not None or not self._log_pairs:
+                return doc
+        if self._log_pairs:
+            return cc.check_from_pairs(list(self._log_pairs), cc.LOG, settle(list(self._iters)))
         store = self.session.store
         running = store.window(S.SERVER_RUNNING, now - GAUGE_WINDOW_S, now)
         steps = store.window(S.SPEC_NUM_STEPS, now - GAUGE_WINDOW_S, now)
