@@ -83,3 +83,12 @@ def test_pairs_from_the_log_are_checked_against_the_fit_of_the_phase_records() -
     assert cc.check_from_pairs([], cc.LOG) is None
     alone = cc.check_from_pairs([(1, 3)], cc.LOG)
     assert alone["rows"][0]["stage"] == cc.NO_FIT
+
+
+def test_a_bucket_where_only_the_tier_it_ran_is_known_has_no_best() -> None:
+    # The controller sat at steps 5 at batch 8 and nothing else was measured there: the fit cannot
+    # say whether another tier is better, so no "best" (it would only echo the tier it ran).
+    doc = cc.check_from_iterations(_records([(HIGH, 5, 200, 8, True)]))
+    (row,) = doc["rows"]
+    assert row["chosen_steps"] == 5 and row["best_steps"] is None and row["stage"] == cc.ONE_TIER
+    assert row["chosen_tok_s"] is not None and row["loss_tok_s"] is None

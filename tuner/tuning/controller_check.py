@@ -16,7 +16,8 @@ report read it back):
     {"source": "records" | "gauges" | "log", "approximate": bool, "placement": "sharded",
      "rows": [{"bucket": "1", "bs_lo": 1, "bs_hi": 1, "iterations": 812,
                "chosen_steps": 5, "chosen_share": 0.93, "tiers": {"5": 755, "3": 57},
-               "best_steps": 3 | null, "stage": "measured" | "predicted-only" | "too little data" | "no fit",
+               "best_steps": 3 | null,
+               "stage": "measured" | "predicted-only" | "too little data" | "no fit" | "one tier measured",
                "chosen_tok_s": 80.1 | null, "best_tok_s": 86.0 | null,
                "loss_tok_s": 5.9 | null, "loss_pct": 6.9 | null}, ...],
      "note": "..."}
@@ -38,6 +39,7 @@ from tuner.tuning.settings import Setting
 
 RECORDS, GAUGES, LOG = "records", "gauges", "log"
 NO_FIT = "no fit"
+ONE_TIER = "one tier measured"
 EVENT_KIND = "controller_check"
 
 
@@ -140,6 +142,16 @@ def _predicted(row: BucketRow | None, schedule: Schedule | None, s: Setting) -> 
     return p.tok_s if p is not None else None
 
 
+def _predictable_tiers(row: BucketRow, schedule: Schedule, placement: str) -> int:
+    """Chain depths the fit predicts at the bucket's batch size (tier 0, always extrapolable, aside)."""
+    model = schedule.model
+    if model is None or row.bs is None:
+        return 0
+    deepest = max((st.setting.steps for st in model.stats), default=0)
+    return sum(1 for s in range(1, deepest + 1)
+               if (p := row.predict(model, tier(s, placement))) is not None and p.tok_s is not None)
+
+
 def check(chosen: Mapping[int, ChosenTier], schedule: Schedule | None, source: str,
           placement: str = SHARDED) -> dict[str, Any]:
     """The check's JSON (see the module docstring) from the chosen tiers and the per-bucket fit
@@ -157,9 +169,13 @@ def check(chosen: Mapping[int, ChosenTier], schedule: Schedule | None, source: s
             rows.append(CheckRow(lo, hi, c, None, TOO_LITTLE, _predicted(row, schedule, tier(c.steps, placement)),
                                  None))
             continue
-        best_tok = row.best.tok_s
         chosen_tok = _predicted(row, schedule, tier(c.steps, placement))
-        rows.append(CheckRow(lo, hi, c, row.best.setting, row.stage, chosen_tok, best_tok))
+        if _predictable_tiers(row, schedule, placement) < 2:
+            # The fit knows one chain depth here (the tier the controller ran): any other is unknown,
+            # so "the best" would only be the tier it ran.
+            rows.append(CheckRow(lo, hi, c, None, ONE_TIER, chosen_tok, None))
+            continue
+        rows.append(CheckRow(lo, hi, c, row.best.setting, row.stage, chosen_tok, row.best.tok_s))
     if schedule is None:
         note = "No phase costs (no per-iteration phase stream): the tier the controller ran, without the tuner's best."
     else:
