@@ -75,3 +75,16 @@ def test_on_sglang_it_needs_the_plugin_and_an_adaptive_launch():
     b._take_info({"version": "0.5.23", "internal_states": [{"speculative_adaptive": True}]})
     b.phase_stream = True
     check_server(b)
+
+
+def test_our_engine_running_its_adaptive_controller_is_refused_in_one_line():
+    from tuner.backends.refengine import RefEngineBackend
+
+    b = RefEngineBackend(f"http://127.0.0.1:{free_port()}")
+    b.phase_stream = True
+    b._take_info({"version": "0.1.0", "internal_states": [{"speculative_num_steps": 3}]})
+    check_server(b)
+    b._take_info({"version": "0.1.0", "internal_states": [{"speculative_num_steps": 3, "speculative_adaptive": True}]})
+    with pytest.raises(ScheduleError, match="adaptive controller") as e:
+        check_server(b)
+    assert "\n" not in str(e.value)

@@ -30,6 +30,12 @@ def check_server(backend: Any) -> None:
     """Raise ScheduleError when steps cannot be changed live (SGLang without our plugin or without
     an adaptive launch: the backend's capabilities say which, in one line)."""
     caps = backend.capabilities
+    active = (backend.info or {}).get("active") or {}
+    if backend.kind != "sglang" and active.get("speculative_adaptive") is True:
+        # Its controller would refuse every fixed step (speculative_num_steps is a 400 while adaptive).
+        raise ScheduleError("this server runs its adaptive controller, which sets the steps itself: sweep a "
+                            "server started without --speculative-adaptive (or send speculative_adaptive_config "
+                            "null first); `record` and the TUI check the controller against the tuned schedule")
     if not caps.can_set(STEPS):
         raise ScheduleError(f"--schedule needs steps changed live: {caps.why_not(STEPS)}")
     if not caps.HAS_PHASE_STREAM:
