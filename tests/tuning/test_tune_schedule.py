@@ -88,3 +88,11 @@ def test_our_engine_running_its_adaptive_controller_is_refused_in_one_line():
     with pytest.raises(ScheduleError, match="adaptive controller") as e:
         check_server(b)
     assert "\n" not in str(e.value)
+
+
+def test_the_servers_own_traffic_expects_every_bucket_up_to_max_running_requests():
+    from tuner.commands.tune_schedule import expected_batches
+
+    assert expected_batches([1, 2, 4], 48, None) == [1, 2, 4]
+    assert expected_batches([0], 48, None) == [1, 2, 4, 8, 16, 32, 48]
+    assert expected_batches([0], 48, 8) == [1, 2, 4, 8]

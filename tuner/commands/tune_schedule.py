@@ -49,6 +49,15 @@ def max_running(backend: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else None
 
 
+def expected_batches(loads: Sequence[int], max_running_requests: int | None, max_load: int | None) -> list[int]:
+    """The batch sizes whose buckets get a row even without data: the swept loads; with the server's
+    own traffic (load 0), every bucket up to its max_running_requests, so the ones that traffic
+    barely reached are named."""
+    from tuner.tuning.schedule import loads_to_sweep
+
+    return [x for x in loads if x] or loads_to_sweep(max_running_requests, max_load)
+
+
 def sweep(args: argparse.Namespace, backend: Any, session: Any, driver: Any, space: Sequence[Any],
           prompts: list[dict], budget_s: float, say: Callable[[str], None]) -> tuple[list, list[int], list[str]]:
     """Run the tuner at each load; (settled iterations, loads swept, problems)."""
@@ -102,7 +111,7 @@ def run_schedule(args: argparse.Namespace, backend: Any, session: Any, driver: A
     import sys
 
     from tuner.recording.outputs import OutputError, write_text
-    from tuner.tuning.schedule import fit_schedule, loads_to_sweep, table_lines
+    from tuner.tuning.schedule import fit_schedule, table_lines
 
     def fail(msg: str, rc: int) -> int:
         print(f"specdecode-tune tune: {msg}", file=sys.stderr)
@@ -119,9 +128,7 @@ def run_schedule(args: argparse.Namespace, backend: Any, session: Any, driver: A
     if not iters:
         return fail("no settled decode iteration at any load: " + ("; ".join(problems) or "is the server serving?"), 1)
     tp = (backend.info or {}).get("tp_size")
-    # The server's own traffic (--load 0): every bucket up to its max_running_requests is expected,
-    # so the ones that traffic barely reached are named.
-    expected = [x for x in loads if x] or loads_to_sweep(max_running(backend), args.max_load)
+    expected = expected_batches(loads, max_running(backend), args.max_load)
     sched = fit_schedule(iters, space, tp if isinstance(tp, int) else None, expected=expected, loads=loads)
     config_path = str(args.adaptive_config) if args.adaptive_config else "tuned-adaptive.json"
     doc = sched.to_json(config_path)
