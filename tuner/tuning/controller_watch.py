@@ -16,8 +16,10 @@ not touch widgets or decide anything about tuning.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping
 
+from probes.names import PINNED_STEPS
 from tuner.core import series as S
 from tuner.core.records import Event
 from tuner.tuning import controller_check as cc
@@ -60,6 +62,11 @@ class ControllerWatch:
         active = self.session.active_config() if hasattr(self.session, "active_config") else {}
         return is_adaptive(info) or active.get("speculative_adaptive") is True
 
+    def _pinned(self) -> bool:
+        active = self.session.active_config() if hasattr(self.session, "active_config") else {}
+        pin = active.get(PINNED_STEPS)
+        return isinstance(pin, int) and not isinstance(pin, bool) and pin >= 0
+
     def _start(self) -> None:
         backend = getattr(self.session, "backend", None)
         caps = getattr(backend, "capabilities", None)
@@ -78,11 +85,17 @@ class ControllerWatch:
             self._start()
         now = self.session.now() if now is None else now
         if self._feed is not None:
-            for rec in self._feed.poll():
+            records = self._feed.poll()
+            # SGLang's plugin writes no `adaptive` key: on an adaptive server its records' tiers are
+            # the controller's, unless the plugin pins one (specdecode_num_steps >= 0).
+            by_server = self._adaptive() and not self._pinned() if records else False
+            for rec in records:
                 try:
                     it = parse_record(rec)
                 except ValueError:
                     continue          # the tuner and the panels say what is wrong with a record
+                if "adaptive" not in rec and by_server:
+                    it = replace(it, adaptive=True)
                 self._seen_adaptive = self._seen_adaptive or it.adaptive
                 self._iters.append(it)
         if now - self._last_t < self.every_s:
