@@ -51,6 +51,7 @@ class ControllerWatch:
         self._iters: deque[Iteration] = deque(maxlen=max_iters)
         self._log_pairs: deque[tuple[int, int]] = deque(maxlen=max_iters)
         self._seen_adaptive = False
+        self._new = 0                        # iterations since the last check
         self._last_t = float("-inf")
         self._last_doc: dict | None = None
         self.checks = 0
@@ -98,8 +99,12 @@ class ControllerWatch:
                     it = replace(it, adaptive=True)
                 self._seen_adaptive = self._seen_adaptive or it.adaptive
                 self._iters.append(it)
+                self._new += 1
         if now - self._last_t < self.every_s:
             return
+        if self._mode == cc.RECORDS and not self._new:
+            return                    # nothing new since the last check: the refit (~0.1 s) would repeat it
+        self._new = 0
         self._last_t = now
         doc = self._check(now)
         if doc is not None and doc != self._last_doc:
@@ -110,7 +115,9 @@ class ControllerWatch:
     def add_log_pairs(self, pairs: Iterable[tuple[int, int]]) -> None:
         """(batch size, steps) read from SGLang's own log lines (managed mode; the parser lives with
         the SGLang backend). Used where the phase records say nothing adaptive; not approximate."""
+        before = len(self._log_pairs)
         self._log_pairs.extend(pairs)
+        self._new += len(self._log_pairs) - before
         self._seen_adaptive = self._seen_adaptive or bool(self._log_pairs)
 
     def _check(self, now: float) -> dict | None:
