@@ -115,9 +115,9 @@ class ControllerWatch:
     def add_log_pairs(self, pairs: Iterable[tuple[int, int]]) -> None:
         """(batch size, steps) read from SGLang's own log lines (managed mode; the parser lives with
         the SGLang backend). Used where the phase records say nothing adaptive; not approximate."""
-        before = len(self._log_pairs)
+        pairs = list(pairs)
         self._log_pairs.extend(pairs)
-        self._new += len(self._log_pairs) - before
+        self._new += len(pairs)
         self._seen_adaptive = self._seen_adaptive or bool(self._log_pairs)
 
     def _check(self, now: float) -> dict | None:
