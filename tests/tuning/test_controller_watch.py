@@ -82,3 +82,21 @@ def test_the_plugins_records_on_an_adaptive_sglang_are_the_controllers_tiers(plu
 
 def test_a_pinned_step_is_not_the_controllers_choice(plugin_adaptive):
     assert _watch(plugin_adaptive, pin=3) == {}
+
+
+def test_log_pairs_fed_in_become_a_check_with_the_log_as_source():
+    # Managed mode: the SGLang backend's log parser hands (batch size, steps) pairs to the watch.
+    session = Session(None)
+    watch = ControllerWatch(session, every_s=0.0)
+    watch.step()
+    assert session.tick() == 0                      # not adaptive, nothing fed: nothing to say
+    watch.add_log_pairs([(1, 7)] * 5 + [(12, 3)] * 4 + [(12, 1)])
+    watch.step()
+    session.tick()
+    (e,) = session.store.events(CC.EVENT_KIND)
+    assert e.data["source"] == "log" and not e.data["approximate"]
+    rows = {r["bucket"]: r for r in e.data["rows"]}
+    assert rows["1"]["chosen_steps"] == 7 and rows["8"]["chosen_steps"] == 3
+    watch.step()
+    session.tick()
+    assert len(session.store.events(CC.EVENT_KIND)) == 1     # nothing new, no new check
