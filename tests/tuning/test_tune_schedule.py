@@ -18,10 +18,11 @@ from tuner.commands.tune_schedule import ScheduleError, check_server
 def test_tune_schedule_sweeps_loads_and_exports_a_config(tp2_server, tp2_config, tmp_path):
     url = tp2_server.url
     out, cfg_path = tmp_path / "schedule.json", tmp_path / "adaptive.json"
-    # A small space and loads 1 and 2 only: about 40 s on a busy 2-core machine.
+    # A small space (chains up to 3 steps, the default sharded placement) and loads 1 and 2 only:
+    # about 40 s on a busy 2-core machine.
     proc = subprocess.run(
         [sys.executable, "-m", "tuner", "tune", url, "--schedule", "--budget", "40s", "--max-load", "2",
-         "--max-steps", "3", "--placements", "sharded", "--max-new-tokens", "64",
+         "--max-steps", "3", "--max-new-tokens", "64",
          "--json", str(out), "--adaptive-config", str(cfg_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -46,6 +47,8 @@ def test_tune_schedule_sweeps_loads_and_exports_a_config(tp2_server, tp2_config,
             continue
         assert b["predicted_tok_s"] > 0
         assert 0 <= b["best"]["speculative_num_steps"] <= 3
+        # A schedule's space is chains inside the TP group unless --placements widens it.
+        assert b["best"].get("speculative_draft_placement", "sharded") == "sharded"
         assert (b["measured_tok_s"] is not None and b["measured_tok_s"] > 0) == (b["stage"] == "measured")
     # Every pinned bucket's tier is in the config written for SGLang, the smallest key is 1.
     fitted = [b for b in rows.values() if b["best"] is not None]

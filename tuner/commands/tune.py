@@ -62,7 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-tokens", type=int_list, default=[],
                         help="num_draft_tokens values for trees, e.g. 8,16")
     parser.add_argument("--placements", type=_placements, default=None,
-                        help="draft placements to consider (default: every one the server can set live)")
+                        help="draft placements to consider (default: every one the server can set live; "
+                             "with --schedule: sharded)")
     parser.add_argument("--no-off", action="store_true", help="do not consider tier 0 (steps 0, draft kept warm)")
     parser.add_argument("--schedule", action="store_true",
                         help="tune per batch size: sweep the load 1, 2, 4, ... (--load 0: the server's own "
@@ -152,8 +153,14 @@ def run(args: argparse.Namespace) -> int:
     session = Session(backend, recorder=recorder)
     driver = Driver(session, on_event=say_event)
     session.start()
+    placements = args.placements
+    if args.schedule and placements is None:
+        # A schedule's tiers are chain steps per batch size on one placement: the draft inside the
+        # TP group, the only one SGLang has (--placements widens the table, not the export).
+        from probes.names import SHARDED
+        placements = [SHARDED]
     space = tune_space(lambda arg: backend.why_not(arg) is None, args.max_steps, args.topk, args.draft_tokens,
-                       args.placements, include_off=not args.no_off)
+                       placements, include_off=not args.no_off)
     try:
         if args.schedule:
             from tuner.commands.tune_schedule import run_schedule
