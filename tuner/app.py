@@ -136,7 +136,10 @@ class TunerApp(App[None]):
         self.refused = ""
         self._seen_revision = -1
         # The tick, the tuner's lifecycle and captures: the same driver `record` and `tune` run.
-        self.driver = Driver(session)
+        # A live server's own adaptive controller is checked against the per-bucket fit (a replay
+        # shows the checks it recorded).
+        from tuner.tuning.controller_watch import ControllerWatch
+        self.driver = Driver(session, watch=None if self.read_only else ControllerWatch(session))
         # Budget and space for the next tuner:
         self.tune_budget_s = tune_budget_s
         self.tune_max_steps = tune_max_steps
@@ -163,6 +166,7 @@ class TunerApp(App[None]):
             self._load_worker(True)
 
     def on_unmount(self) -> None:
+        self.driver.close_watch()
         self.driver.end_tuner()
         self.session.close()
 

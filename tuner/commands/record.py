@@ -269,8 +269,10 @@ def run(args: argparse.Namespace) -> int:
     session = Session(backend, recorder=recorder, store=record_store())
     progress = Progress(sys.stderr, every_s=args.progress_every)
     stop = threading.Event()
+    from tuner.tuning.controller_watch import ControllerWatch
     driver = Driver(session, schedule=args.set_at, capture_every_s=args.capture_trace_every,
-                    capture_steps=args.capture_steps, on_event=say_event(progress))
+                    capture_steps=args.capture_steps, on_event=say_event(progress),
+                    watch=ControllerWatch(session))
     sampler = None
     t0 = time.monotonic()
     with _Stopper(stop):

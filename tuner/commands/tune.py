@@ -1,4 +1,5 @@
 """`specdecode-tune tune URL [--budget D] [--apply] [--out FILE]`: headless live tuning.
+(`--schedule`: per batch size over a load sweep, tuner.commands.tune_schedule.)
 
 Connects to the server, keeps load on it (unless --load 0 and the server has its own traffic),
 runs the live tuner (tuner.tuning.live) to the end on the headless driver (tuner.core.driver),
@@ -61,8 +62,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-tokens", type=int_list, default=[],
                         help="num_draft_tokens values for trees, e.g. 8,16")
     parser.add_argument("--placements", type=_placements, default=None,
-                        help="draft placements to consider (default: every one the server can set live)")
+                        help="draft placements to consider (default: every one the server can set live; "
+                             "with --schedule: sharded)")
     parser.add_argument("--no-off", action="store_true", help="do not consider tier 0 (steps 0, draft kept warm)")
+    parser.add_argument("--schedule", action="store_true",
+                        help="tune per batch size: sweep the load 1, 2, 4, ... (--load 0: the server's own "
+                             "traffic), fit each batch bucket and export SGLang's adaptive config")
+    parser.add_argument("--max-load", type=int, default=None, metavar="N",
+                        help="with --schedule: the highest load swept (default: the server's max_running_requests)")
+    parser.add_argument("--adaptive-config", type=Path, default=None, metavar="FILE",
+                        help="with --schedule: write SGLang's --speculative-adaptive-config JSON here")
     add_load_arguments(parser)
     parser.set_defaults(load=4)
 
@@ -102,15 +111,27 @@ def run(args: argparse.Namespace) -> int:
     if args.max_steps < 1:
         print("specdecode-tune tune: --max-steps must be at least 1", file=sys.stderr)
         return 2
+    if args.schedule and args.apply:
+        print("specdecode-tune tune: --schedule leaves the server as it found it; launch with the exported "
+              "adaptive config instead of --apply", file=sys.stderr)
+        return 2
+    if not args.schedule and (args.max_load is not None or args.adaptive_config is not None):
+        print("specdecode-tune tune: --max-load and --adaptive-config need --schedule", file=sys.stderr)
+        return 2
+    if args.max_load is not None and args.max_load < 1:
+        print("specdecode-tune tune: --max-load must be at least 1", file=sys.stderr)
+        return 2
     if any(k > 1 for k in args.topk) and not args.draft_tokens:
         print("specdecode-tune tune: trees (--topk > 1) need --draft-tokens", file=sys.stderr)
         return 2
-    if args.json_out is not None:
+    for flag, path in (("--json", args.json_out), ("--adaptive-config", args.adaptive_config)):
+        if path is None:
+            continue
         from tuner.recording.outputs import OutputError, check_output
         try:   # before tuning: a result that cannot be written must not cost the whole budget
-            check_output(args.json_out, overwrite=True, flag="")
+            check_output(path, overwrite=True, flag="")
         except OutputError as e:
-            print(f"specdecode-tune tune: --json: {e}", file=sys.stderr)
+            print(f"specdecode-tune tune: {flag}: {e}", file=sys.stderr)
             return 2
     try:
         api_key = api_key_of(args)
@@ -132,9 +153,22 @@ def run(args: argparse.Namespace) -> int:
     session = Session(backend, recorder=recorder)
     driver = Driver(session, on_event=say_event)
     session.start()
+    placements = args.placements
+    if args.schedule and placements is None:
+        # A schedule's tiers are chain steps per batch size on one placement: the draft inside the
+        # TP group, the only one SGLang has (--placements widens the table, not the export).
+        from probes.names import SHARDED
+        placements = [SHARDED]
     space = tune_space(lambda arg: backend.why_not(arg) is None, args.max_steps, args.topk, args.draft_tokens,
-                       args.placements, include_off=not args.no_off)
+                       placements, include_off=not args.no_off)
     try:
+        if args.schedule:
+            from tuner.commands.tune_schedule import run_schedule
+            _say(f"tuning a schedule on {args.url} ({backend.kind})")
+            rc = run_schedule(args, backend, session, driver, space, prompts, budget, _say)
+            if args.out is not None and rc == 0:
+                _say(f"recorded to {args.out}")
+            return rc
         try:
             tuner = Tuner(session, space, TunerOptions(budget_s=budget, apply_best=args.apply),
                           runner=InlineRunner())

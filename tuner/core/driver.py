@@ -3,7 +3,8 @@
 A face (the TUI, `record`, `tune`, `once`) builds a Session, hands it to a Driver and calls
 `tick()` on its own clock (Textual's timer) or lets `run()` loop. One tick does, in this order:
 start the scheduled changes that are due, start a due trace capture, step the live tuner (its
-decisions become events on the bus before the session drains it), move the bus into the store
+decisions become events on the bus before the session drains it) and the watch (the server's own
+adaptive controller checked, tuner.tuning.controller_watch), move the bus into the store
 and the recorder, and pass every event added since the last tick to `on_event` once.
 
 Blocking work (a setting change, a capture, closing a tuner, whose phase feed joins a thread) runs
@@ -38,6 +39,13 @@ class ScheduledChange:
     at_s: float
     key: str = field(compare=False)
     value: Any = field(compare=False)
+
+
+class Watch(Protocol):
+    """A watcher stepped on every tick whose findings are events (tuner.tuning.controller_watch)."""
+
+    def step(self) -> None: ...
+    def close(self) -> None: ...
 
 
 class LiveTuner(Protocol):
@@ -101,13 +109,16 @@ class Driver:
         on_event: called on the ticking thread with each event new to the store, once, oldest first.
         capture: the capture function (tuner.core.capture.capture_into by default).
         monotonic: the clock schedules and captures are timed by.
+        watch: stepped on every tick before the session drains (its events land in the same tick),
+            closed by close(); a failing step becomes one note and the watch is dropped.
     """
 
     def __init__(self, session: Any, *, schedule: Sequence[ScheduledChange] = (),
                  capture_every_s: float | None = None, capture_steps: int = CAPTURE_STEPS,
                  on_event: Callable[[Event], None] | None = None, capture: Capture | None = None,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, watch: Watch | None = None) -> None:
         self.session = session
+        self.watch = watch
         self.schedule = sorted(schedule)
         self.capture_every_s = capture_every_s
         self.capture_steps = capture_steps
@@ -157,6 +168,13 @@ class Driver:
             if not running and self.tuner_released:
                 self.tuner, self.tuner_released = None, False
                 self._close_later(tuner)
+        if self.watch is not None:
+            try:
+                self.watch.step()
+            except Exception as e:   # noqa: BLE001 - a watcher must never end the session
+                self.session.note(f"controller check stopped: {first_line(e)}")
+                watch, self.watch = self.watch, None
+                self._closing.run(watch.close)    # its feed thread joins: not on the ticking thread
         moved = self.session.tick()
         self.moved += moved
         self._follow()
@@ -299,8 +317,15 @@ class Driver:
             self._closing.join(10.0)
             self._closing.run(tuner.close)
 
+    def close_watch(self) -> None:
+        """Close the watch (its feed thread joins: not on a UI tick)."""
+        watch, self.watch = self.watch, None
+        if watch is not None:
+            watch.close()
+
     def close(self, timeout_s: float = END_TUNER_S) -> None:
-        """End a tuner still held (bounded) and wait (bounded) for the background jobs."""
+        """End a tuner still held (bounded), close the watch and wait (bounded) for the background jobs."""
+        self.close_watch()
         self.end_tuner(timeout_s)
         self.join(5.0)
         self._closing.join(timeout_s)

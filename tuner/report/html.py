@@ -169,6 +169,17 @@ def acceptance_buckets(s: Summary) -> str:
               "was accepted. A request-verify counts in the bucket of its batch size and of its context length.</p>")
 
 
+def controller_section(s: Summary) -> str:
+    """The server's adaptive controller checked (tuner.report.controller); "" when it ran none."""
+    if not s.controller:
+        return ""
+    from tuner.report.controller import HEAD, caption, table_rows
+    approx = " (approximate)" if s.controller.get("approximate") else ""
+    return (f"<h2>Adaptive controller vs the tuned schedule{esc(approx)}</h2>" + '<div class="wide">'
+            + _table(HEAD, [[esc(c) for c in r] for r in table_rows(s.controller)], left=1) + "</div>"
+            + f'<p class="note">{esc(caption(s.controller))}</p>')
+
+
 def gpu_charts(s: Summary) -> str:
     d = s.data
     gpus = [f"gpu{i}" for i in gpu_indices(d)]
@@ -298,6 +309,7 @@ def render(s: Summary) -> str:
               "<h2>Settings tried</h2>", settings_table(s),
               "<h2>Phase split per setting</h2>", phase_charts(s),
               "<h2>Per-position acceptance</h2>", acceptance_chart(s), acceptance_buckets(s),
+              controller_section(s),
               "<h2>GPU activity</h2>", gpu_charts(s),
               "<h2>Trace captures</h2>", captures_section(s),
               tuning_section(s),

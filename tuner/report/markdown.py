@@ -115,6 +115,11 @@ def render(s: Summary) -> str:
                     _table(GPU_TABLE_HEAD, gpu_rows), ""]
     else:
         out += ["No setting could be measured.", ""]
+    if s.controller:
+        from tuner.report.controller import HEAD, caption, table_rows
+        approx = " (approximate)" if s.controller.get("approximate") else ""
+        out += [f"## Adaptive controller vs the tuned schedule{approx}", "",
+                _table(HEAD, table_rows(s.controller)), "", e(caption(s.controller)), ""]
     if s.gaps:
         out += ["## Server gaps", "", _table(["from", "to", "seconds", "error"],
                                               [[_rel(s, a), _rel(s, b), _n(b - a), e] for a, b, e in s.gaps]), ""]

@@ -134,6 +134,7 @@ class Summary:
     captures: list[dict[str, Any]]
     excluded: list[tuple[float, float, str]] = field(default_factory=list)   # capture windows
     acceptance: list[Any] = field(default_factory=list)   # acceptance_profile.SettingCounts per setting
+    controller: dict[str, Any] | None = None               # report.controller: the adaptive controller checked
 
     def to_json(self) -> dict[str, Any]:
         d = self.data
@@ -161,6 +162,7 @@ class Summary:
             "tuning": self.tuning,
             "predictions": self.predictions,
             "acceptance_by_bucket": [c.to_json() for c in self.acceptance],
+            "adaptive_controller": self.controller,
         })
 
 
@@ -516,5 +518,6 @@ def summarize(data: RecordingData) -> Summary:
     rows, ranking = build_rows(data, segments)
     tuning, preds = tuning_of(data)
     from tuner.report.acceptance_profile import collect
+    from tuner.report.controller import controller_of
     return Summary(data, segments, gaps, rows, ranking, verdict(rows), flags_of(data), tuning, preds,
-                   captures_of(data), windows, collect(data, segments))
+                   captures_of(data), windows, collect(data, segments), controller_of(data))

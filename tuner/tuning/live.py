@@ -303,6 +303,12 @@ class Tuner:
         self._stop_reason = ""
         self._last_progress_t = math.nan
 
+    @property
+    def iterations(self) -> tuple[Iteration, ...]:
+        """Every settled iteration of the measurements finished so far (any batch size): what
+        `tune --schedule` pools over its loads to fit each batch bucket."""
+        return tuple(self._iters)
+
     # ---- capabilities ----------------------------------------------------------------------
     def _settable(self, s: Setting) -> bool:
         c = self._caps

@@ -39,6 +39,7 @@ class Iteration:
     comm_calls: Mapping[str, int] = None  # type: ignore[assignment]  # collectives per phase
     simulated: bool = False
     emulated_comm: bool = False
+    adaptive: bool = False          # the engine's adaptive controller picked this iteration's tier
 
     @property
     def sched_ms(self) -> float:
@@ -100,6 +101,7 @@ def parse_record(rec: Mapping) -> Iteration:
         t=_num(rec, "t"), epoch=int(_num(rec, "epoch", int)), setting=setting, bs=bs,
         wall_ms=wall, phase_ms=phase_ms, comm_ms=comm_ms, accepted=tuple(accepted),
         committed=committed, comm_calls=comm_calls, simulated=bool(rec.get("simulated", False)), emulated_comm=bool(rec.get("emulated_comm", False)),
+        adaptive=rec.get("adaptive") is True,
     )
 
 

@@ -1,4 +1,6 @@
-"""Per-position acceptance bars: p_k (unconditional) as a bar and α_k = p_k / p_{k-1} beside it.
+"""Per-position acceptance bars: p_k (unconditional) as a bar and α_k = p_k / p_{k-1} beside it;
+under them, when the server runs an adaptive controller, the tier it ran per batch bucket against
+the tuner's best.
 
 The numbers come from the store's `spec/accept_pos/<k>` series (see the design note's
 "Acceptance"), and per batch-size / context bucket from `spec/<bucket>/...`; this widget only lays
@@ -29,6 +31,9 @@ class AcceptView:
     steps: int | None = None
     buckets: tuple[tuple[str, int, tuple[float, ...]], ...] = ()
     """Per batch-size / context bucket: (range, verify rounds, p_1, p_2, …) over the same window."""
+    controller: tuple[str, ...] = ()
+    """The server's adaptive controller checked (tuner.tuning.controller_check): a title, then one
+    line per batch bucket (the tier it ran, the tuner's best, the predicted tok/s lost)."""
 
 
 class PositionBars(Static):
@@ -41,11 +46,22 @@ class PositionBars(Static):
     def show(self, view: AcceptView) -> None:
         if view != self._view:
             # A new layout only when the number of lines can change (layout is the costly part).
-            self.refresh(layout=(len(view.positions), view.steps == 0, len(view.buckets)) !=
-                         (len(self._view.positions), self._view.steps == 0, len(self._view.buckets)))
+            self.refresh(layout=(len(view.positions), view.steps == 0, len(view.buckets), len(view.controller)) !=
+                         (len(self._view.positions), self._view.steps == 0, len(self._view.buckets),
+                          len(self._view.controller)))
             self._view = view
 
     def render(self) -> Group | Text:
+        body = self._render_acceptance()
+        if not self._view.controller:
+            return body
+        title, *rows = self._view.controller
+        # One line each, cut at the panel's edge, as the bucket lines.
+        return Group(body, Text(title, style="bold", no_wrap=True, overflow="ellipsis"),
+                     *(Text(r, style="dim" if "on the best" in r else "", no_wrap=True, overflow="ellipsis")
+                       for r in rows[:MAX_BUCKET_LINES]))
+
+    def _render_acceptance(self) -> Group | Text:
         view = self._view
         head = Text.assemble(("accept length ", "bold"), (num(view.accept_len, 2), f"bold {BAR_COLOR}"))
         if view.steps == 0:

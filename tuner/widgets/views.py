@@ -16,8 +16,9 @@ from tuner.core import series as S
 from tuner.core import setting as vocab
 from tuner.core.event_text import event_text
 from tuner.core.events import EventKind
-from tuner.core.records import Event
+from tuner.core.records import Event, thaw
 from tuner.core.store import Store
+from tuner.tuning import controller_check as CC
 from tuner.tuning.what_if_now import WhatIfReadout, what_if_now
 from tuner.widgets.acceptance import AcceptView
 from tuner.widgets.charts import ACCEPT_COLOR, CLIENT_COLOR, LOG_COLOR, SERVER_COLOR, ChartView, Series
@@ -103,7 +104,18 @@ def accept_view(store: Store, t_end: float, steps: int | None, window_s: float =
     if positions and not any(is_num(p) for p in positions):
         positions = ()
     return AcceptView(mean(store.window(S.SPEC_ACCEPT_LEN, t0, t_end).v), positions, steps,
-                      bucket_rows(store, t0, t_end, n))
+                      bucket_rows(store, t0, t_end, n), controller_lines(store, t_end))
+
+
+def controller_lines(store: Store, t_end: float) -> tuple[str, ...]:
+    """The newest controller check (tuner.tuning.controller_watch's event) as a title and one line
+    per batch bucket; () when the server runs no adaptive controller."""
+    e = store.last_event(CC.EVENT_KIND, at=t_end)
+    if e is None:
+        return ()
+    doc = thaw(e.data)
+    title = "adaptive controller vs tuned" + (" (approximate)" if doc.get("approximate") else "")
+    return (title, *CC.lines(doc))
 
 
 def _by_time(w: Any) -> dict[float, float]:
