@@ -28,11 +28,12 @@ launch functions), and `sglang.Engine` without HTTP (no routes; the stream still
 PROMETHEUS_MULTIPROC_DIR with metrics on, or to a SPECDECODE_STREAM_DIR the user sets).
 
 More than one tokenizer worker (`--tokenizer-worker-num N`, N > 1): SGLang's HTTP workers are
-fresh processes that import `http_server:app` again (SGLANG_HTTP_SERVER_APP_PATH) and never call
-`load_plugins()`, so `/specdecode/*` is absent there (404). Everything on the scheduler side still
-works: the timer lease and the step pin through `/set_internal_state`, the `/metrics` counters (with
-`--enable-metrics`), and the stream files in the directory the launch log names (read them with
-`read_records`, or set SPECDECODE_STREAM_DIR yourself to know it in advance).
+fresh processes that import the app named by SGLANG_HTTP_SERVER_APP_PATH and never call
+`load_plugins()`. The launch hook points that variable at `probes.inserver.sglang_app:app`
+(SGLang's app plus the routes), so every worker serves `/specdecode/*` over the same stream
+directory. If you set SGLANG_HTTP_SERVER_APP_PATH yourself it is left alone and the workers have no
+`/specdecode/*` (404); the scheduler side works either way: the timer lease and the step pin through
+`/set_internal_state`, the `/metrics` counters (with `--enable-metrics`), and the stream files.
 
 Timing records CUDA events on the current stream and never synchronizes: records are resolved a
 few iterations later (sglang_timing). Timers run only while someone holds a lease
@@ -80,6 +81,9 @@ TARGETS = {
     "http_launch": "sglang.srt.entrypoints.http_server.launch_server",
 }
 HTTP_SERVER_MODULE = "sglang.srt.entrypoints.http_server"
+APP_PATH_ENV = "SGLANG_HTTP_SERVER_APP_PATH"        # what SGLang's extra HTTP workers import
+SGLANG_APP = f"{HTTP_SERVER_MODULE}:app"            # its default (checked by the contract tests)
+WORKER_APP = "probes.inserver.sglang_app:app"       # the same app with our routes
 HTTP_LAUNCH_AT = "sglang/srt/entrypoints/http_server.py:3125"   # checked by the contract tests
 SCHEDULER_HOOKS = ("iteration", "draft", "verify", "target_forward", "draft_extend", "accepted",
                    "update_handlers", "policy_steps", "policy_feedback")
@@ -446,6 +450,14 @@ def around_launch_server(original: Callable, *args: Any, **kwargs: Any) -> Any:
         install_routes(sys.modules[HTTP_SERVER_MODULE].app)
     except Exception as e:
         log.warning("specdecode plugin: no /specdecode routes (%s)", e)
+    # Extra HTTP workers (--tokenizer-worker-num > 1) import an app path instead; SGLang reads it
+    # from the environment when it starts them, after this hook.
+    app_path = os.environ.get(APP_PATH_ENV) or SGLANG_APP
+    if app_path == SGLANG_APP:
+        os.environ[APP_PATH_ENV] = WORKER_APP
+    else:
+        log.info("specdecode plugin: %s=%s is yours: extra HTTP workers get no /specdecode routes",
+                 APP_PATH_ENV, app_path)
     return original(*args, **kwargs)
 
 

@@ -203,14 +203,19 @@ def test_http_launch_starts_the_schedulers_after_our_hook_as_spawned_children(sg
     assert "uvicorn.Config(app, host=" in setup             # one worker serves that very object
 
 
-def test_more_tokenizer_workers_reimport_the_app_without_plugins(sglang_src):
-    """Why /specdecode/* is absent with --tokenizer-worker-num > 1 (the plugin docstring and
-    the README say so): the workers import the app path afresh and nothing there loads plugins."""
-    assert 'SGLANG_HTTP_SERVER_APP_PATH = EnvStr("sglang.srt.entrypoints.http_server:app")' \
-        in _text(sglang_src, "sglang.srt.environ")
+def test_more_tokenizer_workers_import_the_app_path_we_set(sglang_src):
+    """With --tokenizer-worker-num > 1 the HTTP workers import SGLANG_HTTP_SERVER_APP_PATH afresh
+    and nothing there loads plugins: the launch hook points the variable at our app module, and
+    SGLang reads it from os.environ when it starts the workers, after the hook ran."""
+    env = _text(sglang_src, "sglang.srt.environ")
+    assert f'{sglang_plugin.APP_PATH_ENV} = EnvStr("{sglang_plugin.SGLANG_APP}")' in env
+    assert "        value = os.getenv(self.name)" in env          # EnvField.get reads it live
     setup = ast.unparse(resolve(sglang_src, f"{HTTP}._setup_and_run_http_server"))
+    assert "app_path = envs.SGLANG_HTTP_SERVER_APP_PATH.get()" in setup
     assert "uvicorn.run(app_path, **uvicorn_options)" in setup
     assert "'workers': get_serving().tokenizer_worker_num" in setup
+    granian = ast.unparse(resolve(sglang_src, f"{HTTP}._run_granian_server"))
+    assert "envs.SGLANG_HTTP_SERVER_APP_PATH.get()" in granian
     for mod in (HTTP, "sglang.srt.managers.multi_tokenizer_mixin"):
         assert "load_plugins" not in _text(sglang_src, mod), mod
 

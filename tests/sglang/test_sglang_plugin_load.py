@@ -144,6 +144,26 @@ def run_scheduler_process():
 run_scheduler_process()
 """
 
+# An extra HTTP worker (--tokenizer-worker-num > 1) as SGLang starts it: a fresh process that
+# loads no plugins and imports the app path from its environment, as uvicorn does
+# (module:attribute). SGLang's http_server cannot import here, so its stand-in is registered first.
+WORKER = r"""
+import importlib, json, os, sys
+from pathlib import Path
+from starlette.testclient import TestClient
+from sglang_http_launch import build
+
+build(Path(sys.modules["sglang"].__path__[0]), lambda: None, lambda app: None)
+path = os.environ.get("SGLANG_HTTP_SERVER_APP_PATH", "sglang.srt.entrypoints.http_server:app")
+module, attr = path.split(":")
+app = getattr(importlib.import_module(module), attr)
+with TestClient(app) as client:
+    r = client.get("/specdecode/phases", params={"after": 1})
+    print(json.dumps({"app_path": path, "plugins_loaded": "sglang.srt.plugins" in sys.modules,
+                      "same_app": app is sys.modules["sglang.srt.entrypoints.http_server"].app,
+                      "phases": [r.status_code, r.json() if r.status_code == 200 else None]}))
+"""
+
 LAUNCH = r"""
 import json, logging, os, subprocess, sys
 from pathlib import Path
@@ -152,7 +172,7 @@ logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 from starlette.testclient import TestClient
 from sglang_http_launch import build
 
-SCHEDULER_CODE = sys.argv[1]
+SCHEDULER_CODE, WORKER_CODE = sys.argv[1], sys.argv[2]
 seen = {"env_before_launch": os.environ.get("SPECDECODE_STREAM_DIR")}
 
 def start_schedulers():
@@ -167,6 +187,10 @@ def serve(app):
         seen["streams"] = client.get("/specdecode/streams").json()
         r = client.get("/specdecode/phases", params={"after": 1})
         seen["phases"] = [r.status_code, r.json()]
+    out = subprocess.run([sys.executable, "-c", WORKER_CODE], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen["worker"] = json.loads(out.stdout.strip().splitlines()[-1])
 
 http = build(Path(sys.modules["sglang"].__path__[0]), start_schedulers, serve)
 from sglang.srt.plugins import load_plugins
@@ -177,13 +201,15 @@ print(json.dumps(seen))
 """
 
 
-def _launch(target: Path, **env: str) -> dict:
+def _launch(target: Path, extra_path: Path | None = None, **env: str) -> dict:
     code = plugin_framework_env(target) + LAUNCH
     e = {k: v for k, v in os.environ.items()
          if not k.startswith(("SGLANG_", "SPECDECODE_", "PROMETHEUS_MULTIPROC_DIR"))}
     e.update(env)
-    e["PYTHONPATH"] = os.pathsep.join([str(target), str(ROOT), str(HERE)])
-    out = subprocess.run([sys.executable, "-c", code, plugin_framework_env(target) + SCHEDULER],
+    e["PYTHONPATH"] = os.pathsep.join([str(target), str(ROOT), str(HERE)]
+                                      + ([str(extra_path)] if extra_path else []))
+    out = subprocess.run([sys.executable, "-c", code, plugin_framework_env(target) + SCHEDULER,
+                          plugin_framework_env(target) + WORKER],
                          cwd=ROOT, capture_output=True, text=True, timeout=600, env=e)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -208,7 +234,23 @@ def test_routes_and_stream_without_enable_metrics(sglang_target):
     status, body = r["phases"]
     assert status == 200 and [x["seq"] for x in body["records"]] == [2, 3] and body["next"] == 3
     assert f"phase stream in {d} (made for this launch)" in r["log"]
+    # --tokenizer-worker-num > 1: a worker that loads no plugins serves the routes too, over the
+    # same stream.
+    w = r["worker"]
+    assert w["app_path"] == sglang_plugin.WORKER_APP and not w["plugins_loaded"] and w["same_app"]
+    assert w["phases"] == [200, body]
     assert not d.exists(), "the launching process removes the directory it made when it exits"
+
+
+def test_an_app_path_the_user_set_is_kept(sglang_target, tmp_path):
+    """Then SGLang's extra HTTP workers serve the user's app, without our routes."""
+    (tmp_path / "user_app.py").write_text(
+        "from sglang.srt.entrypoints.http_server import app as wrapped\n")
+    r = _launch(sglang_target, extra_path=tmp_path, SGLANG_HTTP_SERVER_APP_PATH="user_app:wrapped")
+    assert r["routes"][-2:] == ["/specdecode/phases", "/specdecode/streams"]   # one worker: ours
+    w = r["worker"]
+    assert w["app_path"] == "user_app:wrapped" and w["same_app"] and w["phases"] == [404, None]
+    assert "SGLANG_HTTP_SERVER_APP_PATH=user_app:wrapped is yours" in r["log"]
 
 
 def test_a_stream_dir_the_user_set_is_kept(sglang_target, tmp_path):
