@@ -25,7 +25,10 @@ what `python -m sglang.launch_server` and `sglang serve` run in the launching pr
 `load_plugins()`, whatever the flags: the routes no longer need `--enable-metrics` (SGLang calls
 `add_prometheus_middleware` only with it). Not covered: `--use-ray` and encoder-only servers (other
 launch functions), and `sglang.Engine` without HTTP (no routes; the stream still goes to
-PROMETHEUS_MULTIPROC_DIR with metrics on, or to a SPECDECODE_STREAM_DIR the user sets).
+PROMETHEUS_MULTIPROC_DIR with metrics on, or to a SPECDECODE_STREAM_DIR the user sets). SGLang's
+registry imports a target's module when `load_plugins()` applies the hooks, so http_server.py is
+imported in the launching process before the server args are parsed; the settings it reads at
+import come from the user's environment either way.
 
 More than one tokenizer worker (`--tokenizer-worker-num N`, N > 1): SGLang's HTTP workers are
 fresh processes that import the app named by SGLANG_HTTP_SERVER_APP_PATH and never call

@@ -3,8 +3,8 @@
 What is real: SGLang's hook registry (imported from the wheel), SGLang's adaptive step policy
 and controller (AdaptiveStepSlot, AdaptiveSpeculativeParams, AdaptiveController) and its
 /set_internal_state dispatcher (SchedulerInternalStateController.set_internal_state with
-UpdateRejected/_UpdateHandler), compiled from the wheel's source; torch's profiler; the stream
-files. What is a stand-in (SGLang's worker needs CUDA kernels that cannot load here): the
+UpdateRejected/_UpdateHandler) and http_server.launch_server (sglang_http_launch), compiled from
+the wheel's source; torch's profiler; the stream files. What is a stand-in (SGLang's worker needs CUDA kernels that cannot load here): the
 EAGLE worker, draft worker and target worker classes, registered under SGLang's module names with
 the method names and call order of eagle_worker_v2.py (the contract tests pin those), doing
 small CPU matmuls.
