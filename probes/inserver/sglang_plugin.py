@@ -15,7 +15,28 @@ scheduler (TP rank) processes
   SchedulerInternalStateController._update_handlers   adds `specdecode_num_steps`, `specdecode_timers`
   AdaptiveSpeculativeParams.get_steps_for_batch / .on_verify_complete   obey the pin
 main (HTTP) process
-  add_prometheus_middleware                adds GET /specdecode/phases and /specdecode/streams
+  http_server.launch_server                before SGLang starts its schedulers: picks the phase-stream
+                                           directory (SPECDECODE_STREAM_DIR, inherited by every
+                                           rank) and adds GET /specdecode/phases and
+                                           /specdecode/streams to SGLang's FastAPI `app`
+
+The HTTP hook is `launch_server` at sglang/srt/entrypoints/http_server.py:3125 (0.5.23; HTTP_LAUNCH_AT),
+what `python -m sglang.launch_server` and `sglang serve` run in the launching process after
+`load_plugins()`, whatever the flags: the routes no longer need `--enable-metrics` (SGLang calls
+`add_prometheus_middleware` only with it). Not covered: `--use-ray` and encoder-only servers (other
+launch functions), and `sglang.Engine` without HTTP (no routes; the stream still goes to
+PROMETHEUS_MULTIPROC_DIR with metrics on, or to a SPECDECODE_STREAM_DIR the user sets). SGLang's
+registry imports a target's module when `load_plugins()` applies the hooks, so http_server.py is
+imported in the launching process before the server args are parsed; the settings it reads at
+import come from the user's environment either way.
+
+More than one tokenizer worker (`--tokenizer-worker-num N`, N > 1): SGLang's HTTP workers are
+fresh processes that import the app named by SGLANG_HTTP_SERVER_APP_PATH and never call
+`load_plugins()`. The launch hook points that variable at `probes.inserver.sglang_app:app`
+(SGLang's app plus the routes), so every worker serves `/specdecode/*` over the same stream
+directory. If you set SGLANG_HTTP_SERVER_APP_PATH yourself it is left alone and the workers have no
+`/specdecode/*` (404); the scheduler side works either way: the timer lease and the step pin through
+`/set_internal_state`, the `/metrics` counters (with `--enable-metrics`), and the stream files.
 
 Timing records CUDA events on the current stream and never synchronizes: records are resolved a
 few iterations later (sglang_timing). Timers run only while someone holds a lease
@@ -38,7 +59,7 @@ from probes.inserver.sglang_steps import (
     PIN_KEY, TIMERS_KEY, Lease, Refused, StepPin, adaptive_view, check_lease, check_pin,
 )
 from probes.inserver.sglang_stream import (
-    MAX_LIMIT, RingWriter, list_streams, read_records, stream_dir,
+    MAX_LIMIT, STREAM_ENV, RingWriter, choose_stream_dir, list_streams, read_records, stream_dir,
 )
 from probes.inserver.sglang_timing import HostEvent, PhaseTimeline
 
@@ -60,11 +81,16 @@ TARGETS = {
                     "AdaptiveSpeculativeParams.get_steps_for_batch",
     "policy_feedback": "sglang.srt.speculative.adaptive_spec_params."
                        "AdaptiveSpeculativeParams.on_verify_complete",
-    "http_routes": "sglang.srt.utils.common.add_prometheus_middleware",
+    "http_launch": "sglang.srt.entrypoints.http_server.launch_server",
 }
+HTTP_SERVER_MODULE = "sglang.srt.entrypoints.http_server"
+APP_PATH_ENV = "SGLANG_HTTP_SERVER_APP_PATH"        # what SGLang's extra HTTP workers import
+SGLANG_APP = f"{HTTP_SERVER_MODULE}:app"            # its default (checked by the contract tests)
+WORKER_APP = "probes.inserver.sglang_app:app"       # the same app with our routes
+HTTP_LAUNCH_AT = "sglang/srt/entrypoints/http_server.py:3125"   # checked by the contract tests
 SCHEDULER_HOOKS = ("iteration", "draft", "verify", "target_forward", "draft_extend", "accepted",
                    "update_handlers", "policy_steps", "policy_feedback")
-MAIN_HOOKS = ("http_routes",)
+MAIN_HOOKS = ("http_launch",)
 INTERNAL_STATE_MODULE = "sglang.srt.managers.scheduler_components.internal_state"
 FLUSH_EVERY_S = 0.2                          # stream/counter latency vs per-iteration cost
 FLUSH_MAX_RECORDS = 256
@@ -372,8 +398,9 @@ def _query_int(params: Any, name: str, default: int, lo: int, hi: int) -> int:
 def phases_reply(params: Any, directory: Path | None) -> tuple[int, dict]:
     """(status, body) of GET /specdecode/phases; pure over a query mapping and the stream dir."""
     if directory is None:
-        return 404, {"error": {"message": "no phase stream: the server has neither "
-                               "SPECDECODE_STREAM_DIR nor PROMETHEUS_MULTIPROC_DIR (--enable-metrics)",
+        return 404, {"error": {"message": f"no phase stream: {STREAM_ENV} is not set in the server "
+                               "(the plugin's launch hook sets it; set it yourself if the log says "
+                               "it could not)",
                                "type": "not_found", "code": 404}}
     try:
         after = _query_int(params, "after", 0, 0, 2**62)
@@ -390,9 +417,15 @@ def streams_reply(directory: Path | None) -> dict:
             "streams": list_streams(directory) if directory is not None else []}
 
 
+ROUTES = ("/specdecode/phases", "/specdecode/streams")
+
+
 def install_routes(app: Any) -> None:
     from starlette.responses import JSONResponse
     from starlette.routing import Route
+
+    if any(getattr(r, "path", None) in ROUTES for r in app.router.routes):
+        return                            # a second launch in one process: keep one copy
 
     # Plain (sync) endpoints: Starlette runs them in its thread pool, off SGLang's event loop.
     def phases(request: Any) -> Any:
@@ -402,17 +435,33 @@ def install_routes(app: Any) -> None:
     def streams(request: Any) -> Any:
         return JSONResponse(streams_reply(stream_dir()))
 
-    app.router.routes.append(Route("/specdecode/phases", phases, methods=["GET"]))
-    app.router.routes.append(Route("/specdecode/streams", streams, methods=["GET"]))
+    app.router.routes.append(Route(ROUTES[0], phases, methods=["GET"]))
+    app.router.routes.append(Route(ROUTES[1], streams, methods=["GET"]))
 
 
-def around_prometheus_middleware(original: Callable, app: Any, *args: Any, **kwargs: Any) -> Any:
-    out = original(app, *args, **kwargs)
+def around_launch_server(original: Callable, *args: Any, **kwargs: Any) -> Any:
+    # Runs before SGLang's own body, i.e. before Engine._launch_subprocesses starts the schedulers
+    # (the contract tests pin that order): what is put into os.environ here reaches every rank.
     try:
-        install_routes(app)
+        d, made = choose_stream_dir()
+        log.info("specdecode plugin: phase stream in %s (%s)", d,
+                 "made for this launch" if made else f"from {STREAM_ENV}")
+    except Exception as e:                # no temp dir: ranks fall back to PROMETHEUS_MULTIPROC_DIR
+        log.warning("specdecode plugin: no phase stream directory (%s)", e)
+    try:
+        # Routes go on the module's app: single-worker servers serve this object itself.
+        install_routes(sys.modules[HTTP_SERVER_MODULE].app)
     except Exception as e:
         log.warning("specdecode plugin: no /specdecode routes (%s)", e)
-    return out
+    # Extra HTTP workers (--tokenizer-worker-num > 1) import an app path instead; SGLang reads it
+    # from the environment when it starts them, after this hook.
+    app_path = os.environ.get(APP_PATH_ENV) or SGLANG_APP
+    if app_path == SGLANG_APP:
+        os.environ[APP_PATH_ENV] = WORKER_APP
+    else:
+        log.info("specdecode plugin: %s=%s is yours: extra HTTP workers get no /specdecode routes",
+                 APP_PATH_ENV, app_path)
+    return original(*args, **kwargs)
 
 
 HOOKS: dict[str, Callable] = {
@@ -425,7 +474,7 @@ HOOKS: dict[str, Callable] = {
     "update_handlers": around_update_handlers,
     "policy_steps": around_policy_steps,
     "policy_feedback": around_policy_feedback,
-    "http_routes": around_prometheus_middleware,
+    "http_launch": around_launch_server,
 }
 
 

@@ -1,8 +1,9 @@
 """The SGLang plugin's per-iteration phase stream: one JSON-lines ring file per scheduler rank.
 
 Each scheduler process appends its records to `specdecode-phases-dp{D}-tp{T}.jsonl` in the
-stream directory (`SPECDECODE_STREAM_DIR`, else SGLang's `PROMETHEUS_MULTIPROC_DIR`, which every
-SGLang process shares). When a file holds `capacity` records it becomes `<name>.1` (replacing
+stream directory: `SPECDECODE_STREAM_DIR`, which the plugin sets in SGLang's launching process
+before the schedulers start (`choose_stream_dir`), so they inherit it; else SGLang's
+`PROMETHEUS_MULTIPROC_DIR` (a process the launch hook did not run in). When a file holds `capacity` records it becomes `<name>.1` (replacing
 the older one) and a new file starts, so at most 2 x capacity records stay on disk.
 
 Why files: the records are made in the scheduler processes, while HTTP is served by another
@@ -15,9 +16,12 @@ Stdlib only; the writer must never raise into SGLang's scheduler loop (errors tu
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -25,12 +29,31 @@ PREFIX = "specdecode-phases"
 _NAME = re.compile(r"^specdecode-phases-dp(\d+)-tp(\d+)\.jsonl$")
 DEFAULT_CAPACITY = 2048
 MAX_LIMIT = 4096
+STREAM_ENV = "SPECDECODE_STREAM_DIR"
 
 
 def stream_dir(environ: dict[str, str] | None = None) -> Path | None:
     env = os.environ if environ is None else environ
-    d = env.get("SPECDECODE_STREAM_DIR") or env.get("PROMETHEUS_MULTIPROC_DIR")
+    d = env.get(STREAM_ENV) or env.get("PROMETHEUS_MULTIPROC_DIR")
     return Path(d) if d else None
+
+
+def choose_stream_dir(environ: dict[str, str] | None = None) -> tuple[Path, bool]:
+    """(directory, made): the stream directory for this launch, put into the environment.
+
+    Called in the process that starts the schedulers, before it starts them: child processes
+    inherit the environment, so every rank and the HTTP process agree on one directory whatever
+    SGLang's flags. A directory the user set is kept as is. Otherwise a private (0700) temporary
+    directory is made and removed when this process exits (not when a forked child exits).
+    """
+    env = os.environ if environ is None else environ
+    if env.get(STREAM_ENV):
+        return Path(env[STREAM_ENV]), False
+    d = tempfile.mkdtemp(prefix="specdecode-phases-")
+    env[STREAM_ENV] = d
+    owner = os.getpid()
+    atexit.register(lambda: os.getpid() == owner and shutil.rmtree(d, ignore_errors=True))
+    return Path(d), True
 
 
 def stream_path(directory: Path, dp: int, rank: int) -> Path:

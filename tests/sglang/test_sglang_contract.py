@@ -17,6 +17,7 @@ from probes.inserver.sglang_steps import PIN_KEY, TIMERS_KEY
 from sglang_wheel_code import arg_names, methods, module_path, parse, resolve, top_level
 
 EW = "sglang.srt.speculative.eagle_worker_v2"
+HTTP = "sglang.srt.entrypoints.http_server"
 
 
 def _text(src, dotted: str) -> str:
@@ -58,7 +59,7 @@ def test_every_hook_target_is_a_function(sglang_src, name):
      ["self", "num_correct_drafts_per_req", "batch_size"]),
     ("sglang.srt.managers.scheduler_components.internal_state."
      "SchedulerInternalStateController._update_handlers", ["self"]),
-    ("sglang.srt.utils.common.add_prometheus_middleware", ["app"]),
+    ("sglang.srt.entrypoints.http_server.launch_server", ["server_args"]),
 ])
 def test_hooked_signatures_start_as_we_call_them(sglang_src, target, args):
     assert arg_names(resolve(sglang_src, target))[:len(args)] == args
@@ -158,6 +159,65 @@ def test_metrics_route_is_mounted_over_the_multiprocess_collector(sglang_src):
     assert "add_prometheus_middleware(app)" in http
     assert "from sglang.srt.utils import (\n    add_prometheus_middleware," in http
     assert 'os.environ["PROMETHEUS_MULTIPROC_DIR"]' in _text(sglang_src, "sglang.srt.utils.common")
+
+
+def test_http_launch_hook_is_at_the_file_and_line_the_plugin_names(sglang_src):
+    """The HTTP-process hook target, named with file:line in the plugin's docstring. An SGLang
+    upgrade that moves or renames it fails here: update HTTP_LAUNCH_AT and the docstring."""
+    where = sglang_plugin.HTTP_LAUNCH_AT
+    assert where in sglang_plugin.__doc__
+    path, line = where.rsplit(":", 1)
+    assert sglang_plugin.TARGETS["http_launch"] == f"{HTTP}.launch_server"
+    assert module_path(sglang_src, HTTP).relative_to(sglang_src.parent).as_posix() == path
+    node = resolve(sglang_src, sglang_plugin.TARGETS["http_launch"])
+    assert isinstance(node, ast.FunctionDef) and node.lineno == int(line)
+
+
+def test_http_launch_runs_after_load_plugins_whatever_the_flags(sglang_src):
+    # `python -m sglang.launch_server` and `sglang serve` both load plugins, then import
+    # launch_server at call time (so they get the hooked one) in the default HTTP mode.
+    ls = _text(sglang_src, "sglang.launch_server")
+    assert "    load_plugins()\n\n    server_args = prepare_server_args(sys.argv[1:])" in ls
+    assert "        from sglang.srt.entrypoints.http_server import launch_server\n\n" \
+           "        launch_server(server_args)" in ls
+    serve = _text(sglang_src, "sglang.cli.serve")
+    assert "from sglang.launch_server import run_server" in serve and "load_plugins()" in serve
+    # ... while SGLang mounts /metrics only with --enable-metrics: why the routes left that hook.
+    assert "    if get_observability().enable_metrics:\n        add_prometheus_middleware(app)" \
+           in _text(sglang_src, HTTP)
+
+
+def test_http_launch_starts_the_schedulers_after_our_hook_as_spawned_children(sglang_src):
+    """What the hook puts into os.environ reaches every rank: the body starts the schedulers
+    (spawned processes, which copy the environment), then serves the module's `app`."""
+    fn = resolve(sglang_src, f"{HTTP}.launch_server")
+    body = ast.unparse(fn)
+    start, serve = body.index("Engine._launch_subprocesses("), body.index("_setup_and_run_http_server(")
+    assert start < serve
+    # the launch is not behind a flag: the statement right after the docstring
+    assert "Engine._launch_subprocesses(" in ast.unparse(fn.body[1])
+    engine = _text(sglang_src, "sglang.srt.entrypoints.engine")
+    assert 'mp.set_start_method("spawn", force=True)' in engine and "mp.Process(" in engine
+    assert "app" in top_level(parse(sglang_src, HTTP))       # the FastAPI object we add routes to
+    setup = ast.unparse(resolve(sglang_src, f"{HTTP}._setup_and_run_http_server"))
+    assert "uvicorn.Config(app, host=" in setup             # one worker serves that very object
+
+
+def test_more_tokenizer_workers_import_the_app_path_we_set(sglang_src):
+    """With --tokenizer-worker-num > 1 the HTTP workers import SGLANG_HTTP_SERVER_APP_PATH afresh
+    and nothing there loads plugins: the launch hook points the variable at our app module, and
+    SGLang reads it from os.environ when it starts the workers, after the hook ran."""
+    env = _text(sglang_src, "sglang.srt.environ")
+    assert f'{sglang_plugin.APP_PATH_ENV} = EnvStr("{sglang_plugin.SGLANG_APP}")' in env
+    assert "        value = os.getenv(self.name)" in env          # EnvField.get reads it live
+    setup = ast.unparse(resolve(sglang_src, f"{HTTP}._setup_and_run_http_server"))
+    assert "app_path = envs.SGLANG_HTTP_SERVER_APP_PATH.get()" in setup
+    assert "uvicorn.run(app_path, **uvicorn_options)" in setup
+    assert "'workers': get_serving().tokenizer_worker_num" in setup
+    granian = ast.unparse(resolve(sglang_src, f"{HTTP}._run_granian_server"))
+    assert "envs.SGLANG_HTTP_SERVER_APP_PATH.get()" in granian
+    for mod in (HTTP, "sglang.srt.managers.multi_tokenizer_mixin"):
+        assert "load_plugins" not in _text(sglang_src, mod), mod
 
 
 SCHEDULER_METRICS = ["sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:gen_throughput",

@@ -3,8 +3,8 @@
 What is real: SGLang's hook registry (imported from the wheel), SGLang's adaptive step policy
 and controller (AdaptiveStepSlot, AdaptiveSpeculativeParams, AdaptiveController) and its
 /set_internal_state dispatcher (SchedulerInternalStateController.set_internal_state with
-UpdateRejected/_UpdateHandler), compiled from the wheel's source; torch's profiler; the stream
-files. What is a stand-in (SGLang's worker needs CUDA kernels that cannot load here): the
+UpdateRejected/_UpdateHandler) and http_server.launch_server (sglang_http_launch), compiled from
+the wheel's source; torch's profiler; the stream files. What is a stand-in (SGLang's worker needs CUDA kernels that cannot load here): the
 EAGLE worker, draft worker and target worker classes, registered under SGLang's module names with
 the method names and call order of eagle_worker_v2.py (the contract tests pin those), doing
 small CPU matmuls.
@@ -23,6 +23,7 @@ import torch
 
 from probes.inserver import sglang_plugin
 from probes.inserver.sglang_stream import read_records
+from sglang_http_launch import build as build_http_launch
 from sglang_wheel_code import load_definitions
 
 torch.set_num_threads(1)
@@ -32,7 +33,6 @@ ASP = "sglang.srt.speculative.adaptive_spec_params"
 ART = "sglang.srt.speculative.adaptive_runtime_state"
 IST = "sglang.srt.managers.scheduler_components.internal_state"
 TPW = "sglang.srt.managers.tp_worker"
-COMMON = "sglang.srt.utils.common"
 
 
 def _standin_modules(art: types.ModuleType) -> dict[str, types.ModuleType]:
@@ -124,19 +124,7 @@ def _standin_modules(art: types.ModuleType) -> dict[str, types.ModuleType]:
                 return torch.tanh(x @ self.w) @ self.w.T @ self.w
 
     tpw.TpModelWorker = TpModelWorker
-    # sglang.srt.utils imports SGLang's runtime dependencies; only its metrics mount is needed.
-    utils = types.ModuleType("sglang.srt.utils")
-    utils.__path__ = []
-    common = types.ModuleType(COMMON)
-
-    def add_prometheus_middleware(app):               # SGLang appends its /metrics mount
-        from starlette.responses import PlainTextResponse
-        from starlette.routing import Route
-
-        app.routes.append(Route("/metrics", lambda request: PlainTextResponse("# metrics\n")))
-
-    common.add_prometheus_middleware = add_prometheus_middleware
-    return {EW: ew, TPW: tpw, "sglang.srt.utils": utils, COMMON: common}
+    return {EW: ew, TPW: tpw}
 
 
 @pytest.fixture
@@ -163,6 +151,8 @@ def sglang(sglang_target, monkeypatch, tmp_path):
                            {"SetInternalStateReqOutput": lambda updated: updated,
                             "get_context": None}, register_as=IST)
     sys.modules.update(_standin_modules(art))
+    served = []
+    http = build_http_launch(sglang_target / "sglang", lambda: None, served.append)
     monkeypatch.setenv("SPECDECODE_PLUGIN_ROLE", "all")
     monkeypatch.setenv("SPECDECODE_STREAM_DIR", str(tmp_path))
     monkeypatch.delenv("SPECDECODE_TIMERS", raising=False)
@@ -170,7 +160,7 @@ def sglang(sglang_target, monkeypatch, tmp_path):
     sglang_plugin.register()
     HookRegistry.apply_hooks()
     ns = SimpleNamespace(registry=HookRegistry, asp=asp, art=art, ist=ist, dir=tmp_path,
-                         ew=sys.modules[EW], tpw=sys.modules[TPW], common=sys.modules[COMMON])
+                         ew=sys.modules[EW], tpw=sys.modules[TPW], http=http, served=served)
     yield ns
     HookRegistry.reset()
     for name in [n for n in sys.modules if n not in saved]:
@@ -357,8 +347,7 @@ def test_verify_spans_in_a_real_torch_profiler_trace(sglang, tmp_path):
     assert outer["ts"] <= inner["ts"] and inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"]
 
 
-def test_http_routes_are_added_where_sglang_mounts_metrics(sglang):
-    from starlette.applications import Starlette
+def test_http_routes_are_added_by_sglangs_launch_whatever_the_flags(sglang):
     from starlette.testclient import TestClient
 
     worker, ctl = _server(sglang)
@@ -366,9 +355,11 @@ def test_http_routes_are_added_where_sglang_mounts_metrics(sglang):
     _loop(worker, 8)
     worker.forward_batch_generation(_batch(2))
     sglang_plugin._probe.flush(force=True)
-    app = Starlette()
-    sglang.common.add_prometheus_middleware(app)          # SGLang's call, now hooked
-    assert [r.path for r in app.routes] == ["/metrics", "/specdecode/phases", "/specdecode/streams"]
+    sglang.http.launch_server(SimpleNamespace(enable_metrics=False))   # SGLang's, now hooked
+    sglang.http.launch_server(SimpleNamespace(enable_metrics=False))   # a second launch adds none
+    app = sglang.served[0]
+    assert app is sglang.http.app
+    assert [r.path for r in app.routes] == ["/specdecode/phases", "/specdecode/streams"]
     with TestClient(app) as client:
         r = client.get("/specdecode/phases", params={"after": 2, "limit": 3})
         assert r.status_code == 200
@@ -376,7 +367,6 @@ def test_http_routes_are_added_where_sglang_mounts_metrics(sglang):
         assert [x["seq"] for x in body["records"]] == [3, 4, 5] and body["next"] == 5
         assert client.get("/specdecode/phases?limit=zero").status_code == 400
         assert client.get("/specdecode/streams").json()["streams"] == [{"dp": 0, "rank": 0}]
-        assert client.get("/metrics").text == "# metrics\n"     # SGLang's route untouched
 
 
 def test_a_failing_probe_turns_itself_off_and_sglang_keeps_running(sglang, monkeypatch, caplog):

@@ -2,7 +2,9 @@
 
 Runs in a fresh interpreter with the wheel (installed without dependencies) on sys.path. The
 first test records whether SGLang's top-level package imports here at all; the plugin framework
-is then imported for real with the top-level initializer skipped (see sglang_wheel_code).
+is then imported for real with the top-level initializer skipped (see sglang_wheel_code). The
+launch tests run SGLang's own `launch_server` (sglang_http_launch) with metrics off: no
+--enable-metrics, no PROMETHEUS_MULTIPROC_DIR; its scheduler is a real child process.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from probes.inserver import sglang_plugin
 from sglang_wheel_code import plugin_framework_env
 
 ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
 
 LOAD = r"""
 import json, logging, sys
@@ -38,9 +41,10 @@ print(json.dumps({
 
 
 def _run(target: Path, code: str, **env: str) -> subprocess.CompletedProcess:
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "SPECDECODE_"))}
+    e = {k: v for k, v in os.environ.items()
+         if not k.startswith(("SGLANG_", "SPECDECODE_", "PROMETHEUS_MULTIPROC_DIR"))}
     e.update(env)
-    e["PYTHONPATH"] = os.pathsep.join([str(target), str(ROOT)])
+    e["PYTHONPATH"] = os.pathsep.join([str(target), str(ROOT), str(HERE)])
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, env=e)
 
@@ -94,7 +98,7 @@ def test_sglang_plugins_whitelist_can_exclude_us(sglang_target):
 
 def test_whitelist_naming_us_loads_us(sglang_target):
     r = _load(sglang_target, SPECDECODE_PLUGIN_ROLE="main", SGLANG_PLUGINS="specdecode")
-    assert sglang_plugin.TARGETS["http_routes"] in r["hooks"]
+    assert sglang_plugin.TARGETS["http_launch"] in r["hooks"]
 
 
 def test_role_is_guessed_from_sglangs_call_stack(sglang_target):
@@ -112,3 +116,145 @@ print(json.dumps([run_scheduler_process(), run_detokenizer_process(), sglang_plu
     out = _run(sglang_target, code)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == ["scheduler", "other", "main"]
+
+
+# A scheduler rank as SGLang starts it: a child process whose entry function loads the plugins,
+# then (on the first timed iteration) opens its stream where the plugin says.
+SCHEDULER = r"""
+import json, os
+from types import SimpleNamespace
+from sglang.srt.plugins import load_plugins
+from sglang.srt.plugins.hook_registry import HookRegistry
+from probes.inserver import sglang_plugin
+
+def run_scheduler_process():
+    load_plugins()
+    sglang_plugin._probe.start(SimpleNamespace(device="cpu"))
+    w = sglang_plugin._probe.writer          # None when the rank found no stream directory
+    if w is not None:
+        w.write([{"seq": s, "wall_ms": 1.5, "bs": 2} for s in (1, 2, 3)])
+    print(json.dumps({
+        "stream_dir": os.environ.get("SPECDECODE_STREAM_DIR"),
+        "prometheus": os.environ.get("PROMETHEUS_MULTIPROC_DIR"),
+        "writer": str(w.path) if w is not None else None,
+        "hooks": sorted(t for t, hs in HookRegistry._hooks.items()
+                        if any(src and src.plugin_name == "specdecode" for _, _, src in hs)),
+    }))
+
+run_scheduler_process()
+"""
+
+# An extra HTTP worker (--tokenizer-worker-num > 1) as SGLang starts it: a fresh process that
+# loads no plugins and imports the app path from its environment, as uvicorn does
+# (module:attribute). SGLang's http_server cannot import here, so its stand-in is registered first.
+WORKER = r"""
+import importlib, json, os, sys
+from pathlib import Path
+from starlette.testclient import TestClient
+from sglang_http_launch import build
+
+build(Path(sys.modules["sglang"].__path__[0]), lambda: None, lambda app: None)
+path = os.environ.get("SGLANG_HTTP_SERVER_APP_PATH", "sglang.srt.entrypoints.http_server:app")
+module, attr = path.split(":")
+app = getattr(importlib.import_module(module), attr)
+with TestClient(app) as client:
+    r = client.get("/specdecode/phases", params={"after": 1})
+    print(json.dumps({"app_path": path, "plugins_loaded": "sglang.srt.plugins" in sys.modules,
+                      "same_app": app is sys.modules["sglang.srt.entrypoints.http_server"].app,
+                      "phases": [r.status_code, r.json() if r.status_code == 200 else None]}))
+"""
+
+LAUNCH = r"""
+import json, logging, os, subprocess, sys
+from pathlib import Path
+from types import SimpleNamespace
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+from starlette.testclient import TestClient
+from sglang_http_launch import build
+
+SCHEDULER_CODE, WORKER_CODE = sys.argv[1], sys.argv[2]
+seen = {"env_before_launch": os.environ.get("SPECDECODE_STREAM_DIR")}
+
+def start_schedulers():
+    out = subprocess.run([sys.executable, "-c", SCHEDULER_CODE], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen["scheduler"] = json.loads(out.stdout.strip().splitlines()[-1])
+
+def serve(app):
+    seen["routes"] = [r.path for r in app.router.routes]
+    with TestClient(app) as client:
+        seen["streams"] = client.get("/specdecode/streams").json()
+        r = client.get("/specdecode/phases", params={"after": 1})
+        seen["phases"] = [r.status_code, r.json()]
+    out = subprocess.run([sys.executable, "-c", WORKER_CODE], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen["worker"] = json.loads(out.stdout.strip().splitlines()[-1])
+
+http = build(Path(sys.modules["sglang"].__path__[0]), start_schedulers, serve)
+from sglang.srt.plugins import load_plugins
+load_plugins()
+http.launch_server(SimpleNamespace(enable_metrics=False))     # SGLang's launch, now hooked
+seen["launch_wrapped"] = hasattr(http.launch_server, "__wrapped__")
+print(json.dumps(seen))
+"""
+
+
+def _launch(target: Path, extra_path: Path | None = None, **env: str) -> dict:
+    code = plugin_framework_env(target) + LAUNCH
+    e = {k: v for k, v in os.environ.items()
+         if not k.startswith(("SGLANG_", "SPECDECODE_", "PROMETHEUS_MULTIPROC_DIR"))}
+    e.update(env)
+    e["PYTHONPATH"] = os.pathsep.join([str(target), str(ROOT), str(HERE)]
+                                      + ([str(extra_path)] if extra_path else []))
+    out = subprocess.run([sys.executable, "-c", code, plugin_framework_env(target) + SCHEDULER,
+                          plugin_framework_env(target) + WORKER],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600, env=e)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["log"] = out.stderr
+    return result
+
+
+def test_routes_and_stream_without_enable_metrics(sglang_target):
+    """Metrics off: the launch hook picks the stream directory before SGLang starts the scheduler
+    (which inherits it), and SGLang's app answers /specdecode/* with that scheduler's records."""
+    r = _launch(sglang_target)
+    assert r["launch_wrapped"] and r["env_before_launch"] is None
+    sched = r["scheduler"]
+    assert sched["prometheus"] is None
+    d = Path(sched["stream_dir"])
+    assert d.name.startswith("specdecode-phases-")
+    assert sched["writer"] == str(d / "specdecode-phases-dp0-tp0.jsonl")
+    assert set(sched["hooks"]) == {sglang_plugin.TARGETS[n] for n in sglang_plugin.SCHEDULER_HOOKS}
+    assert r["routes"][-2:] == ["/specdecode/phases", "/specdecode/streams"]
+    assert r["streams"] == {"plugin": "specdecode", "version": sglang_plugin.PLUGIN_VERSION,
+                            "streams": [{"dp": 0, "rank": 0}]}
+    status, body = r["phases"]
+    assert status == 200 and [x["seq"] for x in body["records"]] == [2, 3] and body["next"] == 3
+    assert f"phase stream in {d} (made for this launch)" in r["log"]
+    # --tokenizer-worker-num > 1: a worker that loads no plugins serves the routes too, over the
+    # same stream.
+    w = r["worker"]
+    assert w["app_path"] == sglang_plugin.WORKER_APP and not w["plugins_loaded"] and w["same_app"]
+    assert w["phases"] == [200, body]
+    assert not d.exists(), "the launching process removes the directory it made when it exits"
+
+
+def test_an_app_path_the_user_set_is_kept(sglang_target, tmp_path):
+    """Then SGLang's extra HTTP workers serve the user's app, without our routes."""
+    (tmp_path / "user_app.py").write_text(
+        "from sglang.srt.entrypoints.http_server import app as wrapped\n")
+    r = _launch(sglang_target, extra_path=tmp_path, SGLANG_HTTP_SERVER_APP_PATH="user_app:wrapped")
+    assert r["routes"][-2:] == ["/specdecode/phases", "/specdecode/streams"]   # one worker: ours
+    w = r["worker"]
+    assert w["app_path"] == "user_app:wrapped" and w["same_app"] and w["phases"] == [404, None]
+    assert "SGLANG_HTTP_SERVER_APP_PATH=user_app:wrapped is yours" in r["log"]
+
+
+def test_a_stream_dir_the_user_set_is_kept(sglang_target, tmp_path):
+    r = _launch(sglang_target, SPECDECODE_STREAM_DIR=str(tmp_path))
+    assert r["scheduler"]["stream_dir"] == str(tmp_path)
+    assert r["phases"][0] == 200 and len(r["phases"][1]["records"]) == 2
+    assert (tmp_path / "specdecode-phases-dp0-tp0.jsonl").exists()      # not removed at exit

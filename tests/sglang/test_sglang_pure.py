@@ -11,7 +11,9 @@ from probes.inserver.sglang_plugin import phases_reply, streams_reply
 from probes.inserver.sglang_steps import (
     AdaptiveView, Lease, Refused, StepPin, check_lease, check_pin,
 )
-from probes.inserver.sglang_stream import RingWriter, list_streams, read_records, stream_dir
+from probes.inserver.sglang_stream import (
+    RingWriter, choose_stream_dir, list_streams, read_records, stream_dir,
+)
 from probes.inserver.sglang_timing import HostEvent, PhaseTimeline, compose_phases
 
 
@@ -253,6 +255,19 @@ def test_stream_dir_prefers_ours_then_prometheus():
     assert stream_dir({}) is None
 
 
+def test_the_launching_process_chooses_the_stream_dir_once(tmp_path):
+    env: dict[str, str] = {}
+    d, made = choose_stream_dir(env)
+    try:
+        assert made and d.is_dir() and env["SPECDECODE_STREAM_DIR"] == str(d)
+        assert d.stat().st_mode & 0o077 == 0              # private to the server's user
+        assert stream_dir(env) == d
+        assert choose_stream_dir(env) == (d, False)       # a second call keeps it
+    finally:
+        d.rmdir()
+    assert choose_stream_dir({"SPECDECODE_STREAM_DIR": str(tmp_path)}) == (tmp_path, False)
+
+
 def test_phases_reply(tmp_path):
     RingWriter(tmp_path, 0, 0).write(_recs(1, 5))
     status, body = phases_reply({"after": "2", "limit": "2"}, tmp_path)
@@ -261,5 +276,5 @@ def test_phases_reply(tmp_path):
         status, body = phases_reply(bad, tmp_path)
         assert status == 400 and body["error"]["message"].startswith("bad query")
     status, body = phases_reply({}, None)
-    assert status == 404 and "--enable-metrics" in body["error"]["message"]
+    assert status == 404 and "SPECDECODE_STREAM_DIR is not set" in body["error"]["message"]
     assert streams_reply(tmp_path)["streams"] == [{"dp": 0, "rank": 0}]

@@ -36,8 +36,7 @@ OK, MISSING, UNKNOWN, NOTE = "ok", "missing", "unknown", "note"
 SGLANG_VERSION = "0.5.23"      # the version the plugin's hooks were checked against
 LEASE_S = 30
 PLUGIN_FIX = ("install the plugin into the SERVER's Python: `pip install --no-deps specdecode-tune`; if "
-              "SGLANG_PLUGINS is set, include `specdecode`; keep --enable-metrics (the plugin's routes and "
-              "counters ride on it); relaunch")
+              "SGLANG_PLUGINS is set, include `specdecode`; --enable-metrics for its counters; relaunch")
 SEE_PLUGIN = "install the plugin (see `plugin routes`)"
 
 
