@@ -9,7 +9,8 @@ With an adaptive schedule (SGLang's --speculative-adaptive) the steps of each it
 at its launch from its batch size by the shared policy, which is fed the accepted drafts as they are
 read; a tier switch is not a config change (same epoch), and each record says the steps it ran.
 Steps 0 is SGLang 0.5.23's tier 0 (a one-token verify plus a draft-extend, so the draft stays warm);
-an engine without a draft (`--speculative-algorithm NONE`) is plain decoding.
+an engine without a draft (`--speculative-algorithm NONE`) is plain decoding. What drafts and what
+verifies is chosen once per configuration (refengine.roles: chain or tree, greedy or simulated).
 
 Semantics worth knowing:
 - Sampling (temperature > 0) is SGLang's target-only tree sampling for any topk; with
@@ -44,7 +45,8 @@ from probes.adaptive_policy import Schedule
 from probes.names import DRAFT, DRAFT_EXTEND, OTHER, PREFILL, SHARDED, VERIFY, VERIFY_SAMPLE
 from refengine import spec
 from refengine.comm import PHASES, Communicator
-from refengine.graphs import GROUP, LOCAL, GraphCache, chain_tail, graphed_chain, graphed_forward, resolve_mode
+from refengine.graphs import GROUP, LOCAL, GraphCache, chain_tail, graphed_forward, resolve_mode
+from refengine.roles import Roles, roles_for
 from refengine.config import EngineOptions, ModelLimits, SpecConfig, simulator
 from refengine.draft import DraftPlacement
 from refengine.messages import GenRequest, GenUpdate, SpecStats
@@ -217,6 +219,8 @@ class Engine:
         self.simulate = simulator(opts)
         self.sim_gen = torch.Generator().manual_seed(opts.random_seed + 17)
         self.config = SpecConfig(steps=0, topk=1, num_draft_tokens=1, placement=SHARDED, epoch=-1)
+        self.roles: Roles = roles_for(0, 1, False)
+        """The drafter and verifier of self.config (refengine.roles), chosen when it is applied."""
         self.adaptive: Schedule | None = None
         """The adaptive controller (config.adaptive set): consulted at each launch, fed at each read."""
         self.reqs: dict[str, Req] = {}
@@ -274,6 +278,7 @@ class Engine:
         else:
             self.adaptive.pinned = cfg.pinned      # the policy's state resumes as it was after an unpin
         self.config = cfg
+        self.roles = roles_for(cfg.steps, cfg.topk, self.simulate is not None)
 
     # -- requests --------------------------------------------------------------------------------
     def add_request(self, req: GenRequest) -> GenUpdate | None:
@@ -481,6 +486,7 @@ class Engine:
             if steps != cfg.steps:
                 cfg = replace(cfg, steps=steps, num_draft_tokens=steps + 1)   # topk is 1 under adaptive
         s, k = cfg.steps, cfg.topk
+        roles = self.roles if cfg is self.config else roles_for(s, k, self.simulate is not None)
         # Steps 0 is SGLang's tier 0: a one-token verify (N = 1) and, below, a draft-extend.
         n_tok = cfg.num_draft_tokens if s > 0 else 1
         b = len(reqs)
@@ -495,7 +501,7 @@ class Engine:
         q = None
         if s > 0:
             with self.timer.phase(DRAFT):
-                tree, q = self._draft(cfg, reqs, rows, seq, roots, temps, ctx, rejection)
+                tree, q = self._draft(roles, cfg, reqs, rows, seq, roots, temps, ctx, rejection)
         with self.timer.phase(VERIFY, f"step[VERIFY bs={b}]"):
             if s > 0:
                 if self.world > 1:
@@ -512,7 +518,7 @@ class Engine:
                 meta = causal_meta(rows, seq[:, None], ctx)
             logits, aux = self._verify_forward(tokens, meta)
         with self.timer.phase(VERIFY_SAMPLE):
-            path, accepted, bonus = self._accept(reqs, tokens, parents, logits, temps, q, sampled, rejection, s)
+            path, accepted, bonus = self._accept(roles, reqs, tokens, parents, logits, temps, q, sampled, rejection, s)
             if k > 1 and s > 0:
                 # Tree: move the accepted nodes' K/V to the front of the window (slot seq+t).
                 t_idx = torch.arange(s + 1, device=self.device)[None]
@@ -638,102 +644,30 @@ class Engine:
         logits, aux = graphed_forward(self.graphs, VERIFY, "-", scope, tokens, None, meta, self.pad_row, fn)
         return logits, aux
 
-    def _draft(self, cfg, reqs, rows, seq, roots, temps, ctx, rejection):
+    def _draft(self, roles: Roles, cfg, reqs, rows, seq, roots, temps, ctx, rejection):
         """Returns ([B, 3, N] = tokens, parents, depth of the draft tree incl. the root, q or None)
         for the iteration's `cfg` (an adaptive tier's, not necessarily self.config's).
         On ranks without the draft: an empty buffer for rank 0's broadcast."""
-        d, dev = self.draft, self.device
-        s, k, n = cfg.steps, cfg.topk, cfg.num_draft_tokens
-        if not d.here:
-            q = (torch.empty(len(reqs), s, self.target.config.vocab_size, dtype=torch.float32, device=dev)
+        dev, n = self.device, cfg.num_draft_tokens
+        if not self.draft.here:
+            q = (torch.empty(len(reqs), cfg.steps, self.target.config.vocab_size, dtype=torch.float32, device=dev)
                  if rejection else None)
             return torch.empty(len(reqs), 3, n, dtype=torch.long, device=dev), q
-        first_logits, hidden = d.logits[rows], d.hidden[rows]
-        q = None
         with record_function(f"step[DRAFT bs={len(reqs)}]"):
-            if k > 1:
-                tree = spec.draft_tree(self._head("draft_step"), d.kv, rows, seq, roots, first_logits, hidden,
-                                       s, k, n, ctx)
-                return torch.stack(tree, 1), None
-            if rejection:
-                coins = self._to_dev(torch.stack([r.draft_gen_draw(s) for r in reqs]))
-                drafts, q = spec.draft_chain_sample(self._head("draft_step"), d.kv, rows, seq, first_logits, hidden, s, ctx,
-                                                    temps, coins, self.target.config.vocab_size)
-            else:
-                # One greedy-chain implementation whatever the graph mode: with graphs off the
-                # cache runs the same in-place step body eagerly (spec.draft_chain stays the
-                # tests' independent reference).
-                first = d.head.to_target_ids(first_logits.argmax(-1))
-                g = self._head("draft_step")
-                drafts = graphed_chain(self.graphs, g.placement, g.scope, d.head, d.kv, rows, seq, first,
-                                       hidden, s, ctx, self.pad_row, self.chain_tail)
-        return torch.stack(spec.chain_tree(roots, drafts), 1), q
+            return roles.drafter.draft(self, cfg, reqs, rows, seq, roots, temps, ctx, rejection)
 
-    def _accept(self, reqs, tokens, parents, logits, temps, q, sampled, rejection, s):
-        """verify_sample's decision: (path [B, s+1] node ids, accepted [B], bonus [B])."""
-        b, dev = tokens.shape[0], tokens.device
-        coins = self._to_dev(torch.stack([r.coins(s + 2) for r in reqs])) if sampled else None
-        probs = None
+    def _accept(self, roles: Roles, reqs, tokens, parents, logits, temps, q, sampled, rejection, s):
+        """verify_sample's decision: (path [B, s+1] node ids, accepted [B], bonus [B]), by the
+        configuration's verifier, with the sampling inputs when any request samples."""
+        coins = probs = None
         if sampled:
+            coins = self._to_dev(torch.stack([r.coins(s + 2) for r in reqs]))
             v = logits.shape[-1]
             top_k = self._h2d([r.params.top_k for r in reqs], torch.long)
             top_p = self._h2d([r.params.top_p for r in reqs], torch.float64)
             filtered = any(0 < r.params.top_k < v or r.params.top_p < 1 for r in reqs)
             probs = spec.sampling_probs(logits, temps, top_k, top_p, filtered)
-        if s == 0:
-            path = torch.zeros(b, 1, dtype=torch.long, device=dev)
-            accepted = torch.zeros(b, dtype=torch.long, device=dev)
-            bonus = logits[:, 0].argmax(-1)
-            if sampled:
-                bonus = torch.where(temps > 0, spec.sample_from(probs[:, 0], coins[:, 0]), bonus)
-            return path, accepted, bonus
-        if self.simulate is not None:
-            return self._simulated(tokens, parents, logits, probs, coins, temps, s)
-        if rejection:
-            accepted, bonus = spec.verify_chain_rejection(tokens[:, 1:], q, probs, coins)
-            return spec.chain_path(accepted, s + 1), accepted, bonus
-        if self.config.topk == 1:
-            path, accepted, bonus = spec.verify_chain_greedy(tokens, logits)
-        else:
-            path, accepted, bonus = spec.verify_tree_greedy(tokens, parents, logits, s)
-        if sampled:
-            sp, sa, sb = spec.verify_tree_sample(tokens, parents, probs, coins, s)
-            pick = temps > 0
-            path = torch.where(pick[:, None], sp, path)
-            accepted = torch.where(pick, sa, accepted)
-            bonus = torch.where(pick, sb, bonus)
-        return path, accepted, bonus
-
-    def _simulated(self, tokens, parents, logits, probs, coins, temps, s):
-        """The acceptance simulator: all compute ran; how many drafts count as accepted is drawn
-        from the configured curve (seeded, the same draw on every rank), following each node's
-        first child. Output tokens are then the drafts, not the target's choice."""
-        alphas = self.simulate.alphas(s)
-        u = torch.rand(tokens.shape[0], s, generator=self.sim_gen)
-        ok = self._to_dev(u < torch.tensor(alphas, dtype=u.dtype)[None])
-        want = ok.to(torch.int32).cumprod(1).sum(1)
-        rows = torch.arange(tokens.shape[0], device=tokens.device)
-        if self.config.topk == 1:
-            # A chain reaches the drawn depth exactly (no walk: its per-level ops would be host
-            # time a real engine does not spend).
-            accepted = want.long()
-            cur = accepted
-            bonus = logits[rows, cur].argmax(-1)
-            if probs is not None:
-                bonus = torch.where(temps > 0, spec.sample_from(probs[rows, cur], coins[:, s]), bonus)
-            return spec.chain_path(accepted, s + 1), accepted, bonus
-        # Follow the child with the deepest subtree, so a tree reaches the drawn depth when it can
-        # (a tree shallower than the draw caps it: then τ falls short of the request).
-        height = spec.subtree_height(parents, s)
-
-        def deepest(d, cur, ch):
-            h = torch.where(ch, height, torch.full_like(height, -1))
-            return ch & (h == h.max(1, keepdim=True).values) & (d <= want)[:, None]
-        path, accepted, cur = spec._walk(tokens, parents, s, None, deepest)
-        bonus = logits[rows, cur].argmax(-1)
-        if probs is not None:
-            bonus = torch.where(temps > 0, spec.sample_from(probs[rows, cur], coins[:, s]), bonus)
-        return path, accepted, bonus
+        return roles.verifier.decide(self, tokens, parents, logits, probs, coins, temps, q, rejection, s)
 
     def _extend(self, rows, seq, tokens, path, accepted, bonus, aux, width, ctx) -> None:
         """draft_extend over `width` (= N, 1 at tier 0) rows per request: row t holds the aux of
