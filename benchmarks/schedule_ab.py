@@ -175,36 +175,43 @@ def serve_args(a) -> list[str]:
 # -- phase 1: the sweep -----------------------------------------------------------------------------
 def sweep(b: Bench, a) -> dict[str, Any]:
     rng = random.Random(a.seed)
-    table: dict[int, dict[int, float]] = {}
+    wins: dict[int, dict[int, list[float]]] = {bk: {s: [] for s in a.steps} for bk in a.buckets}
     points = []
-    print(f"== sweep: {len(a.buckets)} buckets x {len(a.steps)} settings, {a.sweep_s:g} s each after settling",
-          flush=True)
-    for bucket in a.buckets:
-        b.set_load(bucket)
-        order = list(a.steps)
-        rng.shuffle(order)             # host drift must not favour the settings measured first
-        table[bucket] = {}
-        for s in order:
-            b.apply({"speculative_adaptive_config": None, "speculative_num_steps": s})
-            t0 = time.time()
-            b.hold(a.settle_s)
-            deadline = t0 + a.settle_s + a.sweep_s + 60.0
-            while True:               # hold until settled (20 iterations too), then sweep_s more
-                b.collect()
-                settled = st.settled_from(t0, [r["t"] for r in b.records if r["t"] >= t0], a.settle_s)
-                if math.isfinite(settled) or time.time() > deadline:
-                    break
-                b.hold(0.2)
-            if math.isfinite(settled):
-                b.hold(max(0.0, settled + a.sweep_s + 0.05 - time.time()))
-            m = b.measure(t0, time.time(), a.settle_s)
-            med, lo, hi = st.median_interval(m["windows"])
-            table[bucket][s] = med
-            points.append({"bucket": bucket, "steps": s, "tok_s": med, "lo": lo, "hi": hi, **m})
-            print(f"   load {bucket:3d}  steps {s}  {med:8.1f} tok/s [{lo:.1f}, {hi:.1f}]  tau {m['tau']:.2f}  "
-                  f"bs {m['mean_bs']:.1f}  ({len(m['windows'])} windows)", flush=True)
+    print(f"== sweep: {len(a.buckets)} buckets x {len(a.steps)} settings x {a.sweep_repeats} passes, "
+          f"{a.sweep_s:g} s each after settling", flush=True)
+    for rep in range(a.sweep_repeats):
+        for bucket in a.buckets:
+            b.set_load(bucket)
+            order = list(a.steps)
+            rng.shuffle(order)             # host drift must not favour the settings measured first
+            for s in order:
+                m = sweep_point(b, a, s)
+                med, lo, hi = st.median_interval(m["windows"])
+                wins[bucket][s] += m["windows"]
+                points.append({"pass": rep + 1, "bucket": bucket, "steps": s, "tok_s": med, "lo": lo, "hi": hi, **m})
+                print(f"   pass {rep + 1} load {bucket:3d}  steps {s}  {med:8.1f} tok/s [{lo:.1f}, {hi:.1f}]  "
+                      f"tau {m['tau']:.2f}  bs {m['mean_bs']:.1f}  ({len(m['windows'])} windows)", flush=True)
     b.set_load(0)
+    # Every pass's windows pooled: one median per (bucket, setting).
+    table = {bk: {s: st.median_interval(w)[0] for s, w in row.items()} for bk, row in wins.items()}
     return conclude_sweep(table, points, a)
+
+
+def sweep_point(b: Bench, a, s: int) -> dict[str, Any]:
+    """Apply steps s (fixed), hold until settled (20 iterations too), then sweep_s more; measure."""
+    b.apply({"speculative_adaptive_config": None, "speculative_num_steps": s})
+    t0 = time.time()
+    b.hold(a.settle_s)
+    deadline = t0 + a.settle_s + a.sweep_s + 60.0
+    while True:
+        b.collect()
+        settled = st.settled_from(t0, [r["t"] for r in b.records if r["t"] >= t0], a.settle_s)
+        if math.isfinite(settled) or time.time() > deadline:
+            break
+        b.hold(0.2)
+    if math.isfinite(settled):
+        b.hold(max(0.0, settled + a.sweep_s + 0.05 - time.time()))
+    return b.measure(t0, time.time(), a.settle_s)
 
 
 def conclude_sweep(table: dict[int, dict[int, float]], points: list, a) -> dict[str, Any]:
@@ -347,7 +354,10 @@ def summarise_closed(cycles: list[dict], a) -> dict[str, Any]:
               for other in ("fixed", "acceptance")}
     twm = {other: st.time_weighted({ld: r[0] for ld, r in per.items()}, weights) for other, per in ratios.items()}
     g = st.goal(ratios, weights, sum(1 for _ in cycles))
-    return {"arms": arms, "weights": {str(k): v for k, v in weights.items()},
+    # Where the schedule and another arm ran the very same steps, their ratio is the host's noise.
+    same = {other: [str(ld) for ld in loads if ran["schedule"][ld] and set(ran["schedule"][ld]) == set(ran[other][ld])]
+            for other in ("fixed", "acceptance")}
+    return {"arms": arms, "same_steps_loads": same, "weights": {str(k): v for k, v in weights.items()},
             "ratios": {o: {str(ld): r for ld, r in per.items()} for o, per in ratios.items()},
             "time_weighted": twm, "goal": {"passed": g.passed, "why": g.why}}
 
@@ -393,6 +403,14 @@ def print_ab(res: dict[str, Any], a) -> None:
     for other, per in res["ratios"].items():
         cells = "  ".join(f"load {ld}: {r[0]:.3f} [{r[1]:.3f}, {r[2]:.3f}]" for ld, r in per.items())
         print(f"   schedule/{st.ARM_TITLES[other]:<16} {cells}   time-weighted {res['time_weighted'][other]:.3f}")
+    for other, lds in res.get("same_steps_loads", {}).items():
+        for ld in lds:
+            print(f"   at load {ld} the schedule and {st.ARM_TITLES[other]} ran the same steps "
+                  f"{sorted(res['arms']['schedule'][ld]['steps_ran'])}: that ratio measures the host's noise, "
+                  f"not the schedule")
+    if res.get("bests_coincide"):
+        print("   (the buckets' bests coincided: the schedule ran one setting everywhere, the same as a fixed "
+              "one, so schedule/fixed near 1.0 is by construction)")
     g = res["goal"]
     print(f"\n   goal (>= {st.GOAL_RATIO} time-weighted against each arm, no phase wholly below 1.0): "
           f"{'PASS' if g['passed'] else 'MISS'}: {g['why']}", flush=True)
@@ -408,6 +426,7 @@ def parse(argv: list[str] | None):
     p.add_argument("--buckets", default=None, help="sweep loads, comma-separated (default 1,C; e.g. 1,4,16)")
     p.add_argument("--steps", default="0,1,2,3,4,5,6,7", help="candidate chain settings (0 = tier 0)")
     p.add_argument("--sweep-s", type=float, default=4.0, help="measured seconds per sweep point after settling")
+    p.add_argument("--sweep-repeats", type=int, default=1, help="sweep passes (windows pooled; 2+ on a noisy host)")
     p.add_argument("--settle-s", type=float, default=W.SETTLE_S, help="seconds a switch settles (and 20 iterations)")
     p.add_argument("--phase-s", default="20", help="seconds per load phase: S, or S1,SC")
     p.add_argument("--cycles", type=int, default=6, help="A/B cycles (1 then C), one arm each; a multiple of 3")
@@ -436,6 +455,8 @@ def parse(argv: list[str] | None):
         a.buckets = sorted({int(x) for x in (a.buckets or f"1,{a.concurrency}").split(",") if x.strip()})
     except ValueError:
         raise st.PlanError("--steps and --buckets take comma-separated whole numbers") from None
+    if a.sweep_repeats < 1:
+        raise st.PlanError("--sweep-repeats must be >= 1")
     if a.concurrency < 2 or not a.steps or min(a.steps) < 0 or max(a.steps) > len(published_curve()):
         raise st.PlanError(f"--concurrency must be >= 2 and --steps within 0..{len(published_curve())} "
                            f"(the simulated curve's length)")
@@ -482,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run_sweep = a.only != "ab" and table is None and not (tune and a.fixed is not None)
     run_ab = a.only != "sweep"
-    plan = st.Plan(sweep_points=len(a.buckets) * len(a.steps) if run_sweep else 0, sweep_s=a.sweep_s,
+    plan = st.Plan(sweep_points=len(a.buckets) * len(a.steps) * a.sweep_repeats if run_sweep else 0, sweep_s=a.sweep_s,
                    settle_s=a.settle_s, cycles=a.cycles if run_ab else 0, phase_s=a.phase_s,
                    warmup_s=a.warmup_s, startup_s=a.startup_s, drain_s=10.0 if a.open_loop else 0.0,
                    capture_s=3.0 if a.device == "cuda" else 0.0)
@@ -494,10 +515,15 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.time()
     deadline = t_start + (a.max_wall_s or math.inf) - 15.0
     args = serve_args(a)
+    # On a shared CPU host a rank's OpenMP threads must not spin while waiting for each other (one
+    # of them is often descheduled): passive waiting unless the caller's environment says otherwise,
+    # recorded with the result.
+    omp = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")} if a.device == "cpu" else {}
+    serve_env = {**base_env(), **omp}
     report: dict[str, Any] = {
         "command": "python benchmarks/schedule_ab.py " + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:])),
         "device": a.device, "model_path": a.model_path, "concurrency": a.concurrency, "curve": published_curve(),
-        "serve": " ".join(shlex.quote(x) for x in args), "estimate_s": est,
+        "serve": " ".join(shlex.quote(x) for x in args), "serve_env": serve_env, "estimate_s": est,
         "host": {"cpus": os.cpu_count(), "loadavg_before": os.getloadavg()}}
     print(f"# schedule_ab: {a.model_path} on {a.device}, load 1 <-> {a.concurrency}, simulated 8B curve; "
           f"about {est / 60:.1f} min (limit {a.max_wall_s:g} s); host: {os.cpu_count()} CPUs, "
@@ -514,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM ends this script through its finally blocks, so the server never outlives it.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        engine = EngineProcess.start(args, env={"PYTHONPATH": str(ROOT), **base_env()}, timeout_s=900, cwd=ROOT,
+        engine = EngineProcess.start(args, env={"PYTHONPATH": str(ROOT), **serve_env}, timeout_s=900, cwd=ROOT,
                                      die_with_parent=True)
     except EngineStartError as e:
         last = (e.log_tail.strip().splitlines() or [""])[-1]
@@ -544,6 +570,8 @@ def main(argv: list[str] | None = None) -> int:
                 print_bests(table["bests"], f"the sweep, {a.table}")
         fixed = a.fixed if a.fixed is not None else table["best_fixed"]["steps"]
         res = ab(b, a, schedule_cfg, fixed, deadline)
+        res["bests_coincide"] = st.bests_coincide(tune[0] if tune is not None
+                                                  else {int(k): v for k, v in table["bests"].items()})
         report["ab"] = res
         print_ab(res, a)
         save()
