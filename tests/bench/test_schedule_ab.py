@@ -160,6 +160,31 @@ def test_from_tune_reads_the_tuners_schedule_and_refuses_what_it_cannot_run():
         assert "\n" not in str(e.value)
 
 
+def test_the_ab_summary_pools_each_arms_phases_and_names_ratios_between_identical_settings():
+    import schedule_ab as sa
+
+    class A:
+        open_loop, concurrency, phase_s = None, 16, (20.0, 20.0)
+
+    def phase(load, tok_s, steps):
+        return {"load": load, "windows": [tok_s + d for d in (-2.0, -1.0, 0.0, 1.0, 2.0)] * 3,
+                "steps_ran": {str(steps): 100}}
+
+    cycles = [{"arm": "schedule", "phases": [phase(1, 130.0, 6), phase(16, 800.0, 2)]},
+              {"arm": "fixed", "phases": [phase(1, 100.0, 2), phase(16, 800.0, 2)]},
+              {"arm": "acceptance", "phases": [phase(1, 110.0, 3), phase(16, 700.0, 3)]}] * 2
+    res = sa.summarise_closed(cycles, A())
+    assert res["arms"]["schedule"]["1"]["windows"] == 30
+    assert res["ratios"]["fixed"]["1"][0] == pytest.approx(1.3)
+    assert res["ratios"]["fixed"]["16"][0] == pytest.approx(1.0)
+    assert res["time_weighted"]["fixed"] == pytest.approx(1.15)
+    # At load 16 the schedule and the fixed arm ran the same steps: that ratio is noise, and it says so.
+    assert res["same_steps_loads"] == {"fixed": ["16"], "acceptance": []}
+    assert res["goal"]["passed"], res["goal"]["why"]          # 1.15 and 1.16 over 6 cycles
+    res = sa.summarise_closed(cycles[:3], A())
+    assert not res["goal"]["passed"] and "3 cycles < the 6" in res["goal"]["why"]
+
+
 def _script(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "schedule_ab.py"), *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout,
