@@ -64,6 +64,10 @@ DEVICE_DEFAULTS = {  # model, C, max new tokens, --max-wall-s, server start-up e
 PROMPT_LEN = 32
 
 
+class ServerGone(RuntimeError):
+    """The server stopped answering mid-run (its phase stream failed)."""
+
+
 # -- the server and what it records -----------------------------------------------------------------
 class Bench:
     """One live server: its phase records (kept whole), the closed-loop load and live switches."""
@@ -118,6 +122,14 @@ class Bench:
             self.driver = LoadDriver(self.url, self.bus, SystemClock(), self.prompts, concurrency,
                                      max_new_tokens=self.max_new_tokens)
             self.driver.start()
+
+    def healthy(self) -> bool:
+        import httpx
+
+        try:
+            return self.http.get("/health").status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def apply(self, changes: dict[str, Any]) -> None:
         r = self.http.post("/set_internal_state", json={"server_args": changes})
@@ -288,7 +300,10 @@ def open_cycle(b: Bench, a, ol, offsets: list[float]) -> dict[str, Any]:
     return {"requests": reqs, "all_requests": len(res[0]), **m}
 
 
-def ab(b: Bench, a, schedule_cfg: dict, fixed_steps: int, deadline: float) -> dict[str, Any]:
+def ab(b: Bench, a, schedule_cfg: dict, fixed_steps: int, deadline: float,
+       cycles: list[dict] | None = None) -> dict[str, Any]:
+    """The A/B; each finished cycle is appended to `cycles` (the caller's list, so a run cut short by
+    an error or Ctrl-C still writes what it measured)."""
     order = st.arm_order(a.cycles, a.seed)
     print(f"\n== A/B: {a.cycles} cycles, arm order {' '.join(order)}; "
           + (f"open loop, Poisson {a.open_loop:g} requests/s over {sum(a.phase_s):g} s per cycle"
@@ -302,7 +317,7 @@ def ab(b: Bench, a, schedule_cfg: dict, fixed_steps: int, deadline: float) -> di
         from open_loop import OpenLoop
         ol = OpenLoop(b.url, b.prompts, b.max_new_tokens)
         offsets = st.poisson_arrivals(a.open_loop, sum(a.phase_s), a.seed)
-    cycles: list[dict] = []
+    cycles = [] if cycles is None else cycles
     cut = None
     try:
         for arm in st.ARMS:           # warm-up: graphs, caches and the policy see every arm once
@@ -319,15 +334,18 @@ def ab(b: Bench, a, schedule_cfg: dict, fixed_steps: int, deadline: float) -> di
             b.apply(arm_changes(arm, schedule_cfg, fixed_steps))
             if ol is not None:
                 c = {"cycle": i + 1, "arm": arm, "open": open_cycle(b, a, ol, offsets)}
-                o = c["open"]
-                print(f"   cycle {i + 1} {arm:<10} {len(o['requests'])} requests  "
-                      f"steps ran {o['steps_ran']}", flush=True)
             else:
                 c = {"cycle": i + 1, "arm": arm, "phases": closed_cycle(b, a, a.phase_s, measure=True)}
+            if b.feed.last_error and not b.healthy():   # a dead server's cycle is no arm's zeros
+                raise ServerGone(b.feed.last_error)
+            cycles.append(c)
+            if ol is not None:
+                print(f"   cycle {i + 1} {arm:<10} {len(c['open']['requests'])} requests  "
+                      f"steps ran {c['open']['steps_ran']}", flush=True)
+            else:
                 print(f"   cycle {i + 1} {arm:<10} " + "  ".join(
                     f"load {p['load']}: {st.median_interval(p['windows'])[0]:.1f} tok/s steps {p['steps_ran']}"
                     for p in c["phases"]), flush=True)
-            cycles.append(c)
     finally:
         b.set_load(0)
         if ol is not None:
@@ -536,6 +554,8 @@ def main(argv: list[str] | None = None) -> int:
             report["wall_s"] = time.time() - t_start
             Path(a.json).write_text(json.dumps(report, indent=1, default=str) + "\n")
 
+    import httpx
+
     from tuner.engine_process import EngineProcess, EngineStartError
     # SIGTERM ends this script through its finally blocks, so the server never outlives it.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -549,7 +569,6 @@ def main(argv: list[str] | None = None) -> int:
     b = None
     try:
         vocab = 128
-        import httpx
         with httpx.Client(base_url=engine.url, trust_env=False, timeout=30) as h:
             vocab = int(h.get("/model_info").json().get("vocab_size") or vocab)
         b = Bench(engine.url, prompts_for(a.seed, vocab), a.max_new_tokens)
@@ -569,7 +588,9 @@ def main(argv: list[str] | None = None) -> int:
             if a.table:
                 print_bests(table["bests"], f"the sweep, {a.table}")
         fixed = a.fixed if a.fixed is not None else table["best_fixed"]["steps"]
-        res = ab(b, a, schedule_cfg, fixed, deadline)
+        report["ab_cycles_so_far"] = done = []
+        res = ab(b, a, schedule_cfg, fixed, deadline, done)
+        del report["ab_cycles_so_far"]
         res["bests_coincide"] = st.bests_coincide(tune[0] if tune is not None
                                                   else {int(k): v for k, v in table["bests"].items()})
         report["ab"] = res
@@ -582,6 +603,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"schedule_ab: {e}", file=sys.stderr)
         save()
         return 1
+    except (httpx.HTTPError, ServerGone) as e:
+        why = engine.log_tail(1).strip() if not engine.alive() else ""
+        print(f"schedule_ab: the server stopped answering ({type(e).__name__}: {e}){': ' + why if why else ''}; "
+              f"what was measured is in {a.json or 'nothing (no --json)'}".splitlines()[0], file=sys.stderr)
+        save()
+        return 1
+    except KeyboardInterrupt:
+        print(f"schedule_ab: interrupted; what was measured is in {a.json or 'nothing (no --json)'}", file=sys.stderr)
+        save()
+        return 130
     finally:
         if b is not None:
             b.close()
