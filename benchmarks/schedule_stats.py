@@ -259,9 +259,13 @@ def percentile(values: Iterable[float], q: float) -> float:
 
 # -- tune --schedule --json --------------------------------------------------------------------------
 def from_tune(obj: Any, where: str = "--from-tune") -> tuple[dict[int, int], dict[str, dict]]:
-    """({bucket's low batch size: steps}, adaptive config) from `specdecode-tune tune --schedule
-    --json`: {"buckets": [{"bucket", "bs_lo", "bs_hi", "best": {server args}}, ...],
-    "adaptive_config": {...}}. The config is checked by SGLang's rules (probes.adaptive_policy).
+    """({bucket's low batch size: steps pinned there}, adaptive config) from `specdecode-tune tune
+    --schedule --json` (tuner.tuning.schedule's shape): {"buckets": [{"bucket", "bs_lo", "bs_hi",
+    "best": {server args} | null, "sglang_steps": the chain pinned | null, ...}, ...],
+    "adaptive_config": {...} | null}. A bucket's pinned steps are its `sglang_steps` (the chain the
+    config pins when the best is a tree or off the TP group), else its best's steps when that is a
+    chain; a bucket with neither (too little data) is not pinned and is left out. The config is
+    checked by SGLang's rules (probes.adaptive_policy).
 
     Raises:
         PlanError: one line naming what is missing or wrong.
@@ -275,19 +279,24 @@ def from_tune(obj: Any, where: str = "--from-tune") -> tuple[dict[int, int], dic
         raise PlanError(f'{where}: no "buckets" list (is this tune --schedule --json output?)')
     bests: dict[int, int] = {}
     for i, row in enumerate(rows):
-        best = row.get("best") if isinstance(row, dict) else None
-        lo = row.get("bs_lo") if isinstance(row, dict) else None
-        steps = best.get("speculative_num_steps") if isinstance(best, dict) else None
+        if not isinstance(row, dict):
+            raise PlanError(f"{where}: buckets[{i}] is not an object")
+        lo = row.get("bs_lo")
         if isinstance(lo, bool) or not isinstance(lo, int) or lo < 1:
             raise PlanError(f"{where}: buckets[{i}] has no bs_lo (a batch size >= 1)")
+        best = row.get("best") if isinstance(row.get("best"), dict) else {}
+        steps = row.get("sglang_steps")
+        if steps is None and int(best.get("speculative_eagle_topk", 1) or 1) == 1:
+            steps = best.get("speculative_num_steps")
+        if steps is None:
+            continue                   # too little data there: the config does not pin it either
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise PlanError(f"{where}: buckets[{i}].best has no speculative_num_steps")
-        if int(best.get("speculative_eagle_topk", 1)) != 1:
-            raise PlanError(f"{where}: buckets[{i}].best is a tree (topk > 1); an adaptive schedule runs chains")
+            raise PlanError(f"{where}: buckets[{i}]: steps must be a whole number >= 0, got {steps!r}")
         bests[lo] = steps
     cfg = obj.get("adaptive_config")
-    if cfg is None:
-        raise PlanError(f'{where}: no "adaptive_config"')
+    if cfg is None or not bests:
+        raise PlanError(f"{where}: no bucket has a chain to pin (adaptive_config is null: the sweep saw too "
+                        f"little of every bucket)")
     try:
         cfg = adaptive_policy.config_json(adaptive_policy.parse_config(cfg))
     except adaptive_policy.AdaptiveConfigError as e:

@@ -142,20 +142,29 @@ def test_phase_seconds_and_the_poisson_script():
 
 
 def test_from_tune_reads_the_tuners_schedule_and_refuses_what_it_cannot_run():
-    obj = {"buckets": [{"bucket": "bs1", "bs_lo": 1, "bs_hi": 7, "best": {"speculative_num_steps": 5}},
-                       {"bucket": "bs8", "bs_lo": 8, "bs_hi": 64, "best": {"speculative_num_steps": 1,
-                                                                         "speculative_eagle_topk": 1}}],
+    # tuner.tuning.schedule's JSON: a tree best pins its chain (sglang_steps); a thin bucket pins nothing.
+    obj = {"buckets": [{"bucket": "1", "bs_lo": 1, "bs_hi": 1, "best": {"speculative_num_steps": 5,
+                                                                     "speculative_eagle_topk": 1},
+                        "sglang_steps": 5},
+                       {"bucket": "2", "bs_lo": 2, "bs_hi": 7, "best": None, "sglang_steps": None,
+                        "stage": "too little data"},
+                       {"bucket": "8", "bs_lo": 8, "bs_hi": None, "best": {"speculative_num_steps": 3,
+                                                                         "speculative_eagle_topk": 4},
+                        "sglang_steps": 1}],
            "adaptive_config": {"1": {"candidate_steps": [5]}, "8": {"candidate_steps": [1]}}}
     bests, cfg = st.from_tune(obj)
     assert bests == {1: 5, 8: 1}
     assert cfg["8"]["candidate_steps"] == [1]
+    # An older shape without sglang_steps: a chain best's own steps.
+    assert st.from_tune({"buckets": [{"bs_lo": 1, "best": {"speculative_num_steps": 4}}],
+                         "adaptive_config": {"1": {"candidate_steps": [4]}}})[0] == {1: 4}
     for bad, says in ((["x"], "expected the JSON object"), ({"buckets": []}, 'no "buckets"'),
                       ({**obj, "adaptive_config": {"x": 1}}, "adaptive_config: unknown key"),
-                      ({**obj, "adaptive_config": None}, 'no "adaptive_config"'),
-                      ({"buckets": [{"bs_lo": 1, "best": {}}]}, "no speculative_num_steps"),
-                      ({"buckets": [{"bs_lo": 1, "best": {"speculative_num_steps": 3,
-                                                          "speculative_eagle_topk": 4}}]}, "a tree")):
-        with pytest.raises(st.PlanError, match=says.replace("(", r"\(")) as e:
+                      ({**obj, "adaptive_config": None}, "no bucket has a chain to pin"),
+                      ({"buckets": [{"bs_lo": 1, "best": None}], "adaptive_config": None}, "no bucket has a chain"),
+                      ({"buckets": [{"best": {}}]}, "no bs_lo"),
+                      ({"buckets": [{"bs_lo": 1, "sglang_steps": "3"}]}, "whole number")):
+        with pytest.raises(st.PlanError, match=says) as e:
             st.from_tune(bad)
         assert "\n" not in str(e.value)
 
