@@ -304,11 +304,6 @@ def mark_prefill(spans: list[tuple[float, float, str, bool]]) -> list[tuple[floa
     return out
 
 
-def _iteration_windows(spans: list[tuple[float, float, str, bool]]) -> list[tuple[float, float]]:
-    windows, contiguous = _decode_windows(spans)
-    return _with_prefill(windows, spans, contiguous)
-
-
 def _decode_windows(spans: list[tuple[float, float, str, bool]]) -> tuple[list[tuple[float, float]], bool]:
     """The decode iterations' windows, and whether they tile the time (anchor to anchor)."""
     anchors = sorted((s[0], s[1]) for s in spans if s[3])
@@ -452,7 +447,8 @@ def analyze_file(path: str | Path, rank: int | None = None) -> RankAnalysis:
     mode = "gpu" if n_kernels else "cpu"
     thread = max(phase_threads, key=phase_threads.__getitem__) if phase_threads else None
     spans = mark_prefill(c.spans.get(thread, [])) if thread is not None else []
-    windows = _iteration_windows(spans)
+    decode, contiguous = _decode_windows(spans)
+    windows = _with_prefill(decode, spans, contiguous)
     derive = not any(s[2] == VERIFY_SAMPLE for s in spans)
     segs = flatten_spans([(s[0], s[1], s[2]) for s in spans if s[2] != CONTAINER])
     if not windows:
@@ -467,7 +463,8 @@ def analyze_file(path: str | Path, rank: int | None = None) -> RankAnalysis:
                           phase_spans=phase_threads.get(thread, 0), derived_verify=derive,
                           base_time_ns=_int_or_none(c.meta.get("baseTimeNanoseconds")),
                           world_size=_world_size(c.meta), bad_times=c.bad_times)
-    iters = [IterationTimes(index=i, start_us=w[0]) for i, w in enumerate(windows)]
+    iters = [IterationTimes(index=i, start_us=w[0], decode_start_us=d[0])
+             for i, (w, d) in enumerate(zip(windows, decode if len(decode) == len(windows) else windows))]
     _span_times(timeline, iters)
     if mode == "cpu":
         _cpu_work(c, thread, timeline, iters)

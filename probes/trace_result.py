@@ -79,6 +79,9 @@ def _phase_dict() -> dict[str, PhaseTime]:
 class IterationTimes:
     index: int
     start_us: float = 0.0
+    decode_start_us: float = 0.0
+    """Where its decode phases start: after the prefills it takes in (start_us is the first of
+    them). An overlapped engine launches the iteration's record there (`t_launch`)."""
     wall_ms: float = 0.0
     busy_ms: float = 0.0
     comm_ms: float = 0.0
@@ -102,7 +105,7 @@ class IterationTimes:
 
     def to_dict(self, scale: float = 1.0) -> dict[str, Any]:
         return {
-            "index": self.index, "start_us": _r(self.start_us),
+            "index": self.index, "start_us": _r(self.start_us), "decode_start_us": _r(self.decode_start_us),
             "wall_ms": _r(self.wall_ms * scale), "busy_ms": _r(self.busy_ms * scale),
             "comm_ms": _r(self.comm_ms * scale), "idle_ms": _r(self.idle_ms * scale),
             "phases": {p: t.to_dict(scale) for p, t in self.phases.items()},

@@ -80,12 +80,13 @@ def test_local_capture_agrees_with_engine_timers(engine, tmp_path):
 
 def _matched(iterations: list[dict], records: list[dict], base_s: float) -> list[tuple[dict, dict]]:
     """Trace iterations paired with the engine's record of the same iteration, by wall-clock time:
-    the record launched last at or before the iteration's first span. (Overlapped, an iteration's
-    host spans start at its `t_launch`; its read, and so `t`, comes after the next launch.)"""
+    the record launched last at or before the iteration's first decode span. (Overlapped, an
+    iteration's host spans start at its `t_launch`; its read, and so `t`, comes after the next
+    launch; the prefills it counts were queued in the step before, after the previous launch.)"""
     launched = sorted(records, key=lambda r: r["t_launch"])
     pairs = []
     for it in iterations:
-        start = base_s + it["start_us"] / 1e6
+        start = base_s + it["decode_start_us"] / 1e6
         before = [r for r in launched if r["t_launch"] - 0.001 <= start]
         if before and start <= before[-1]["t"]:
             pairs.append((it, before[-1]))

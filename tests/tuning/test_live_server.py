@@ -53,14 +53,19 @@ def test_tune_applies_and_explains_on_a_slow_link(slow_link_server, tmp_path):
     model = res["model"]
     sharded = [g for g in model["groups"] if g["placement"] == "sharded" and g["terms"]]
     assert sharded, model["groups"]
-    step = sharded[0]["terms"]["draft"]["coef"]["s-1"]["value"]
-    comm = sharded[0]["comm"]["draft"]["coef"]["s-1"]["value"]
-    assert comm > 0.5 * step > 0
+    # (The per-step slope needs two sharded depths; on a loaded host the budget may have measured
+    # one, and then the what-if's share, from the collectives each measured iteration ran, says it.)
+    step = (sharded[0]["terms"]["draft"]["coef"] or {}).get("s-1")
+    comm = (sharded[0]["comm"]["draft"]["coef"] or {}).get("s-1")
+    if step is not None and comm is not None:
+        assert comm["value"] > 0.5 * step["value"] > 0
+    else:
+        assert w, "neither a sharded draft slope nor a what-if: nothing says the link is slow"
+    if w:
+        assert w["comm_share"] > 0.5
     # ... so the what-if sends the tuner to measure the draft off the TP group.
     probed = {(m["placement"]) for m in res["measured_tok_s"]}
     assert probed & {"replicated", "rank0"}, probed
-    if w:
-        assert w["comm_share"] > 0.5
     # Every chain setting of the space is predicted, with an error bar.
     chains = [p for p in res["predictions"] if p["steps"] > 0 and p["topk"] == 1]
     assert chains and all(p["tok_s"] is not None and p["sd"] is not None for p in chains)
