@@ -10,6 +10,8 @@ can stretch). Also samples the ranks with py-spy, found from `specdecode:rank_in
 
 from __future__ import annotations
 
+import statistics
+
 import re
 import threading
 
@@ -69,13 +71,13 @@ def test_local_capture_agrees_with_engine_timers(engine, tmp_path):
     records = _records(engine)
     pairs = _matched(r0["iterations"], records, r0["base_time_ns"] / 1e9)
     assert len(pairs) >= 5, (len(pairs), len(r0["iterations"]))
+    # Per iteration, then the median: one preemption between a timer and its span is the OS's doing
+    # and would swing a mean of a few sub-millisecond phases (see test_trace_cpu).
     for p in PHASES:
-        got = sum(it["phases"][p]["span_ms"] for it, _ in pairs) / len(pairs)
-        own = sum(rec["phase_ms"][p] for _, rec in pairs) / len(pairs)
-        assert abs(got - own) <= 0.3 + 0.10 * own, (p, got, own)
-        comm_got = sum(it["phases"][p]["comm_ms"] for it, _ in pairs) / len(pairs)
-        comm_own = sum(rec["comm_ms"][p] for _, rec in pairs) / len(pairs)
-        assert abs(comm_got - comm_own) <= 0.3 + 0.15 * comm_own, (p, "comm", comm_got, comm_own)
+        span = [(it["phases"][p]["span_ms"], rec["phase_ms"][p]) for it, rec in pairs]
+        assert statistics.median(abs(got - own) - 0.10 * own for got, own in span) <= 0.3, (p, span)
+        comm = [(it["phases"][p]["comm_ms"], rec["comm_ms"][p]) for it, rec in pairs]
+        assert statistics.median(abs(got - own) - 0.15 * own for got, own in comm) <= 0.3, (p, "comm", comm)
 
 
 def _matched(iterations: list[dict], records: list[dict], base_s: float) -> list[tuple[dict, dict]]:

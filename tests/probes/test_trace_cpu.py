@@ -1,11 +1,16 @@
 """CPU-mode analysis of real torch-profiler traces from a real TP2 gloo program (conftest.cpu_capture).
 
 The program times its own phases with perf_counter, as the engine's phase timers do; the analysis of
-its traces must agree with them. Stated tolerance: per phase, the mean per iteration of span_ms is
-within 0.1 ms + 5 % of the program's own timer (the difference is record_function's own overhead).
+its traces must agree with them. Stated tolerance: per phase, the median over iterations of
+|span_ms - own timer| is within 0.1 ms + 5 % of the timer (the difference is record_function's own
+overhead), and no span outlasts its timer, which encloses it. A median, not a mean: a preemption or a
+profiler buffer allocation between the timer and the span (seen: 10 ms on an idle machine) is a fact
+about the OS, not about the analysis, and a sub-millisecond phase's mean cannot absorb one.
 """
 
 from __future__ import annotations
+
+import statistics
 
 import pytest
 from probe_helpers import CPU_ITERATIONS, load_timers
@@ -34,10 +39,14 @@ def test_cpu_mode_and_alignment(analysis):
 def test_phase_times_agree_with_own_timers(analysis, cpu_capture, rank):
     timers = load_timers(cpu_capture, rank)
     r = analysis["ranks"][rank]
+    assert len(r["iterations"]) == len(timers)
     for phase, key in TIMER_OF.items():
-        own = sum(t[key] for t in timers) / len(timers)
+        pairs = [(it["phases"][phase]["span_ms"], t[key]) for it, t in zip(r["iterations"], timers)]
+        # the timer encloses the span; 0.05 ms + 0.1 % allow for the two clocks
+        assert all(got <= own * 1.001 + 0.05 for got, own in pairs), (phase, pairs)
+        off = statistics.median(abs(got - own) - 0.05 * own for got, own in pairs)
+        assert off <= 0.1, (phase, pairs)
         got = r["mean"]["phases"][phase]["span_ms"]
-        assert abs(got - own) <= 0.1 + 0.05 * own, (phase, got, own)
         # work inside a phase never exceeds the phase's wall time
         assert r["mean"]["phases"][phase]["ms"] <= got + 1e-3
 
