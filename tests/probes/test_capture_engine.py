@@ -10,9 +10,8 @@ can stretch). Also samples the ranks with py-spy, found from `specdecode:rank_in
 
 from __future__ import annotations
 
-import statistics
-
 import re
+import statistics
 import threading
 
 import httpx
