@@ -5,7 +5,8 @@ Loaded by SGLang's `load_plugins()` through our distribution's entry point `spec
 `register()` runs in every SGLang process and registers AROUND hooks with SGLang's HookRegistry:
 
 scheduler (TP rank) processes
-  EAGLEWorkerV2.forward_batch_generation   one decode iteration (wall, bs, active config)
+  EAGLEWorkerV2.forward_batch_generation   one decode iteration (wall, bs, active config, each
+                                           request's context length from host-side state)
   EagleDraftWorker.draft                   phase `draft`
   EAGLEWorkerV2.verify                     `verify` + `verify_sample`; `specdecode.verify` span
   TpModelWorker.forward_batch_generation   the target forward inside verify (`verify`); after it,
@@ -247,7 +248,8 @@ def around_iteration(original: Callable, self: Any, batch: Any, *args: Any, **kw
         assert p.timeline is not None
         p.timeline.begin(bs=int(batch.seq_lens.shape[0]), steps=int(self.speculative_num_steps),
                          topk=int(self.topk), num_draft_tokens=int(self.speculative_num_draft_tokens),
-                         placement=_placement(self),
+                         placement=_placement(self), ctx=_contexts(batch),
+                         adaptive=getattr(self, "adaptive_controller", None) is not None,
                          simulated=bool(os.environ.get("SGLANG_SIMULATE_ACC_LEN")))
     except Exception as e:
         p.fail("iteration start", e)
@@ -259,6 +261,16 @@ def around_iteration(original: Callable, self: Any, batch: Any, *args: Any, **kw
         raise
     p.timeline.end()
     return out
+
+
+def _contexts(batch: Any) -> list[int] | None:
+    """Each request's context length, in batch order, from the scheduler's host-side request state
+    (`Req.seqlen`: prompt plus output ids; under overlap it lags the device by one verify, well
+    inside a context bucket). Never a device read: `batch.seq_lens` lives on the GPU."""
+    try:
+        return [int(r.seqlen) for r in batch.reqs]
+    except Exception:
+        return None
 
 
 def _placement(worker: Any) -> str:
@@ -363,6 +375,8 @@ def around_update_handlers(original: Callable, self: Any, *args: Any, **kwargs: 
         _probe.pin.steps = n
         if n is not None:
             ctrl._activate(n)            # swap now; get_steps_for_batch keeps it there
+        if _probe.timeline is not None:
+            _probe.timeline.operator_change()   # a pin is the operator's change: a new epoch
         log.info("specdecode plugin: %s", f"steps pinned to {n}" if n is not None
                  else "step pin released to SGLang's adaptive policy")
 

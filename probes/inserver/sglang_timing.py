@@ -133,16 +133,28 @@ class PhaseTimeline:
         return len(self._pending)
 
     def begin(self, **meta: Any) -> None:
-        """Start an iteration; meta carries bs, steps, topk, num_draft_tokens, placement."""
+        """Start an iteration; meta carries bs, steps, topk, num_draft_tokens, placement, adaptive
+        and ctx (each request's context length, in batch order).
+
+        A new configuration is a new epoch, except that the steps an adaptive controller picks per
+        batch are not (the contract: tier switches keep the epoch; each record says what it ran).
+        Operator changes under adaptive (the step pin) call `operator_change()`.
+        """
         if self._current is not None:       # the previous one raised mid-way: forget it
             self._current = None
-        config = (meta.get("steps"), meta.get("topk"), meta.get("num_draft_tokens"),
-                  meta.get("placement"))
+        adaptive = bool(meta.get("adaptive"))
+        config = ((None, meta.get("topk"), None, meta.get("placement"), True) if adaptive else
+                  (meta.get("steps"), meta.get("topk"), meta.get("num_draft_tokens"),
+                   meta.get("placement"), False))
         if self._last_config is not None and config != self._last_config:
             self.epoch += 1
         self._last_config = config
         self.seq += 1
         self._current = _Iteration(self.seq, {**meta, "epoch": self.epoch}, self.pool.recorded())
+
+    def operator_change(self) -> None:
+        """Someone changed the configuration (not the controller): later records get a new epoch."""
+        self.epoch += 1
 
     def open(self, mark: str) -> int:
         """Record a span start inside the current iteration; returns a handle for close()."""
@@ -223,8 +235,12 @@ class PhaseTimeline:
             "bs": meta.get("bs"), "wall_ms": round(wall_ms, 4),
             "phase_ms": {k: round(v, 4) for k, v in compose_phases(marks, wall_ms).items()},
             "simulated": bool(meta.get("simulated", False)), "emulated_comm": False,
+            "adaptive": bool(meta.get("adaptive", False)),
         }
         # Unknown fields are left out, never null: readers use .get(key, default).
+        ctx = meta.get("ctx")
+        if ctx is not None and len(ctx) == meta.get("bs"):
+            rec["ctx"] = list(ctx)
         if it.accepted is not None:
             rec["accepted"] = it.accepted
             rec["committed"] = sum(it.accepted) + len(it.accepted)

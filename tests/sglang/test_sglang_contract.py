@@ -93,6 +93,20 @@ def test_worker_attributes_the_plugin_reads(sglang_src):
         assert call in fbg, call
 
 
+def test_request_contexts_come_from_host_state(sglang_src):
+    # ctx in the plugin's records: `[r.seqlen for r in batch.reqs]`, the batch being the
+    # ScheduleBatch that forward_batch_generation receives; seqlen counts host-side id lists.
+    fbg = resolve(sglang_src, f"{EW}.EAGLEWorkerV2.forward_batch_generation")
+    assert ast.unparse(fbg.args.args[1].annotation) == "ScheduleBatch"
+    sb = top_level(parse(sglang_src, "sglang.srt.managers.schedule_batch"))
+    fields = {n.target.id for n in sb["ScheduleBatch"].body
+              if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    assert "reqs" in fields
+    seqlen = methods(sb["Req"])["seqlen"]
+    assert any(ast.unparse(d) == "property" for d in seqlen.decorator_list)
+    assert ast.unparse(seqlen.body[-1]) == "return len(self.origin_input_ids) + len(self.output_ids)"
+
+
 def test_scheduler_feeds_accepted_drafts_and_owns_the_spec_worker(sglang_src):
     brp = _text(sglang_src, "sglang.srt.managers.scheduler_components.batch_result_processor")
     assert "self.model_worker.on_verify_complete_cpu(" in brp

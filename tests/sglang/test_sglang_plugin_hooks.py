@@ -176,9 +176,11 @@ class _Mode:
         return self.extend
 
 
-def _batch(bs=2, extend=False):
+def _batch(bs=2, extend=False, ctx=None):
+    # reqs: SGLang's Req keeps host-side id lists; `seqlen` is their total (a property there too)
+    reqs = [SimpleNamespace(seqlen=n) for n in (ctx or [100 + i for i in range(bs)])]
     return SimpleNamespace(forward_mode=_Mode(extend), is_extend_in_batch=False,
-                           seq_lens=torch.zeros(bs), x=torch.randn(bs, 32))
+                           seq_lens=torch.zeros(bs), x=torch.randn(bs, 32), reqs=reqs)
 
 
 def _server(ns, adaptive_cfg=None):
@@ -299,10 +301,17 @@ def test_pin_drives_sglangs_adaptive_controller(sglang, tmp_path_factory):
     assert worker.speculative_num_steps == 1                 # swapped at once
     _loop(worker, 6, accepted=(4, 4))                        # the policy would climb again...
     assert worker.speculative_num_steps == 1                 # ...but the pin holds
-    worker.forward_batch_generation(_batch(2))
+    worker.forward_batch_generation(_batch(2, ctx=[700, 5000]))
+    worker.on_verify_complete_cpu([1, 0], batch_size=2)
     recs = _read(sglang.dir, limit=1000)["records"]
     assert recs[-1]["steps"] == 1 and recs[-1]["num_draft_tokens"] == 2
-    assert recs[-1]["epoch"] > recs[0]["epoch"]
+    assert recs[-1]["ctx"] == [700, 5000] and recs[-1]["accepted"] == [1, 0]
+    assert all(r["adaptive"] is True for r in recs)
+    # SGLang's own climb (3 -> 4) kept the epoch; only the pin moved it
+    before_pin = [r for r in recs if r["epoch"] == recs[0]["epoch"]]
+    assert {r["steps"] for r in before_pin} >= {3, 4}
+    assert {r["epoch"] for r in recs} == {recs[0]["epoch"], recs[0]["epoch"] + 1}
+    assert all(r["steps"] == 1 for r in recs if r["epoch"] > recs[0]["epoch"])
 
     assert _set(ctl, specdecode_num_steps=7) is False        # never captured
     assert worker.speculative_num_steps == 1

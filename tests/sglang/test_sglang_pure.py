@@ -39,8 +39,8 @@ def _tick(dt):
     ScriptedEvent.clock[0] += dt
 
 
-def _iteration(tl, bs=2, steps=3, draft=0.002, verify=0.005, target=0.004, extend=0.001):
-    tl.begin(bs=bs, steps=steps, topk=1, num_draft_tokens=steps + 1, placement="sharded")
+def _iteration(tl, bs=2, steps=3, draft=0.002, verify=0.005, target=0.004, extend=0.001, **meta):
+    tl.begin(bs=bs, steps=steps, topk=1, num_draft_tokens=steps + 1, placement="sharded", **meta)
     h = tl.open("draft"); _tick(draft); tl.close(h)
     h = tl.open("verify_all"); _tick((verify - target) / 2)
     t = tl.open("target_verify"); _tick(target); tl.close(t)
@@ -116,6 +116,28 @@ def test_epoch_moves_when_the_config_changes(tl):
     _iteration(tl, steps=3); tl.accepted([0, 0])
     _iteration(tl, steps=5); tl.accepted([0, 0])
     assert [r["epoch"] for r in tl.poll()] == [0, 0, 1]
+
+
+def test_adaptive_tier_switches_keep_the_epoch_and_a_pin_moves_it(tl):
+    # The contract: the controller's tier switches are not config changes; each record says the
+    # steps it ran and that a controller chose them. The operator's pin is a change.
+    for steps in (3, 1, 3):
+        _iteration(tl, steps=steps, adaptive=True); tl.accepted([0, 0])
+    tl.operator_change()
+    _iteration(tl, steps=1, adaptive=True); tl.accepted([0, 0])
+    recs = tl.poll()
+    assert [(r["epoch"], r["steps"], r["num_draft_tokens"]) for r in recs] == [
+        (0, 3, 4), (0, 1, 2), (0, 3, 4), (1, 1, 2)]
+    assert all(r["adaptive"] is True for r in recs)
+
+
+def test_records_carry_each_requests_context_aligned_with_accepted(tl):
+    _iteration(tl, bs=2, ctx=[300, 4100]); tl.accepted([2, 0])
+    _iteration(tl, bs=2, ctx=[300]); tl.accepted([1, 1])       # not aligned: left out, not guessed
+    _iteration(tl, bs=2); tl.accepted([1, 1])
+    a, b, c = tl.poll()
+    assert a["ctx"] == [300, 4100] and a["accepted"] == [2, 0] and a["adaptive"] is False
+    assert "ctx" not in b and "ctx" not in c
 
 
 def test_abandoned_iteration_is_not_reported_and_events_are_reused(tl):

@@ -269,7 +269,7 @@ class PhaseStreamReader:
             rt = _num(r.get("t"))
             return now - (newest - rt) if math.isfinite(rt) and math.isfinite(newest) else now
 
-        for group in _runs_by_epoch(records):
+        for group in _runs(records):
             head, tail = group[0], group[-1]
             if self.epoch is not None and head.get("epoch") != self.epoch:
                 old = self.config
@@ -277,8 +277,8 @@ class PhaseStreamReader:
                 events.append(Event(at(head), EventKind.CONFIG_CHANGED,
                                     {"old": old, "new": self.config, "epoch": head.get("epoch"),
                                      "source": "phase_stream"}))
-            elif self.epoch is None:
-                self._adopt(head)
+            else:
+                self._adopt(head)            # first page, or an adaptive tier switch: no event
             self.iterations += len(group)
             samples += self._aggregate(at(tail), group)
         # Iterations per second over the server's own time between pages.
@@ -323,10 +323,16 @@ class PhaseStreamReader:
         return out
 
 
-def _runs_by_epoch(records: list[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+def _runs(records: list[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    """Consecutive records of one epoch and one configuration. An adaptive controller switches
+    tiers inside an epoch; each record says what it ran, and a run's aggregates (acceptance by
+    position above all) must not mix depths."""
+    def key(r: Mapping[str, Any]) -> tuple:
+        return r.get("epoch"), r.get("steps"), r.get("topk"), r.get("num_draft_tokens")
+
     runs: list[list[Mapping[str, Any]]] = []
     for r in records:
-        if runs and runs[-1][-1].get("epoch") == r.get("epoch"):
+        if runs and key(runs[-1][-1]) == key(r):
             runs[-1].append(r)
         else:
             runs.append([r])
