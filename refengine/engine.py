@@ -591,7 +591,9 @@ class Engine:
         record = {"t": time.time(), "t_launch": f.t_launch, "epoch": cfg.epoch, "steps": s, "topk": k,
                   "num_draft_tokens": cfg.num_draft_tokens, "placement": cfg.placement, "bs": len(f.reqs),
                   "committed": committed, "wall_ms": wall, "phase_ms": ms, "comm_ms": cms,
-                  "comm_calls": calls, "accepted": acc_l, "ctx": ctx_l, "adaptive": cfg.adaptive is not None,
+                  "comm_calls": calls, "accepted": acc_l, "ctx": ctx_l,
+                  # the controller chose these steps (a pinned tier is the operator's choice)
+                  "adaptive": cfg.adaptive is not None and cfg.pinned is None,
                   "simulated": self.simulate is not None and s > 0,
                   "emulated_comm": self.comm.emulated, "graph_mode": self.graphs.mode,
                   # A capture makes this iteration slow for a reason that is not the config: the

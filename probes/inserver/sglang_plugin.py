@@ -249,7 +249,8 @@ def around_iteration(original: Callable, self: Any, batch: Any, *args: Any, **kw
         p.timeline.begin(bs=int(batch.seq_lens.shape[0]), steps=int(self.speculative_num_steps),
                          topk=int(self.topk), num_draft_tokens=int(self.speculative_num_draft_tokens),
                          placement=_placement(self), ctx=_contexts(batch),
-                         adaptive=getattr(self, "adaptive_controller", None) is not None,
+                         controller=(ctrl := getattr(self, "adaptive_controller", None)) is not None,
+                         adaptive=ctrl is not None and not p.pin.pinned,
                          simulated=bool(os.environ.get("SGLANG_SIMULATE_ACC_LEN")))
     except Exception as e:
         p.fail("iteration start", e)

@@ -133,8 +133,9 @@ class PhaseTimeline:
         return len(self._pending)
 
     def begin(self, **meta: Any) -> None:
-        """Start an iteration; meta carries bs, steps, topk, num_draft_tokens, placement, adaptive
-        and ctx (each request's context length, in batch order).
+        """Start an iteration; meta carries bs, steps, topk, num_draft_tokens, placement, ctx (each
+        request's context length, in batch order), controller (the server runs an adaptive
+        controller) and adaptive (the controller chose these steps: false while a tier is pinned).
 
         A new configuration is a new epoch, except that the steps an adaptive controller picks per
         batch are not (the contract: tier switches keep the epoch; each record says what it ran).
@@ -142,8 +143,8 @@ class PhaseTimeline:
         """
         if self._current is not None:       # the previous one raised mid-way: forget it
             self._current = None
-        adaptive = bool(meta.get("adaptive"))
-        config = ((None, meta.get("topk"), None, meta.get("placement"), True) if adaptive else
+        controlled = bool(meta.get("controller", meta.get("adaptive")))
+        config = ((None, meta.get("topk"), None, meta.get("placement"), True) if controlled else
                   (meta.get("steps"), meta.get("topk"), meta.get("num_draft_tokens"),
                    meta.get("placement"), False))
         if self._last_config is not None and config != self._last_config:

@@ -35,6 +35,7 @@ class StandIn:
         self.refuse_next: str | None = None
         self.generate_tokens = 5
         self.startup_time = time.time()
+        self.state_extra: dict[str, Any] = {}   # more internal_states[0] keys (a pin, adaptive, ...)
         self._httpd: ThreadingHTTPServer | None = None
         self.port = 0
 
@@ -72,9 +73,13 @@ class StandIn:
         if self.kind == "refengine":
             launch["speculative_draft_placement"] = "sharded"
             state.update(speculative_draft_placement=c["placement"], config_epoch=c["epoch"])
+            if self.adaptive:
+                state["speculative_adaptive"] = True
+            state.update(self.state_extra)
             return {**launch, "internal_states": [state], "version": "0.1.0", "engine": "refengine",
                     "startup_time": self.startup_time}
         state["speculative_adaptive"] = self.adaptive
+        state.update(self.state_extra)
         return {**launch, "internal_states": [state], "version": "0.5.23", "frontend": "python",
                 "startup_time": self.startup_time}
 

@@ -122,13 +122,12 @@ def test_adaptive_tier_switches_keep_the_epoch_and_a_pin_moves_it(tl):
     # The contract: the controller's tier switches are not config changes; each record says the
     # steps it ran and that a controller chose them. The operator's pin is a change.
     for steps in (3, 1, 3):
-        _iteration(tl, steps=steps, adaptive=True); tl.accepted([0, 0])
+        _iteration(tl, steps=steps, controller=True, adaptive=True); tl.accepted([0, 0])
     tl.operator_change()
-    _iteration(tl, steps=1, adaptive=True); tl.accepted([0, 0])
+    _iteration(tl, steps=1, controller=True, adaptive=False); tl.accepted([0, 0])   # pinned
     recs = tl.poll()
-    assert [(r["epoch"], r["steps"], r["num_draft_tokens"]) for r in recs] == [
-        (0, 3, 4), (0, 1, 2), (0, 3, 4), (1, 1, 2)]
-    assert all(r["adaptive"] is True for r in recs)
+    assert [(r["epoch"], r["steps"], r["num_draft_tokens"], r["adaptive"]) for r in recs] == [
+        (0, 3, 4, True), (0, 1, 2, True), (0, 3, 4, True), (1, 1, 2, False)]
 
 
 def test_records_carry_each_requests_context_aligned_with_accepted(tl):

@@ -59,14 +59,7 @@ def test_sglang_without_the_plugin_shows_the_gauges_tier_labelled_approximate(sg
 
 @pytest.fixture
 def adaptive_engine():
-    s = core_standin.StandIn(kind="refengine").start()
-    plain = s.server_info
-
-    def with_adaptive() -> dict:
-        info = plain()
-        info["internal_states"][0]["speculative_adaptive"] = True
-        return info
-    s.server_info = with_adaptive
+    s = core_standin.StandIn(kind="refengine", adaptive=True).start()
     yield s
     s.stop()
 

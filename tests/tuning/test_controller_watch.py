@@ -1,6 +1,7 @@
 """The controller watch headless, over the real backend, Session and Driver against the core's HTTP
-stand-in: SGLang with our plugin on an adaptive launch (its records carry no `adaptive` key, the
-server says it is adaptive), and the same server with a step pinned by the plugin."""
+stand-in: SGLang with our plugin on an adaptive launch (its records say `adaptive: true`; an older
+plugin's carry no such key and the server's adaptive flag decides), and the same server with a
+step pinned by the plugin."""
 
 from __future__ import annotations
 
@@ -33,27 +34,26 @@ def plugin_adaptive():
     s.stop()
 
 
-def _plugin_records(standin, tiers: list[tuple[int, int]]) -> None:
-    """Records as the plugin writes them: no `adaptive` key."""
+def _plugin_records(standin, tiers: list[tuple[int, int]], adaptive_key: bool | None) -> None:
+    """Records as the plugin writes them: tiers inside one epoch, each with `adaptive` set to
+    adaptive_key (true: the controller chose; false: a pinned tier), or with no such key
+    (None) as plugins before it wrote them."""
     stream = Stream(TRUTH, seed=11)
     stream.epoch = standin.config["epoch"]
     for steps, n in tiers:
         for r in stream.records(Setting(steps), n, bs=2, new_epoch=False):
             standin.seq += 1
             r["seq"] = standin.seq
-            r.pop("adaptive", None)
+            if adaptive_key is None:
+                r.pop("adaptive", None)
+            else:
+                r["adaptive"] = adaptive_key
             standin.records.append(r)
 
 
-def _watch(standin, pin: int | None = None) -> dict:
+def _watch(standin, pin: int | None = None, adaptive_key: bool | None = True) -> dict:
     if pin is not None:
-        plain = standin.server_info
-
-        def pinned() -> dict:
-            info = plain()
-            info["internal_states"][0]["specdecode_num_steps"] = pin
-            return info
-        standin.server_info = pinned
+        standin.state_extra["specdecode_num_steps"] = pin
     session = Session(connect(standin.url))
     watch = ControllerWatch(session, every_s=0.1)
     driver = Driver(session, watch=watch)
@@ -62,7 +62,7 @@ def _watch(standin, pin: int | None = None) -> dict:
     try:
         driver.run(stop, tick_s=0.05, duration_s=60,
                    until=lambda: watch._feed is not None and watch._feed._cursor is not None)
-        _plugin_records(standin, [(5, 150), (1, 60), (2, 60)])
+        _plugin_records(standin, [(5, 150), (1, 60), (2, 60)], adaptive_key)
         driver.run(stop, tick_s=0.05, duration_s=30, until=lambda: len(watch._iters) >= 270)
         driver.run(stop, tick_s=0.05, duration_s=2)       # a check after the last record
         events = session.store.events(CC.EVENT_KIND)
@@ -72,16 +72,18 @@ def _watch(standin, pin: int | None = None) -> dict:
     return dict(events[-1].data) if events else {}
 
 
-def test_the_plugins_records_on_an_adaptive_sglang_are_the_controllers_tiers(plugin_adaptive):
-    doc = _watch(plugin_adaptive)
+@pytest.mark.parametrize("adaptive_key", [True, None], ids=["plugin", "older-plugin"])
+def test_the_plugins_records_on_an_adaptive_sglang_are_the_controllers_tiers(plugin_adaptive, adaptive_key):
+    doc = _watch(plugin_adaptive, adaptive_key=adaptive_key)
     assert doc.get("source") == "records" and doc["approximate"] is False
     (row,) = doc["rows"]
     assert row["bucket"] == "2" and row["chosen_steps"] == 5 and row["best_steps"] in (1, 2)
     assert row["loss_tok_s"] > 0
 
 
-def test_a_pinned_step_is_not_the_controllers_choice(plugin_adaptive):
-    assert _watch(plugin_adaptive, pin=3) == {}
+@pytest.mark.parametrize("adaptive_key", [False, None], ids=["plugin", "older-plugin"])
+def test_a_pinned_step_is_not_the_controllers_choice(plugin_adaptive, adaptive_key):
+    assert _watch(plugin_adaptive, pin=3, adaptive_key=adaptive_key) == {}
 
 
 def test_log_pairs_fed_in_become_a_check_with_the_log_as_source():

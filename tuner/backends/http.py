@@ -10,7 +10,6 @@ Must not retry, sleep or keep state beyond its connection pool: callers decide.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 

@@ -4,6 +4,14 @@ Each of N worker threads keeps one request in flight (a new one starts as soon a
 concurrency stays constant across a configuration change. Tokens are counted by `output_ids` of the
 cumulative SSE chunks, never by chunks. A reporter emits load/* series at ~4 Hz beside the server's
 own figures. Must not touch the store; errors become folded LOAD_ERROR events, never exceptions.
+
+Acceptance by context length without a phase stream (`context_buckets`): SGLang's final chunk
+carries each request's `spec_correct_drafts_histogram` with `prompt_tokens` and
+`completion_tokens` (native /generate; the OpenAI routes need `return_spec_tokens_details`). The
+driver files each finished request's histogram under the context bucket of its middle verify round
+(prompt + completion / 2; a request's rounds span prompt .. prompt + completion) and emits the same
+`spec/<bucket>/...` series the phase records give. Coarser than the records' per-round `ctx`, so
+a session with a phase stream leaves it off (the two would count the same rounds twice).
 """
 
 from __future__ import annotations
@@ -16,7 +24,9 @@ from typing import Any, Iterable, Iterator
 
 import httpx
 
+from probes import accept_buckets as AB
 from tuner.core import series as S
+from tuner.core.acceptance import add_histograms
 from tuner.core.bus import Bus
 from tuner.core.clock import Clock
 from tuner.core.events import EventKind
@@ -104,11 +114,13 @@ class LoadDriver:
         max_new_tokens: per request (ignore_eos so lengths stay equal across settings).
         api_key: sent as Authorization: Bearer.
         sampling_params: extra sampling params (default greedy: temperature 0).
+        context_buckets: emit acceptance by context bucket from finished requests' statistics
+            (see the module docstring); for servers without a phase stream.
     """
 
     def __init__(self, url: str, bus: Bus, clock: Clock, prompts: list[dict[str, Any]], concurrency: int,
                  max_new_tokens: int = 128, api_key: str | None = None,
-                 sampling_params: dict[str, Any] | None = None) -> None:
+                 sampling_params: dict[str, Any] | None = None, context_buckets: bool = False) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if not prompts:
@@ -135,6 +147,8 @@ class LoadDriver:
         self.inflight = 0
         self._last_error = ""
         self._live: dict[int, int] = {}    # worker -> tokens of its current request so far
+        self.context_buckets = context_buckets
+        self._buckets: dict[str, list[float]] = {}   # context bucket -> histogram not yet reported
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -157,6 +171,7 @@ class LoadDriver:
         self._client.close()        # ends streams in flight so workers return promptly
         for th in self._threads:
             th.join(timeout=5)
+        self.bus.put_many(self._bucket_samples(self.clock.now()))   # requests filed since the last report
         self.bus.put(Event(self.clock.now(), EventKind.LOAD_STOPPED,
                            {"requests": self.requests, "tokens": self.tokens, "errors": self.errors}))
 
@@ -230,7 +245,36 @@ class LoadDriver:
             if isinstance(ids, list):
                 with self._lock:
                     self._live[i] = max(self._live.get(i, 0), len(ids))
+            if self.context_buckets and isinstance(obj, dict):
+                self._file_request(obj.get("meta_info"))
         return ("/generate: the stream ended without [DONE]" if not self._stop.is_set() else None), False
+
+    def _file_request(self, meta: Any) -> None:
+        """A final chunk's statistics into its context bucket; other chunks (and servers that send
+        no histogram) are skipped, malformed values too."""
+        if not isinstance(meta, dict):
+            return
+        h, prompt, done = (meta.get(k) for k in ("spec_correct_drafts_histogram", "prompt_tokens",
+                                                  "completion_tokens"))
+        counts = [c for c in h if isinstance(c, int) and not isinstance(c, bool) and c >= 0] \
+            if isinstance(h, list) else []
+        if not counts or len(counts) != len(h) or len(h) < 2 or not sum(counts):
+            return
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (prompt, done)):
+            return
+        name = AB.bucket(AB.CTX, prompt + done // 2)
+        with self._lock:
+            self._buckets[name] = add_histograms(self._buckets.get(name, []), counts)
+
+    def _bucket_samples(self, t: float) -> list[Sample]:
+        with self._lock:
+            pending, self._buckets = self._buckets, {}
+        out: list[Sample] = []
+        for name, h in sorted(pending.items()):
+            acc = AB.position_acceptance(h, len(h) - 1)
+            out.append(Sample(t, S.bucket_verifies(name), float(acc.verifies)))
+            out += [Sample(t, S.bucket_accept_pos(name, k), p) for k, p in enumerate(acc.p, 1)]
+        return out
 
     def _error(self, err: str) -> None:
         with self._lock:
@@ -254,7 +298,8 @@ class LoadDriver:
                 self.bus.put_many([Sample(t, S.LOAD_TOK_PER_S, (n - last_n) / (t - last_t)),
                                    Sample(t, S.LOAD_INFLIGHT, float(inflight)),
                                    Sample(t, S.LOAD_REQUESTS, float(requests)),
-                                   Sample(t, S.LOAD_ERRORS, float(errors))])
+                                   Sample(t, S.LOAD_ERRORS, float(errors)),
+                                   *self._bucket_samples(t)])
             last_t, last_n = t, n
 
 

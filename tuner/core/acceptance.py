@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from probes import accept_buckets as AB
+
 NAN = math.nan
 
 
@@ -47,17 +49,9 @@ def histogram_delta(new: Sequence[float], old: Sequence[float]) -> list[float] |
 
 
 def position_acceptance(h: Sequence[float]) -> list[float]:
-    """[p_1, ..., p_m] for m = len(h) - 1; NaNs when the histogram is empty."""
-    total = float(sum(h))
-    m = max(len(h) - 1, 0)
-    if total <= 0:
-        return [NAN] * m
-    out = []
-    tail = total
-    for j in range(m):
-        tail -= h[j]          # tail = sum_{i>j} h[i] = rounds that accepted position j+1
-        out.append(max(tail, 0.0) / total)
-    return out
+    """[p_1, ..., p_m] for m = len(h) - 1; NaNs when the histogram is empty (the one definition
+    is probes.accept_buckets', shared with the engine side and the profile export)."""
+    return list(AB.position_acceptance(h, max(len(h) - 1, 0)).p)
 
 
 def conditional_acceptance(p: Sequence[float]) -> list[float]:

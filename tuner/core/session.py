@@ -153,6 +153,10 @@ class Session:
         if self.backend is None or not getattr(self.backend, "url", None):
             raise RuntimeError("the load driver needs a live server")
         self.stop_load()
+        # Without a phase stream (SGLang without the plugin), acceptance by context bucket comes
+        # from the finished requests' own statistics; with one, the records' per-round ctx does.
+        caps = getattr(self.backend, "capabilities", None)
+        kwargs.setdefault("context_buckets", not getattr(caps, "HAS_PHASE_STREAM", False))
         self.load = LoadDriver(self.backend.url, self.bus, self.clock, prompts, concurrency,
                                max_new_tokens=max_new_tokens, api_key=getattr(self.backend, "api_key", None),
                                **kwargs)

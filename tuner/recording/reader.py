@@ -15,7 +15,6 @@ from __future__ import annotations
 import heapq
 import json
 import math
-import os
 import shutil
 import sqlite3
 import tempfile

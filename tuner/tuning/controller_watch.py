@@ -87,8 +87,8 @@ class ControllerWatch:
         now = self.session.now() if now is None else now
         if self._feed is not None:
             records = self._feed.poll()
-            # SGLang's plugin writes no `adaptive` key: on an adaptive server its records' tiers are
-            # the controller's, unless the plugin pins one (specdecode_num_steps >= 0).
+            # Plugins before `adaptive` was in their records: on an adaptive server the records'
+            # tiers are the controller's, unless the plugin pins one (specdecode_num_steps >= 0).
             by_server = self._adaptive() and not self._pinned() if records else False
             for rec in records:
                 try:
