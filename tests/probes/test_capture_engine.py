@@ -85,12 +85,18 @@ def _matched(iterations: list[dict], records: list[dict], base_s: float) -> list
     iteration's host spans start at its `t_launch`; its read, and so `t`, comes after the next
     launch; the prefills it counts were queued in the step before, after the previous launch.)"""
     launched = sorted(records, key=lambda r: r["t_launch"])
+    trace_start = base_s + min(it["start_us"] for it in iterations) / 1e6 if iterations else 0.0
     pairs = []
     for it in iterations:
         start = base_s + it["decode_start_us"] / 1e6
         before = [r for r in launched if r["t_launch"] - 0.001 <= start]
         if before and start <= before[-1]["t"]:
-            pairs.append((it, before[-1]))
+            rec = before[-1]
+            # A record whose host work (its prefills come before its launch) began before the
+            # profiler started is only partly in the trace: the first iteration of a capture.
+            if rec["t_launch"] - rec["phase_ms"].get("prefill", 0.0) / 1e3 < trace_start - 0.001:
+                continue
+            pairs.append((it, rec))
     return pairs
 
 
