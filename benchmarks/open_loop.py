@@ -54,7 +54,8 @@ class OpenLoop:
     def _one(self, i: int, out: dict[str, Any]) -> None:
         p = self.prompts[i % len(self.prompts)]
         body = {"input_ids": p["input_ids"], "stream": True,
-                "sampling_params": {"max_new_tokens": self.max_new_tokens, "temperature": 0.0, "ignore_eos": True}}
+                "sampling_params": {"max_new_tokens": self.max_new_tokens, "temperature": 0.0, "ignore_eos": True,
+                                    **(p.get("sampling_params") or {})}}
         out.update(sent=time.time(), first=None, done=None, tokens=0, error=None)
         try:
             with self._client.stream("POST", "/generate", json=body) as resp:

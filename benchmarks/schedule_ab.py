@@ -62,6 +62,7 @@ DEVICE_DEFAULTS = {  # model, C, max new tokens, --max-wall-s, server start-up e
     "cuda": ("llama-3.1-8b", 64, 256, 540.0, 120.0),
 }
 PROMPT_LEN = 32
+CUDA_MAX_GRAPHS = 512
 
 
 class ServerGone(RuntimeError):
@@ -167,20 +168,38 @@ class Bench:
                 "mean_bs": (sum(r["bs"] for r in used) / len(used)) if used else math.nan, "tau": tau}
 
 
-def prompts_for(seed: int, vocab: int, n: int = 64) -> list[dict]:
-    """The seeded prompts (token ids), the same for every arm and cycle."""
+def prompts_for(seed: int, vocab: int, n: int = 64, max_new_tokens: int = 128, spread: float = 0.0) -> list[dict]:
+    """The seeded prompts (token ids) and their output lengths, the same for every arm and cycle.
+
+    Each prompt's max_new_tokens is drawn uniformly from [(1 - spread) N, (1 + spread) N] (mean N).
+    With every request N tokens long (spread 0), a closed loop started at once finishes in lockstep
+    where nothing breaks the tie (steps 0: one token per request per iteration): the whole batch
+    drains, waits for its clients, and refills together, every wave. Servers never see that.
+    """
     rng = random.Random(seed)
-    return [{"input_ids": [rng.randrange(1, max(2, vocab - 1)) for _ in range(PROMPT_LEN)]} for _ in range(n)]
+    lo, hi = max_new_range(max_new_tokens, spread)
+    return [{"input_ids": [rng.randrange(1, max(2, vocab - 1)) for _ in range(PROMPT_LEN)],
+             "sampling_params": {"max_new_tokens": rng.randint(lo, hi) if hi > lo else lo}} for _ in range(n)]
+
+
+def max_new_range(n: int, spread: float) -> tuple[int, int]:
+    return max(1, round(n * (1 - spread))), max(1, round(n * (1 + spread)))
 
 
 def serve_args(a) -> list[str]:
     curve = ",".join(str(x) for x in published_curve())
     out = ["--device", a.device, "--tp-size", "1", "--model-path", a.model_path, "--host", "127.0.0.1",
            "--port", "0", "--max-running-requests", str(max([a.concurrency, *a.buckets])),
-           "--context-length", str(PROMPT_LEN + a.max_new_tokens + 64), "--random-seed", str(a.seed),
+           "--context-length", str(PROMPT_LEN + max_new_range(a.max_new_tokens, a.length_spread)[1] + 64), "--random-seed", str(a.seed),
            "--speculative-num-steps", "3", "--speculative-simulate-accept", curve]
     if not Path(a.model_path).exists():
         out += ["--load-format", "dummy"]
+    if a.device == "cuda":
+        # SGLang captures every batch size (every tier, when adaptive) at start and keeps them. The
+        # engine's default cache of 64 graphs per scope holds about one setting's verify and extend
+        # keys at C = 64: the sweep and the interleaved arms would evict and re-capture, each a stall
+        # that costs the phase its windows (the first H200 run lost steps 1 and 3 at load 64 so).
+        out += ["--cuda-graph-max-graphs", str(CUDA_MAX_GRAPHS)]
     return out + a.server_args
 
 
@@ -189,6 +208,7 @@ def sweep(b: Bench, a) -> dict[str, Any]:
     rng = random.Random(a.seed)
     wins: dict[int, dict[int, list[float]]] = {bk: {s: [] for s in a.steps} for bk in a.buckets}
     points = []
+    first = len(b.records)
     print(f"== sweep: {len(a.buckets)} buckets x {len(a.steps)} settings x {a.sweep_repeats} passes, "
           f"{a.sweep_s:g} s each after settling", flush=True)
     for rep in range(a.sweep_repeats):
@@ -206,7 +226,7 @@ def sweep(b: Bench, a) -> dict[str, Any]:
     b.set_load(0)
     # Every pass's windows pooled: one median per (bucket, setting).
     table = {bk: {s: st.median_interval(w)[0] for s, w in row.items()} for bk, row in wins.items()}
-    return conclude_sweep(table, points, a)
+    return {**conclude_sweep(table, points, a), "graphs": st.capture_summary(b.records[first:])}
 
 
 def sweep_point(b: Bench, a, s: int) -> dict[str, Any]:
@@ -221,19 +241,32 @@ def sweep_point(b: Bench, a, s: int) -> dict[str, Any]:
         if math.isfinite(settled) or time.time() > deadline:
             break
         b.hold(0.2)
-    if math.isfinite(settled):
-        b.hold(max(0.0, settled + a.sweep_s + 0.05 - time.time()))
-    return b.measure(t0, time.time(), a.settle_s)
+    if not math.isfinite(settled):
+        return b.measure(t0, time.time(), a.settle_s)
+    b.hold(max(0.0, settled + a.sweep_s + 0.05 - time.time()))
+    # A first visit captures graphs (a batch dip can reach a new batch bucket at any time); each
+    # capture's stall is left out and restarts the windows. Hold on until the point has sweep_s
+    # seconds of windows, within a bounded overrun, so a setting is not left unmeasured for it.
+    wanted = max(1, math.ceil(a.sweep_s / W.WINDOW_S))
+    overrun = time.time() + max(2 * a.sweep_s, 4.0)
+    while True:
+        m = b.measure(t0, time.time(), a.settle_s, catch_up_s=0.5)
+        if len(m["windows"]) >= wanted or time.time() > overrun:
+            return m
+        b.hold(W.WINDOW_S)
 
 
 def conclude_sweep(table: dict[int, dict[int, float]], points: list, a) -> dict[str, Any]:
     weights = {1: a.phase_s[0], a.concurrency: a.phase_s[1]}
     bests = st.best_per_bucket(table)
     fixed, fixed_tps = st.best_fixed(table, weights)
+    ceiling = st.schedule_ceiling(table, weights, fixed)
+    unmeasured = {str(bk): [s for s, v in sorted(row.items()) if not math.isfinite(v)] for bk, row in table.items()}
     return {"buckets": a.buckets, "steps": a.steps, "weights": {str(k): v for k, v in weights.items()},
+            "unmeasured": {k: v for k, v in unmeasured.items() if v},
             "tok_s": {str(bk): {str(s): v for s, v in sorted(row.items())} for bk, row in table.items()},
             "bests": {str(k): v for k, v in bests.items()}, "coincide": st.bests_coincide(bests),
-            "best_fixed": {"steps": fixed, "time_weighted_tok_s": fixed_tps},
+            "best_fixed": {"steps": fixed, "time_weighted_tok_s": fixed_tps}, "ceiling": ceiling,
             "schedule_config": st.schedule_config(bests), "points": points}
 
 
@@ -245,10 +278,28 @@ def print_sweep(sw: dict[str, Any]) -> None:
         print(f"   {s:5d} " + "".join(f"{sw['tok_s'][b].get(str(s), math.nan):12.1f}" for b in buckets))
     print("   best  " + "".join(f"{'steps ' + str(sw['bests'][b]):>12}" for b in buckets if b in sw["bests"]))
     print_bests(sw["bests"], "the sweep")
+    for b, missing in sw.get("unmeasured", {}).items():
+        print(f"   NOT MEASURED at load {b}: steps {', '.join(map(str, missing))} (no settled window): that "
+              f"bucket's best is among the rest only; raise --sweep-s before reading it", flush=True)
     bf = sw["best_fixed"]
     print(f"   best fixed setting over the moving load: steps {bf['steps']} "
           f"({bf['time_weighted_tok_s']:.1f} tok/s time-weighted)")
     print(f"   schedule (adaptive config): {brief(sw['schedule_config'])}")
+    ceiling = sw.get("ceiling", math.nan)
+    if math.isfinite(ceiling):
+        print(f"   ceiling: by these figures a schedule can gain at most {ceiling:.3f}x over the best fixed setting "
+              f"(time-weighted each bucket's best / the fixed setting's tok/s there)"
+              + (f"; below the goal's {st.GOAL_RATIO}: the goal against the best fixed setting cannot be met "
+                 f"here, whatever the schedule does" if ceiling < st.GOAL_RATIO else ""), flush=True)
+    print_graphs(sw.get("graphs"))
+
+
+def print_graphs(g: dict[str, Any] | None) -> None:
+    if g and g["captures"]:
+        print(f"   graph captures: {g['captures']} of {g['keys']} keys, {g['recaptures']} re-captures"
+              + (f", {g['failed']} failed" if g["failed"] else "")
+              + (" (the engine's graph cache dropped keys that were used again: raise --cuda-graph-max-graphs)"
+                 if g["recaptures"] else ""), flush=True)
 
 
 def print_bests(bests: dict[str, int], source: str) -> None:
@@ -319,6 +370,7 @@ def ab(b: Bench, a, schedule_cfg: dict, fixed_steps: int, deadline: float,
         offsets = st.poisson_arrivals(a.open_loop, sum(a.phase_s), a.seed)
     cycles = [] if cycles is None else cycles
     cut = None
+    first = len(b.records)
     try:
         for arm in st.ARMS:           # warm-up: graphs, caches and the policy see every arm once
             b.apply(arm_changes(arm, schedule_cfg, fixed_steps))
@@ -351,7 +403,8 @@ def ab(b: Bench, a, schedule_cfg: dict, fixed_steps: int, deadline: float,
         if ol is not None:
             ol.close()
     out: dict[str, Any] = {"order": order, "cycles": cycles, "cut_short": cut,
-                           "schedule_config": schedule_cfg, "fixed_steps": fixed_steps}
+                           "schedule_config": schedule_cfg, "fixed_steps": fixed_steps,
+                           "graphs": st.capture_summary(b.records[first:])}
     out.update(summarise_open(cycles) if a.open_loop else summarise_closed(cycles, a))
     return out
 
@@ -429,6 +482,7 @@ def print_ab(res: dict[str, Any], a) -> None:
     if res.get("bests_coincide"):
         print("   (the buckets' bests coincided: the schedule ran one setting everywhere, the same as a fixed "
               "one, so schedule/fixed near 1.0 is by construction)")
+    print_graphs(res.get("graphs"))
     g = res["goal"]
     print(f"\n   goal (>= {st.GOAL_RATIO} time-weighted against each arm, no phase wholly below 1.0): "
           f"{'PASS' if g['passed'] else 'MISS'}: {g['why']}", flush=True)
@@ -451,7 +505,10 @@ def parse(argv: list[str] | None):
     p.add_argument("--warmup-s", type=float, default=3.0, help="seconds per phase of each arm's warm-up cycle")
     p.add_argument("--open-loop", type=float, default=None, metavar="RATE",
                    help="Poisson arrivals at RATE requests/s instead of the closed loop")
-    p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=None, help="mean output length (128 on CPU, 256 on CUDA)")
+    p.add_argument("--length-spread", type=float, default=0.5, metavar="F",
+                   help="output lengths uniform in [(1-F) N, (1+F) N], seeded (0: every request N tokens, "
+                        "the script of the results before it existed)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", choices=("sweep", "ab"), default=None)
     p.add_argument("--table", default=None, help="with --only ab: the JSON written by --only sweep")
@@ -473,6 +530,8 @@ def parse(argv: list[str] | None):
         a.buckets = sorted({int(x) for x in (a.buckets or f"1,{a.concurrency}").split(",") if x.strip()})
     except ValueError:
         raise st.PlanError("--steps and --buckets take comma-separated whole numbers") from None
+    if not 0.0 <= a.length_spread < 1.0:
+        raise st.PlanError("--length-spread must be in [0, 1)")
     if a.sweep_repeats < 1:
         raise st.PlanError("--sweep-repeats must be >= 1")
     if a.concurrency < 2 or not a.steps or min(a.steps) < 0 or max(a.steps) > len(published_curve()):
@@ -571,7 +630,8 @@ def main(argv: list[str] | None = None) -> int:
         vocab = 128
         with httpx.Client(base_url=engine.url, trust_env=False, timeout=30) as h:
             vocab = int(h.get("/model_info").json().get("vocab_size") or vocab)
-        b = Bench(engine.url, prompts_for(a.seed, vocab), a.max_new_tokens)
+        b = Bench(engine.url, prompts_for(a.seed, vocab, max_new_tokens=a.max_new_tokens, spread=a.length_spread),
+                  a.max_new_tokens)
         if table is None and run_sweep:
             table = sweep(b, a)
             report["sweep"] = table

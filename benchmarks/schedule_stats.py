@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -73,6 +74,21 @@ def median_interval(values: Sequence[float], rounds: int = W.BOOTSTRAP_ROUNDS, s
     tail = (1 - confidence) / 2
     return (statistics.median(values), meds[int(tail * (len(meds) - 1))],
             meds[int(math.ceil((1 - tail) * (len(meds) - 1)))])
+
+
+def capture_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Graph captures over a run, from the phase records' `captures` lists: how many, of how many
+    distinct keys, and the re-captures (a key captured again: the engine's graph cache dropped it,
+    so a setting revisited later stalls again). Re-captures are an artefact of the cache's size, not
+    of the setting, and cost the phase they land in its windows."""
+    seen: Counter = Counter()
+    failed = 0
+    for r in records:
+        for c in r.get("captures") or ():
+            seen[(c.get("phase"), c.get("placement"), c.get("rows"), tuple(c.get("shape") or ()))] += 1
+            failed += not c.get("ok", True)
+    n = sum(seen.values())
+    return {"captures": n, "keys": len(seen), "recaptures": n - len(seen), "failed": failed}
 
 
 def ratio(num: Sequence[float], den: Sequence[float]) -> tuple[float, float, float]:
@@ -152,6 +168,21 @@ def best_fixed(table: Mapping[int, Mapping[int, float]], weights: Mapping[int, f
         raise PlanError("no setting was measured at every load bucket: no best fixed setting")
     s = max(scores, key=lambda k: (scores[k], -k))
     return s, scores[s]
+
+
+def schedule_ceiling(table: Mapping[int, Mapping[int, float]], weights: Mapping[int, float], fixed: int) -> float:
+    """The most a schedule can gain over the best fixed setting by the sweep's own figures: the
+    time-weighted mean over the buckets of (the bucket's best tok/s) / (the fixed setting's tok/s
+    there), the same mean the A/B's schedule/fixed is judged by. Below the goal's 1.05 the goal
+    cannot be met on this host and model whatever the schedule does: the buckets' optima are
+    too close (or equal) for a per-bucket choice to pay."""
+    ratios = {}
+    for b in weights:
+        row = {s: v for s, v in table.get(b, {}).items() if math.isfinite(v)}
+        if not row or not math.isfinite(row.get(fixed, math.nan)):
+            return math.nan
+        ratios[b] = max(row.values()) / row[fixed]
+    return time_weighted(ratios, weights)
 
 
 def thresholds(buckets: Sequence[int]) -> list[int]:

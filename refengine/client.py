@@ -27,7 +27,7 @@ from typing import Any, Callable
 from refengine.config import (ConfigError, EngineOptions, ModelLimits, SpecConfig, refuse_for_simulator,
                               resolve_config, simulator)
 from refengine.messages import (Abort, ConfigApplied, GenRequest, GenUpdate, PhaseRecord, ProfileDone, ProfileStart,
-                                ProfileStop, RankError, RankStats, Ready, SetConfig, Shutdown, SpecStats, Submit, Update)
+                                ProfileStop, RankError, RankStats, Ready, SetConfig, Shutdown, SpecStats, Submit, Updates)
 
 __all__ = ["EngineClient", "EngineOptions", "EngineStartError", "ConfigError", "GenRequest", "GenUpdate",
            "SpecStats", "EngineDeadError"]
@@ -366,13 +366,14 @@ class EngineClient:
                 print(f"refengine: update callback failed: {e!r}", file=sys.stderr)
 
     def _dispatch(self, item: object) -> None:
-        if isinstance(item, Update):
-            u = item.update
+        if isinstance(item, Updates):
             with self._lock:
-                cb = self._callbacks.pop(u.rid, None) if u.finished else self._callbacks.get(u.rid)
-                self._counters["generation_tokens"] += len(u.token_ids)
-            if cb is not None:
-                cb(u)
+                cbs = [(self._callbacks.pop(u.rid, None) if u.finished else self._callbacks.get(u.rid), u)
+                       for u in item.updates]
+                self._counters["generation_tokens"] += sum(len(u.token_ids) for u in item.updates)
+            for cb, u in cbs:
+                if cb is not None:
+                    cb(u)
             return
         with self._cond:
             self._on_message(item)

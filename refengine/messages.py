@@ -123,8 +123,11 @@ class PhaseRecord:
 
 
 @dataclass
-class Update:
-    update: GenUpdate
+class Updates:
+    updates: list[GenUpdate]
+    """One iteration's updates (rank 0 only), in one message: at batch 64 a message per request
+    was 64 pickles a step through the queue's feeder thread, which shares the rank's GIL, and as
+    many reads on the server side (SGLang sends one BatchTokenIDOut per iteration)."""
 
 
 @dataclass

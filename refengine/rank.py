@@ -20,7 +20,7 @@ from typing import Any
 
 from probes.names import OTHER
 from refengine.messages import (Abort, ConfigApplied, PhaseRecord, ProfileDone, ProfileStart, ProfileStop, RankError,
-                                RankStats, Ready, SetConfig, Shutdown, Submit, Update)
+                                RankStats, Ready, SetConfig, Shutdown, Submit, Updates)
 
 HEARTBEAT_S = 1.0     # idle rank 0 still broadcasts this often, so followers never time out
 STATS_EVERY_S = 0.25  # how often every rank sends its cumulative phase totals
@@ -228,12 +228,12 @@ class Follower:
             # The record first: a reader woken by a final update already has its iteration.
             if record is not None:
                 self.out_q.put(PhaseRecord(record))
-            for u in updates:
-                self.out_q.put(Update(u))
+            if updates:
+                self.out_q.put(Updates(list(updates)))
 
     def _emit(self, update) -> None:
         if update is not None and self.rank == 0:
-            self.out_q.put(Update(update))
+            self.out_q.put(Updates([update]))
 
     def _accumulate(self, record: dict) -> None:
         t = self.totals

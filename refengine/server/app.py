@@ -137,6 +137,7 @@ def engine_options(opts: ServerOptions) -> Any:
         "emulate_comm_latency": opts.emulate_comm_latency, "random_seed": opts.random_seed,
         "speculative_draft_model_path": opts.speculative_draft_model_path,
         "cuda_graph": "off" if opts.disable_cuda_graph else opts.cuda_graph_mode,
+        "cuda_graph_max_graphs": opts.cuda_graph_max_graphs,
         "enable_torch_compile": opts.enable_torch_compile, "torch_compile_max_bs": opts.torch_compile_max_bs,
         "disable_overlap_schedule": opts.disable_overlap_schedule,
         "speculative_use_rejection_sampling": opts.speculative_use_rejection_sampling,

@@ -59,6 +59,7 @@ class ServerOptions:
     skip_server_warmup: bool = False
     disable_cuda_graph: bool = False
     cuda_graph_mode: str = "auto"
+    cuda_graph_max_graphs: int = 64
     disable_overlap_schedule: bool = False
     enable_torch_compile: bool = False
     torch_compile_max_bs: int = 32
@@ -183,6 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--cuda-graph-mode", default="auto", choices=("auto", "off", "static", "cuda"),
                    help="auto: CUDA graphs on CUDA, eager on CPU; static: the CPU stand-in with the same "
                         "buffers and keys (for testing)")
+    r.add_argument("--cuda-graph-max-graphs", type=_positive_int, default=64,
+                   help="captured graphs kept per scope before the least recently used is dropped (SGLang "
+                        "captures every batch size at start and keeps them; raise this when a run visits many "
+                        "steps x batch sizes, or re-captures stall it)")
     r.add_argument("--disable-overlap-schedule", action="store_true",
                    help="read each iteration's results before launching the next (default: overlap them)")
     r.add_argument("--enable-torch-compile", action="store_true",
@@ -330,7 +335,7 @@ def parse_options(argv: list[str]) -> ServerOptions:
         enable_metrics=True, decode_log_interval=a.decode_log_interval,
         emulate_comm_latency=a.emulate_comm_latency, skip_server_warmup=a.skip_server_warmup,
         disable_cuda_graph=a.disable_cuda_graph, cuda_graph_mode=a.cuda_graph_mode,
-        disable_overlap_schedule=a.disable_overlap_schedule,
+        cuda_graph_max_graphs=a.cuda_graph_max_graphs, disable_overlap_schedule=a.disable_overlap_schedule,
         enable_torch_compile=a.enable_torch_compile, torch_compile_max_bs=a.torch_compile_max_bs,
         random_seed=a.random_seed,
         # The key by value too: argparse also takes abbreviations (`--api-ke K`, `--api=K`).

@@ -91,6 +91,42 @@ def test_bests_per_bucket_their_coincidence_and_the_best_fixed_over_the_moving_l
         st.best_fixed({1: {3: 1.0}, 16: {5: 1.0}}, {1: 20, 16: 20})
 
 
+def test_the_ceiling_is_what_each_buckets_best_gains_over_the_fixed_setting_time_weighted():
+    table = {1: {0: 50.0, 3: 90.0, 7: 120.0}, 16: {0: 400.0, 3: 380.0, 7: 200.0}}
+    # Fixed steps 3: load 1 could gain 120/90, load 16 400/380; equal time.
+    assert st.schedule_ceiling(table, {1: 20, 16: 20}, 3) == pytest.approx((120 / 90 + 400 / 380) / 2)
+    # The H200 shape: one bucket's best is the fixed setting, the other's is 8 % above it.
+    h200 = {1: {3: 398.0, 4: 431.0}, 64: {3: 11153.0, 4: 10553.5}}
+    ceiling = st.schedule_ceiling(h200, {1: 20, 64: 20}, 3)
+    assert ceiling == pytest.approx(1.0415, abs=1e-4) and ceiling < st.GOAL_RATIO
+    # The fixed setting unmeasured in a bucket: no ceiling can be read.
+    assert math.isnan(st.schedule_ceiling({1: {3: 1.0}, 16: {5: 2.0}}, {1: 20, 16: 20}, 3))
+
+
+def test_capture_summary_counts_keys_captured_again_as_recaptures():
+    cap = lambda rows, ok=True: {"phase": "verify", "placement": "sharded", "rows": rows, "shape": [4, 256, 1],  # noqa: E731
+                                 "ok": ok}
+    recs = [{"t": 1.0}, {"t": 2.0, "captures": [cap(64), cap(32)]}, {"t": 3.0, "captures": [cap(64, ok=False)]}]
+    assert st.capture_summary(recs) == {"captures": 3, "keys": 2, "recaptures": 1, "failed": 1}
+    assert st.capture_summary([]) == {"captures": 0, "keys": 0, "recaptures": 0, "failed": 0}
+
+
+def test_output_lengths_are_seeded_around_the_mean_and_spread_zero_is_the_old_script():
+    import random
+
+    import schedule_ab as sa
+    spread = sa.prompts_for(0, 1000, n=64, max_new_tokens=256, spread=0.5)
+    lens = [p["sampling_params"]["max_new_tokens"] for p in spread]
+    assert min(lens) >= 128 and max(lens) <= 384 and len(set(lens)) > 32
+    assert 200 < sum(lens) / len(lens) < 312
+    assert spread == sa.prompts_for(0, 1000, n=64, max_new_tokens=256, spread=0.5)     # seeded
+    fixed = sa.prompts_for(0, 1000, n=4, max_new_tokens=256)
+    assert {p["sampling_params"]["max_new_tokens"] for p in fixed} == {256}
+    rng = random.Random(0)          # the prompts the earlier results ran: no draw for the lengths
+    assert [p["input_ids"] for p in fixed] == [[rng.randrange(1, 999) for _ in range(sa.PROMPT_LEN)] for _ in range(4)]
+    assert sa.max_new_range(256, 0.5) == (128, 384)
+
+
 def test_the_schedule_pins_each_bucket_from_the_geometric_middle_up():
     assert st.thresholds([1, 16]) == [1, 4]
     assert st.thresholds([1, 4, 64]) == [1, 2, 16]

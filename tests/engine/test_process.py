@@ -129,3 +129,27 @@ def test_verify_counters_count_kept_results_only(pool1, steps):
     assert run.finals[0].finish_reason == "stop"
     assert any(r.get("dropped") for r in run.records), "no dropped row: the test shows nothing"
     assert after - before == sum(f.spec.spec_verify_ct for f in run.finals)
+
+
+def test_one_iterations_updates_travel_in_one_message(pool1, monkeypatch):
+    """Rank 0 sends each iteration's updates as one message (SGLang's one BatchTokenIDOut per
+    iteration): a message per request per iteration was the server's limit at batch 64 on the
+    H200 (benchmarks/results/closed_loop_waves_h200.md). Every token still reaches its request, in
+    order."""
+    from refengine.messages import Updates
+
+    sizes: list[int] = []
+    dispatch = pool1._dispatch
+
+    def counting(item):
+        if isinstance(item, Updates):
+            sizes.append(len(item.updates))
+        dispatch(item)
+    monkeypatch.setattr(pool1, "_dispatch", counting)
+    n = len(PROMPTS)
+    assert n >= 3
+    run = generate(pool1, PROMPTS, 12, config={"speculative_num_steps": 0}, ignore_eos=True)
+    assert all(len(t) == 12 for t in run.tokens) and all(f.finish_reason == "length" for f in run.finals)
+    # Steps 0 commits one token per request per iteration: n requests, n updates a message.
+    assert max(sizes) == n and sum(sizes) >= n * 11
+    assert len(sizes) < sum(sizes) / 2

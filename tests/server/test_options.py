@@ -74,6 +74,10 @@ def test_disable_cuda_graph_maps_to_the_engine():
     assert engine_options(parse_options([])).cuda_graph == "auto"
     assert engine_options(parse_options(["--disable-cuda-graph"])).cuda_graph == "off"
     assert engine_options(parse_options(["--cuda-graph-mode", "static"])).cuda_graph == "static"
+    assert engine_options(parse_options([])).cuda_graph_max_graphs == 64
+    assert engine_options(parse_options(["--cuda-graph-max-graphs", "512"])).cuda_graph_max_graphs == 512
+    with pytest.raises(SystemExit):
+        parse_options(["--cuda-graph-max-graphs", "0"])
 
 
 def test_the_shipped_model_is_reported_without_machine_directories(tmp_path):
