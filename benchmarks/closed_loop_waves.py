@@ -8,6 +8,11 @@ below half the batch, and the mean batch. With every request the same length and
 the tie (steps 0 commits one token per request per iteration) the batch finishes together, drains,
 waits for its clients and refills together: each wave's gap shows as a near-empty window.
 
+Every 0.25 s it also samples the requests in flight on each side: the load driver's, and the
+server's running and queued (/metrics). Where those stay at C while the engine's batch does not, the
+gap is between the server and the engine. That is how the per-request output messages were found:
+benchmarks/results/closed_loop_waves_h200.md. `--records` keeps each hold's phase records.
+
     python benchmarks/closed_loop_waves.py --device cuda --steps 0,1,4 --spreads 0,0.5 --json OUT.json
 
 Prints figures; asserts nothing about them.
