@@ -12,7 +12,9 @@ import os
 import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -22,6 +24,32 @@ VERSION = "0.5.23"
 WHEEL_DIR = CACHE / f"sglang-{VERSION}-wheel"
 TARGET = CACHE / f"sglang-{VERSION}-target"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+PAYLOAD_SERVER = Path(__file__).resolve().parent / "sglang_payload_server.py"
+
+
+@contextmanager
+def payload_server(*args: str) -> Iterator[str]:
+    """The recorded-shape SGLang payload server (sglang_payload_server.py) on a free loopback port,
+    as a real process; yields its URL once it said "ready", kills it on the way out."""
+    from harness import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(PAYLOAD_SERVER), "--port", str(port), *args],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def start_payload_server():
+    """payload_server, for the test modules (they cannot import this conftest)."""
+    return payload_server
+
 
 _UNREACHABLE = ("Could not fetch URL", "connection", "Connection", "Temporary failure in name",
                 "Network is unreachable", "timed out", "ProxyError", "Max retries exceeded")

@@ -17,24 +17,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness import free_port
-
 ROOT = Path(__file__).resolve().parents[2]
-SERVER = Path(__file__).with_name("sglang_payload_server.py")
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def url():
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, str(SERVER), "--port", str(port)], stdout=subprocess.PIPE,
-                            text=True)
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.kill()
-        proc.wait(10)
+def url(start_payload_server):
+    with start_payload_server() as u:
+        yield u
 
 
 def _once(url, *args):

@@ -10,33 +10,23 @@ recorded-shape stream (generate_stream.txt: prompt 42, completion 106, histogram
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from harness import free_port, wait_until
+from harness import wait_until
 from probes import accept_buckets as AB
 from tuner.backends import connect
 from tuner.core import series as S
 from tuner.core.session import Session
 
-SERVER = Path(__file__).with_name("sglang_payload_server.py")
 STREAM = Path(__file__).with_name("fixtures") / "generate_stream.txt"
 
 
 @pytest.fixture(scope="module")
-def alone():
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, str(SERVER), "--port", str(port), "--no-plugin"],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.kill()
-        proc.wait(10)
+def alone(start_payload_server):
+    with start_payload_server("--no-plugin") as url:
+        yield url
 
 
 def _final_meta() -> dict:
