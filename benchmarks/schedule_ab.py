@@ -6,7 +6,10 @@ more) every chain setting (`--steps`, 0..7; steps 0 = SGLang's tier 0) is applie
 after settling: tok/s is the median of 1-s windows of committed tokens from the server's phase
 records. It prints each bucket's best setting and says plainly when they coincide (then the schedule
 is a fixed setting: a finding to explain, not a pass). The best fixed setting is the one with the
-best time-weighted tok/s over the moving load. `--from-tune FILE` takes the schedule from
+best time-weighted tok/s over the moving load; the sweep's ceiling is the most any schedule could
+gain over it by the sweep's own figures (below the goal, the goal is out of reach on that host).
+Output lengths are seeded uniform in [(1 - F) N, (1 + F) N] (`--length-spread F`, 0.5): equal
+lengths run a closed loop in lockstep waves that drain the batch. `--from-tune FILE` takes the schedule from
 `specdecode-tune tune --schedule --json` instead (the sweep then only finds the best fixed setting,
 unless `--fixed STEPS` names it).
 
