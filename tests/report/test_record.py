@@ -188,6 +188,12 @@ def test_a_server_that_goes_away_leaves_a_marked_gap_and_recording_resumes(tmp_p
         assert rec.wait_for_line("s away", 60), rec.stderr()
         back_seen = time.time()
         wait_until(lambda: committed_since(back_seen) > 20, 120, "readings from the restarted server")
+        # Any 20 samples can be one metrics scrape: wait for what is asserted below, phase readings
+        # from the restarted server's iterations (the phase poller reconnects on its own schedule).
+        wait_until(lambda: read_only_query(
+            out, "SELECT count(*) FROM samples JOIN series ON series.id = samples.series_id "
+                 "WHERE series.name = ? AND samples.t >= ? AND samples.value IS NOT NULL",
+            S.phase_ms("draft"), back_seen)[0] > 0, 120, "phase readings from the restarted server")
         wait_until(lambda: read_only_query(out, "SELECT count(*) FROM events WHERE kind = 'server_info'")[0] >= 2,
                    120, "the restarted server's server_info in the file")
         rec.signal(signal.SIGTERM)
