@@ -139,7 +139,9 @@ def test_a_failed_relaunch_is_said(sglang):
         await pilot.press("enter")
         await wait_for(pilot, lambda: any("relaunch failed" in n for n in _notes(app)), why="the failure said")
         assert any("exited with status 1" in n for n in _notes(app))
-        assert "relaunch with topk=2" in app.main.query_one("#events").plain()
+        # The event log shows the session's events on its next refresh, after the note.
+        await wait_for(pilot, lambda: "relaunch with topk=2" in app.main.query_one("#events").plain(),
+                       why="the relaunch in the event log")
     _run(sglang, check, fail="relaunch with topk=2 failed and was rolled back: the server exited with status 1")
 
 
