@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                     out.append({"spread": spread, "steps": s, **m})
                     if a.records:
                         keep = ("t", "t_launch", "wall_ms", "bs", "committed", "steps", "capture", "phase_ms",
-                                "dropped", "finished", "admitted")
+                                "dropped")
                         out[-1]["records"] = [{k: r[k] for k in keep if k in r}
                                               for r in b.records if t0 <= r["t"] <= t1]
                     print(f"spread {spread:<4g} steps {s}: {m['tok_s']:8.1f} tok/s  1-s windows median "

@@ -18,6 +18,7 @@ import datetime
 import multiprocessing as mp
 import os
 import queue
+import sys
 import threading
 import time
 from dataclasses import asdict
@@ -373,7 +374,10 @@ class EngineClient:
                 self._counters["generation_tokens"] += sum(len(u.token_ids) for u in item.updates)
             for cb, u in cbs:
                 if cb is not None:
-                    cb(u)
+                    try:
+                        cb(u)
+                    except Exception as e:  # one request's failing callback must not cost the others theirs
+                        print(f"refengine: update callback failed: {e!r}", file=sys.stderr)
             return
         with self._cond:
             self._on_message(item)

@@ -153,3 +153,22 @@ def test_one_iterations_updates_travel_in_one_message(pool1, monkeypatch):
     # Steps 0 commits one token per request per iteration: n requests, n updates a message.
     assert max(sizes) == n and sum(sizes) >= n * 11
     assert len(sizes) < sum(sizes) / 2
+
+
+def test_a_failing_callback_costs_only_its_own_request(pool1):
+    """Updates of one iteration travel together: a callback that raises must not keep the
+    others in the same message from theirs (their final update would never come)."""
+    done, got = threading.Event(), []
+
+    def bad(u):
+        raise RuntimeError("a client handler failed")
+
+    def good(u):
+        got.append(u)
+        if u.finished:
+            done.set()
+    pool1.submit(GenRequest("bad-cb", list(PROMPTS[0]), max_new_tokens=12, ignore_eos=True), bad)
+    pool1.submit(GenRequest("good-cb", list(PROMPTS[1]), max_new_tokens=12, ignore_eos=True), good)
+    assert done.wait(120) and got[-1].finish_reason == "length"
+    assert sum(len(u.token_ids) for u in got) == 12
+    wait_until(lambda: pool1.live_requests() == 0, 60, "both requests finished in the engine")
