@@ -21,7 +21,7 @@ from torch import nn
 
 
 class Block(nn.Module):
-    def __init__(self, layer, max_seq: int, dtype: torch.dtype, device):
+    def __init__(self, layer, max_seq: int, dtype: torch.dtype, device, batch: int = 1):
         super().__init__()
         a, m = layer.self_attn, layer.mlp
         self.head_dim = a.head_dim
@@ -35,7 +35,7 @@ class Block(nn.Module):
         self.attn_norm = cat(layer.input_layernorm.weight)
         self.ffn_norm = cat(layer.post_attention_layernorm.weight)
         self.eps = layer.input_layernorm.eps
-        shape = (1, self.n_kv, max_seq, self.head_dim)
+        shape = (batch, self.n_kv, max_seq, self.head_dim)
         self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device))
         self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device))
 
@@ -62,13 +62,14 @@ def rope(x, cos, sin):
 
 
 class Decoder(nn.Module):
-    """The gpt-fast-style model over the weights of a refengine LlamaForCausalLM (read-only use)."""
+    """The gpt-fast-style model over the weights of a refengine LlamaForCausalLM (read-only use).
+    `batch` rows share positions (benchmarks/batch_cost.py times a batch's forward with it)."""
 
-    def __init__(self, target, max_seq: int, dtype: torch.dtype, device):
+    def __init__(self, target, max_seq: int, dtype: torch.dtype, device, batch: int = 1):
         super().__init__()
         p = lambda w: nn.Parameter(w.detach().to(device, dtype), requires_grad=False)
         self.embed = p(target.model.embed_tokens.weight)
-        self.layers = nn.ModuleList(Block(layer, max_seq, dtype, device) for layer in target.model.layers)
+        self.layers = nn.ModuleList(Block(layer, max_seq, dtype, device, batch) for layer in target.model.layers)
         self.norm = p(target.model.norm.weight)
         self.eps = target.model.norm.eps
         self.lm_head = p(target.lm_head.weight)
