@@ -113,6 +113,15 @@ def time_weighted(values: Mapping[Any, float], weights: Mapping[Any, float]) -> 
     return acc / total
 
 
+def same_steps_as_one(ratios: Mapping[str, Mapping[Any, tuple[float, float, float]]],
+                      same: Mapping[str, Sequence[Any]]) -> dict[str, dict[Any, tuple[float, float, float]]]:
+    """`ratios` with each (arm, load) in `same` (the schedule and that arm ran the very same steps
+    there) read as exactly 1.0, its interval kept: two runs of one setting differ only by the host's
+    noise, and noise must not count for or against the schedule."""
+    return {arm: {ld: ((1.0, *r[1:]) if ld in same.get(arm, ()) else r) for ld, r in per.items()}
+            for arm, per in ratios.items()}
+
+
 @dataclass(frozen=True)
 class Goal:
     passed: bool
