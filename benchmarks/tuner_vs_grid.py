@@ -17,6 +17,12 @@ grid tok/s. Each scenario records the host's load average before and after.
     python benchmarks/tuner_vs_grid.py --summarise run1.json run2.json ...
 
 prints the median and range over several runs' files (the figures move with the host's load).
+
+    python benchmarks/tuner_vs_grid.py --head-to-head 4:replicated,5:replicated --repeats 8 \
+        --emulate-comm-latency 3000
+
+alternates two settings (A B B A ...), each reading the grid's own, with its server-side busy rate:
+whether a near tie the grid decided is a difference or the instrument's noise.
 Nothing here asserts a time: the figures are the result.
 """
 
@@ -313,6 +319,62 @@ def summarise(paths: list[Path]) -> list[str]:
     return lines
 
 
+def parse_pair(text: str) -> tuple[Setting, Setting]:
+    """'4:replicated,5:replicated' -> two chain settings (steps:placement; placement defaults to sharded)."""
+    out = []
+    for part in text.split(","):
+        steps, _, placement = part.strip().partition(":")
+        try:
+            n = int(steps)
+            out.append(Setting(n, 1, n + 1, placement or "sharded") if n else Setting(0))
+        except ValueError as e:
+            raise SystemExit(f"tuner_vs_grid: --head-to-head takes STEPS:PLACEMENT,STEPS:PLACEMENT, got {part!r} ({e})")
+    if len(out) != 2 or out[0] == out[1]:
+        raise SystemExit("tuner_vs_grid: --head-to-head takes two different settings")
+    return out[0], out[1]
+
+
+def head_to_head(args, emulate: str | None, pair: tuple[Setting, Setting]) -> dict:
+    """The two settings alternated A B B A ... (`--repeats` readings each), each reading the grid's
+    (settle, then the median of 1-s client windows over --measure-s) with its server-side busy rate:
+    whether a near tie on the grid is a difference or the instrument's noise."""
+    serve_args = ["--tp-size", str(args.tp_size), "--device", args.device, "--host", "127.0.0.1", "--port", "0",
+                  "--max-running-requests", str(args.load), "--speculative-num-steps", str(args.start_steps),
+                  *shipped_model_args(), *args.server_args] + (["--emulate-comm-latency", emulate] if emulate else [])
+    load_before = os.getloadavg()
+    engine = EngineProcess.start(serve_args, log_path=Path(tempfile.mkdtemp(prefix="tuner-h2h-")) / "server.log",
+                                 timeout_s=300.0, cwd=ROOT)
+    try:
+        session = Session(connect(engine.url)).start()
+        drv = Driver(session)
+        session.start_load(builtin_prompts(), args.load, args.max_new_tokens)
+        feed = HttpPhaseFeed(engine.url)
+        drv.wait(5.0)
+        a, b = pair
+        readings = []
+        for i in range(2 * args.repeats):
+            s = (a, b, b, a)[i % 4]
+            m = measure(session, feed, drv, s, args.measure_s)
+            readings.append({**s.to_json(), "tok_s": m.get("tok_s"), "phase_tok_s": m.get("phase_tok_s"),
+                             "error": m.get("error")})
+            print(f"  {i + 1:2d} {s.label():<24} client {m.get('tok_s', math.nan):6.1f}  server "
+                  f"{m.get('phase_tok_s', math.nan):6.1f} tok/s", flush=True)
+        feed.close()
+        session.close()
+    finally:
+        engine.stop(timeout=20.0)
+    per = {}
+    for s in pair:
+        mine = [r for r in readings if Setting.from_json(r) == s and r["error"] is None]
+        c, p = [r["tok_s"] for r in mine], [r["phase_tok_s"] for r in mine]
+        per[s.label()] = {"client_median": statistics.median(c) if c else None,
+                          "server_median": statistics.median(p) if p else None,
+                          "client_min": min(c) if c else None, "client_max": max(c) if c else None}
+    return {"emulate_comm_latency": emulate, "pair": [s.to_json() for s in pair], "readings": readings,
+            "per_setting": per, "host": {"cpus": os.cpu_count(), "loadavg_before": load_before,
+                                         "loadavg_after": os.getloadavg()}}
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
@@ -336,10 +398,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-arg", action="append", default=[], dest="server_args",
                    help="extra argument for serve (repeatable)")
     p.add_argument("--out", type=Path, default=None, help="write all figures as JSON")
+    p.add_argument("--head-to-head", default=None, metavar="S:P,S:P",
+                   help="instead of grid and tuner: alternate two settings (e.g. 4:replicated,5:replicated) "
+                        "--repeats readings each, client and server-side tok/s")
     args = p.parse_args(argv)
     args.placements = [x for x in args.placements.split(",") if x]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     scenarios = args.emulate_comm_latency or ["none", "3000"]
+    if args.head_to_head:
+        pair = parse_pair(args.head_to_head)
+        results = []
+        for e in scenarios:
+            print(f"== head to head, {'slow link ' + e + ' us' if e != 'none' else 'no emulated latency'}", flush=True)
+            results.append(head_to_head(args, None if e == "none" else e, pair))
+            for label, v in results[-1]["per_setting"].items():
+                print(f"   {label:<24} client median {v['client_median']:.1f} [{v['client_min']:.1f}..{v['client_max']:.1f}]"
+                      f"  server median {v['server_median']:.1f} tok/s", flush=True)
+            if args.out:
+                args.out.write_text(json.dumps({"argv": argv, "head_to_head": results}, indent=1, default=str) + "\n")
+        return 0
     results = []
     for e in scenarios:
         results.append(scenario(args, None if e == "none" else e))

@@ -33,3 +33,14 @@ def test_the_report_names_the_reading_noise_only_when_there_is_some():
     rn = tvg.reading_noise({"a": [40.0, 49.8, 39.9]}, {"a": [40.0, 44.9, 43.1]})
     line = [x for x in tvg.report({**base, "reading_noise": rn}) if "busy rate" in x]
     assert len(line) == 1 and "1 of 3 read over 5 % above it" in line[0]
+
+
+def test_head_to_head_takes_two_different_chain_settings():
+    from tuner.tuning.settings import Setting
+
+    a, b = tvg.parse_pair("4:replicated,5")
+    assert a == Setting(4, 1, 5, "replicated") and b == Setting(5, 1, 6, "sharded")
+    assert tvg.parse_pair("0,3:replicated")[0] == Setting(0)
+    for bad in ("4:replicated", "4,4", "x,5", "4:nowhere,5"):
+        with pytest.raises(SystemExit, match="--head-to-head"):
+            tvg.parse_pair(bad)
