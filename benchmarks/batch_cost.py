@@ -273,13 +273,18 @@ def main(argv=None) -> int:
     bw = copy_bandwidth(a.device, gib=2.0 if a.device == "cuda" else 0.25)
     report["bandwidth_GBps"] = bw / 1e9
     fl = report["floors"] = floors(a, bw)
+    def save() -> None:                  # after each half, so a call cut short keeps what it measured
+        if a.json:
+            Path(a.json).write_text(json.dumps(report, indent=1, default=str))
     report["engine"] = [] if a.skip_engine else run_engine(a)
+    save()
     report["anchor"] = [] if a.skip_anchor else run_anchor(a)
+    save()
     anchor = {r["t"]: r for r in report["anchor"]}
     eng = {r["steps"] + 1: r for r in report["engine"]}
     print(f"\n## one forward of T tokens per row at batch {a.batch} (ms; floors: {bw / 1e9:.0f} GB/s copy "
           f"bandwidth, {a.peak_tflops:g} TFLOP/s)")
-    print("    T   floor(mem/compute)   anchor graph  anchor compiled   engine verify GPU  engine/anchor   "
+    print("    T   floor(mem/compute)  anchor graph*  anchor compiled   engine verify GPU  engine/anchor   "
           "engine iteration wall  tok/s")
     for t in sorted(set(anchor) | set(eng)):
         f, an, e = fl.get(t, {}), anchor.get(t, {}), eng.get(t, {})
@@ -290,6 +295,8 @@ def main(argv=None) -> int:
         print(f"  {t:3d}   {cell(f.get('memory_ms'), 6)} / {cell(f.get('compute_ms'), 6)}   "
               f"{cell(an.get('graph_ms', an.get('eager_ms')), 10)}   {cell(an.get('compiled_ms'), 13)}   "
               f"{cell(e.get('verify_gpu_ms'), 16)}   {cell(ratio, 12)}   {cell(e.get('iteration_ms_median'), 20)}  {tok}")
+    print("  * a CUDA graph of the anchor's eager kernels; on CPU the eager forward. The engine's verify "
+          "is GPU time per replay (CUDA events); without graphs see phase_ms_median in the JSON.")
     if eng and anchor:
         report["engine_over_anchor"] = {
             t: e["verify_gpu_ms"] / min(v for v in (anchor[t].get("graph_ms"), anchor[t].get("compiled_ms"),
@@ -297,8 +304,7 @@ def main(argv=None) -> int:
             for t, e in eng.items() if t in anchor and e.get("verify_gpu_ms")}
     report["wall_s"] = time.time() - t_start
     print(f"# wall {report['wall_s']:.0f} s")
-    if a.json:
-        Path(a.json).write_text(json.dumps(report, indent=1, default=str))
+    save()
     return 0
 
 
