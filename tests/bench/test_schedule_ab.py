@@ -205,20 +205,24 @@ def test_from_tune_reads_the_tuners_schedule_and_refuses_what_it_cannot_run():
         assert "\n" not in str(e.value)
 
 
+class _Plan:
+    """The closed-loop plan summarise_closed reads: load 1 <-> 16, 20 s each."""
+    open_loop, concurrency, phase_s = None, 16, (20.0, 20.0)
+
+
+def _phase(load, tok_s, steps):
+    """One load phase: 15 settled windows around tok_s, all at `steps`."""
+    return {"load": load, "windows": [tok_s + d for d in (-2.0, -1.0, 0.0, 1.0, 2.0)] * 3,
+            "steps_ran": {str(steps): 100}}
+
+
 def test_the_ab_summary_pools_each_arms_phases_and_names_ratios_between_identical_settings():
     import schedule_ab as sa
 
-    class A:
-        open_loop, concurrency, phase_s = None, 16, (20.0, 20.0)
-
-    def phase(load, tok_s, steps):
-        return {"load": load, "windows": [tok_s + d for d in (-2.0, -1.0, 0.0, 1.0, 2.0)] * 3,
-                "steps_ran": {str(steps): 100}}
-
-    cycles = [{"arm": "schedule", "phases": [phase(1, 130.0, 6), phase(16, 800.0, 2)]},
-              {"arm": "fixed", "phases": [phase(1, 100.0, 2), phase(16, 800.0, 2)]},
-              {"arm": "acceptance", "phases": [phase(1, 110.0, 3), phase(16, 700.0, 3)]}] * 2
-    res = sa.summarise_closed(cycles, A())
+    cycles = [{"arm": "schedule", "phases": [_phase(1, 130.0, 6), _phase(16, 800.0, 2)]},
+              {"arm": "fixed", "phases": [_phase(1, 100.0, 2), _phase(16, 800.0, 2)]},
+              {"arm": "acceptance", "phases": [_phase(1, 110.0, 3), _phase(16, 700.0, 3)]}] * 2
+    res = sa.summarise_closed(cycles, _Plan())
     assert res["arms"]["schedule"]["1"]["windows"] == 30
     assert res["ratios"]["fixed"]["1"][0] == pytest.approx(1.3)
     assert res["ratios"]["fixed"]["16"][0] == pytest.approx(1.0)
@@ -228,7 +232,7 @@ def test_the_ab_summary_pools_each_arms_phases_and_names_ratios_between_identica
     assert res["time_weighted_same_steps_as_one"] == {"fixed": pytest.approx(1.15), "acceptance": pytest.approx(
         res["time_weighted"]["acceptance"])}
     assert res["goal"]["passed"], res["goal"]["why"]          # 1.15 and 1.16 over 6 cycles
-    res = sa.summarise_closed(cycles[:3], A())
+    res = sa.summarise_closed(cycles[:3], _Plan())
     assert not res["goal"]["passed"] and "3 cycles < the 6" in res["goal"]["why"]
 
 
@@ -237,17 +241,10 @@ def test_noise_between_identical_settings_does_not_pass_the_goal():
     where the host's noise read 1.06 and 1.21. Measured means pass 1.05; read as 1.0 they do not."""
     import schedule_ab as sa
 
-    class A:
-        open_loop, concurrency, phase_s = None, 16, (20.0, 20.0)
-
-    def phase(load, tok_s, steps):
-        return {"load": load, "windows": [tok_s + d for d in (-2.0, -1.0, 0.0, 1.0, 2.0)] * 3,
-                "steps_ran": {str(steps): 100}}
-
-    cycles = [{"arm": "schedule", "phases": [phase(1, 109.0, 5), phase(16, 770.0, 3)]},
-              {"arm": "fixed", "phases": [phase(1, 100.0, 3), phase(16, 727.0, 3)]},
-              {"arm": "acceptance", "phases": [phase(1, 100.0, 3), phase(16, 636.0, 3)]}] * 2
-    res = sa.summarise_closed(cycles, A())
+    cycles = [{"arm": "schedule", "phases": [_phase(1, 109.0, 5), _phase(16, 770.0, 3)]},
+              {"arm": "fixed", "phases": [_phase(1, 100.0, 3), _phase(16, 727.0, 3)]},
+              {"arm": "acceptance", "phases": [_phase(1, 100.0, 3), _phase(16, 636.0, 3)]}] * 2
+    res = sa.summarise_closed(cycles, _Plan())
     assert res["time_weighted"]["fixed"] > 1.05 and res["time_weighted"]["acceptance"] > 1.05
     assert res["same_steps_loads"] == {"fixed": ["16"], "acceptance": ["16"]}
     assert res["time_weighted_same_steps_as_one"]["fixed"] == pytest.approx(1.045)
