@@ -185,3 +185,24 @@ def test_u_on_a_replay_shows_the_recorded_tuning_only_when_there_is_one():
             await pilot.press("escape")
             assert not isinstance(app.screen, TuneScreen)
     asyncio.run(scenario())
+
+
+def test_a_rows_measured_figure_is_at_the_predictions_batch_size():
+    """A probe on a server whose batch came and went ran at bs 1 and 2; the prediction is for bs 2.
+    The row shows what was measured at bs 2, the quantity the model predicts; the probe's mixed
+    figure only where nothing was measured at that batch size. The CLI's table reads the same."""
+    from tuner.tuning.summary import table
+
+    def pred(steps, tok_s, measured):
+        return {"steps": steps, "topk": 1, "num_draft_tokens": steps + 1, "placement": "sharded", "bs": 2,
+                "tok_s": tok_s, "sd": 2.0, "tau": 1.0 + steps / 2, "basis": "fitted", "reason": "",
+                "measured_tok_s": measured}
+    doc = {"predictions": [pred(1, 22.7, 22.1), pred(2, 30.0, None)], "verifications": [], "model": None,
+           "measured_tok_s": [{"steps": 1, "topk": 1, "num_draft_tokens": 2, "placement": "sharded", "tok_s": 9.8},
+                              {"steps": 2, "topk": 1, "num_draft_tokens": 3, "placement": "sharded", "tok_s": 27.5}]}
+    rows = {r.label: r for r in build_view(doc, state="done").rows}
+    assert rows["s1 k1 N2 sharded"].measured == 22.1         # not the probe's mixed-batch 9.8
+    assert rows["s2 k1 N3 sharded"].measured == 27.5         # nothing at bs 2: the probe's figure
+    lines = table(doc)
+    assert any("steps 1 " in line and " 22.1 " in line for line in lines), lines
+    assert any("steps 2 " in line and " 27.5 " in line for line in lines), lines

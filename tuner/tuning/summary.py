@@ -22,8 +22,12 @@ def _num(v: Any, fmt: str = ".1f") -> str:
 
 
 def table(result: Mapping[str, Any], limit: int | None = None) -> list[str]:
-    """Settings ranked by predicted tok/s, with the measured figure where there is one."""
+    """Settings ranked by predicted tok/s, with the measured figure where there is one: at the
+    prediction's batch size when measured there, else over every batch size the setting ran at."""
     measured = {vocab.key_of(m): m["tok_s"] for m in result.get("measured_tok_s", [])}
+    for p in result.get("predictions", []):
+        if p.get("measured_tok_s") is not None:
+            measured[vocab.key_of(p)] = p["measured_tok_s"]
     best = result.get("best", {})
     rows = sorted(result.get("predictions", []),
                   key=lambda p: -(p["tok_s"] if p["tok_s"] is not None else -1))

@@ -57,6 +57,17 @@ def verification_line(v: Mapping[str, Any]) -> str:
             f"{(v['ratio'] - 1) * 100:+.1f}% [{(v['lo'] - 1) * 100:+.1f}, {(v['hi'] - 1) * 100:+.1f}]{pred}")
 
 
+def same_batch_measured(p: Mapping[str, Any], any_batch: float | None) -> float:
+    """A prediction's measured figure: at its own batch size when that was measured (the same
+    quantity the model predicts), else over every batch size the setting ran at. A probe on a
+    server whose batch came and went mixes batch sizes; next to a batch-2 prediction that mix
+    reads as a model error it is not."""
+    own = _f(p.get("measured_tok_s"))
+    if not math.isnan(own):
+        return own
+    return _f(any_batch) if any_batch is not None else math.nan
+
+
 def build_view(doc: Mapping[str, Any], *, state: str, stage: str = "", status: str = "",
                progress: float = 0.0, current: Mapping[str, Any] | None = None,
                space: Iterable[Mapping[str, Any]] = (), read_only: bool = False) -> TuneView:
@@ -71,7 +82,7 @@ def build_view(doc: Mapping[str, Any], *, state: str, stage: str = "", status: s
     for p in doc.get("predictions") or ():
         key = vocab.key_of(p)
         rows[key] = TuneRow(key, _setting(p), vocab.compact(p), _f(p.get("tok_s")), _f(p.get("sd")),
-                            _f(p.get("tau")), measured.get(key, _f(p.get("measured_tok_s"))),
+                            _f(p.get("tau")), same_batch_measured(p, measured.get(key)),
                             p.get("basis", "") if p.get("tok_s") is not None else "",
                             "" if p.get("tok_s") is not None else str(p.get("reason", "")))
     for s in space:
