@@ -32,7 +32,11 @@ def test_tune_schedule_sweeps_loads_and_exports_a_config(tp2_server, tp2_config,
     doc = json.loads(out.read_text())
     assert doc["loads"] == [1, 2]
     rows = {b["bucket"]: b for b in doc["buckets"]}
-    assert set(rows) == {"1", "2"}, rows
+    # The tuner buckets every iteration the server ran, its own load's and anyone else's: the suite
+    # shares this server, and a fresh-clone run once saw batches of 4 from another client while the
+    # sweep drove 2. Those land in their own bucket above the swept loads, never in 1 or 2.
+    assert {"1", "2"} <= set(rows), rows
+    assert all(b["bs_lo"] > 2 for k, b in rows.items() if k not in ("1", "2")), rows
     assert (rows["1"]["bs_lo"], rows["1"]["bs_hi"]) == (1, 1) and (rows["2"]["bs_lo"], rows["2"]["bs_hi"]) == (2, 3)
     # Both loads reached the server and were measured.
     assert sum(b["iterations"] for b in rows.values()) > 0
