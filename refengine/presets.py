@@ -3,7 +3,8 @@
 Presets: `tiny` (random weights), `tiny-agreeing` (constructed weights whose draft agrees with the
 target most of the time, so acceptance is real on a CPU with no training or download),
 `tiny-agreeing-tp8` (the same construction with 8 attention and 8 KV heads, so every placement
-shards at TP 8), and
+shards at TP 8), `llama-small` (a 57M-parameter Llama shape, random weights: on a CPU its forward grows
+with batch × draft tokens, as the 8B's does on a GPU at high batch, where `tiny`'s is per-call cost), and
 `llama-3.1-8b` (Llama-3.1-8B's shape, random weights, for timing on GPUs). Each comes with a
 matching EAGLE-3 head (`<preset>-eagle3`, the official 8B head's shape for the 8B preset).
 Weights are a deterministic function of the preset name and seed, so every rank builds the same.
@@ -31,6 +32,9 @@ TARGETS: dict[str, LlamaConfig] = {
                                      num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8,
                                      head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=4096,
                                      eos_token_ids=(127,)),
+    "llama-small": LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                               num_attention_heads=8, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-5,
+                               max_position_embeddings=4096, eos_token_ids=(2,), bos_token_id=1),
     "llama-3.1-8b": LlamaConfig(
         vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5,
@@ -52,6 +56,9 @@ HEADS: dict[str, Eagle3Config] = {
                                              num_key_value_heads=8, head_dim=16, vocab_size=128,
                                              draft_vocab_size=64, target_hidden_size=128, rms_norm_eps=1e-6,
                                              max_position_embeddings=4096),
+    "llama-small-eagle3": Eagle3Config(hidden_size=512, intermediate_size=1536, num_attention_heads=8,
+                                       num_key_value_heads=2, head_dim=64, vocab_size=32000, draft_vocab_size=8192,
+                                       target_hidden_size=512, rms_norm_eps=1e-5, max_position_embeddings=4096),
     "llama-3.1-8b-eagle3": Eagle3Config(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
                                         num_key_value_heads=8, head_dim=128, vocab_size=128256,
                                         draft_vocab_size=32000, target_hidden_size=4096, rms_norm_eps=1e-5),

@@ -118,6 +118,17 @@ def test_eagle_config_fields():
     assert presets.TARGETS["llama-3.1-8b"].default_aux_layers() == (1, 15, 28)
 
 
+def test_every_random_preset_loads_with_its_head():
+    # Each random target preset has a matching head that load_models attaches (same vocabulary,
+    # hot ids inside it); the 8B is shape-checked above, not built on a CPU.
+    for name in [n for n in presets.TARGETS if n != "llama-3.1-8b"]:
+        target, head = presets.load_models(name, None, "dummy")
+        assert head is not None and head.config.vocab_size == target.config.vocab_size, name
+        hot = torch.arange(head.config.draft_vocab_size) + head.d2t
+        assert int(hot.max()) < target.config.vocab_size and bool(head.t2d[hot].all()), name
+    assert presets.TARGETS["llama-small"].num_hidden_layers == 8
+
+
 def test_agreeing_pair_agrees():
     t = presets.build_target("tiny-agreeing")
     h = presets.build_head("tiny-agreeing-eagle3")

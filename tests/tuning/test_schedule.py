@@ -84,7 +84,7 @@ def test_a_bucket_with_too_little_data_is_named_and_not_pinned() -> None:
 def test_the_json_has_the_shape_the_ab_script_reads() -> None:
     iters = _iters(_measured(LOW, 1, (1, 3, 7)) + _measured(HIGH, 2, (1, 3, 7)))
     doc = json.loads(json.dumps(sch.fit_schedule(iters, SPACE, loads=[1, 2]).to_json()))
-    assert set(doc) == {"buckets", "adaptive_config", "flags", "loads", "notes"}
+    assert set(doc) == {"buckets", "adaptive_config", "flags", "loads", "notes", "versus_fixed"}
     b = doc["buckets"][0]
     assert {"bucket", "bs_lo", "bs_hi", "best", "predicted_tok_s", "measured_tok_s", "stage"} <= set(b)
     assert (b["bucket"], b["bs_lo"], b["bs_hi"]) == ("1", 1, 1)
@@ -97,6 +97,57 @@ def test_the_same_best_everywhere_is_said() -> None:
     iters = _iters(_measured(LOW, 1, (1, 3, 7)) + _measured(LOW, 2, (1, 3, 7)))
     s = sch.fit_schedule(iters, SPACE)
     assert any("a fixed setting does as well" in n for n in s.notes)
+
+
+def _weighted_best_chain(s: sch.Schedule, weights: dict[int, float]) -> Setting:
+    chains = [x for x in SPACE if x.topk == 1]
+    score = {c: sum(w * s.model.predict(c, s.row(lo).bs).tok_s for lo, w in weights.items()) for c in chains}
+    return max(score, key=lambda c: (score[c], -c.steps))
+
+
+def test_the_schedule_against_the_one_fixed_chain_that_does_best_over_the_traffic() -> None:
+    iters = _iters(_measured(LOW, 1, (0, 1, 3, 5, 7)) + _measured(HIGH, 8, (0, 1, 2, 3, 5, 7)))
+    s = sch.fit_schedule(iters, SPACE)
+    vs = s.vs_fixed
+    assert vs is not None and set(vs.weights) == {1, 8}
+    # Weights are each bucket's share of the host time its iterations took.
+    wall = {lo: sum(it.wall_ms for it in iters if sch.bucket_lo(it.bs) == lo) for lo in (1, 8)}
+    assert abs(vs.weights[1] - wall[1] / (wall[1] + wall[8])) < 1e-9
+    assert vs.fixed == _weighted_best_chain(s, vs.weights)
+    # Each bucket's pinned chain is its best, so no ratio is below 1, and the optima differ here.
+    for lo in (1, 8):
+        fixed_there = s.model.predict(vs.fixed, s.row(lo).bs).tok_s
+        assert abs(vs.ratios[lo] - s.row(lo).chain.tok_s / fixed_there) < 1e-9
+        assert vs.ratios[lo] >= 1.0 - 1e-9
+    assert max(vs.ratios.values()) > 1.05
+    assert abs(vs.gain - sum(vs.weights[lo] * vs.ratios[lo] for lo in (1, 8))) < 1e-9
+    doc = json.loads(json.dumps(s.to_json()))
+    assert doc["versus_fixed"]["fixed_steps"] == vs.fixed.steps and set(doc["versus_fixed"]["ratios"]) == {"1", "8"}
+    line = next(x for x in sch.table_lines(doc) if "against one fixed setting" in x)
+    assert f"steps {vs.fixed.steps}" in line and f"{vs.gain:.3f}×" in line
+
+
+def test_the_fixed_chain_follows_where_the_traffic_spends_its_time() -> None:
+    # The same two regimes; only the time spent at each batch size differs.
+    at_1 = sch.fit_schedule(_iters(_measured(LOW, 1, (0, 1, 3, 5, 7), n=400) + _measured(HIGH, 8, (0, 1, 3, 7), n=40)),
+                            SPACE).vs_fixed
+    at_8 = sch.fit_schedule(_iters(_measured(LOW, 1, (0, 1, 3, 5, 7), n=40) + _measured(HIGH, 8, (0, 1, 3, 7), n=400)),
+                            SPACE).vs_fixed
+    assert at_1 is not None and at_8 is not None
+    assert at_1.weights[1] > 0.5 > at_8.weights[1]
+    assert at_1.fixed.steps > at_8.fixed.steps
+    # Where the traffic mostly sits, the fixed chain is (nearly) that bucket's own best.
+    assert at_1.ratios[1] < 1.02 and at_8.ratios[8] < 1.02
+
+
+def test_one_bucket_has_no_comparison_and_a_small_gain_is_named() -> None:
+    one = sch.fit_schedule(_iters(_measured(LOW, 1, (1, 3, 7))), SPACE)
+    assert one.vs_fixed is None and one.to_json()["versus_fixed"] is None
+    assert not any("against one fixed setting" in x for x in sch.table_lines(one.to_json()))
+    two = sch.fit_schedule(_iters(_measured(LOW, 1, (0, 1, 3, 5, 7)) + _measured(HIGH, 8, (0, 1, 2, 3, 5, 7))), SPACE)
+    assert not any("predicted within" in n for n in two.notes)        # this gain is not small
+    close = sch.VersusFixed(Setting(3), {1: 0.5, 8: 0.5}, {1: 1.01, 8: 1.0}, 1.005)
+    assert any("predicted within 2 % of one fixed setting, steps 3" in n for n in sch._notes(two.rows, close))
 
 
 def test_a_tree_best_is_exported_as_the_best_chain() -> None:

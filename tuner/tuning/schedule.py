@@ -24,8 +24,17 @@ The JSON (`tune --schedule --json FILE`, read by benchmarks/schedule_ab.py `--fr
      "adaptive_config": {"1": {"candidate_steps": [5]}, "4": {...}} | null,
      "flags": ["--speculative-algorithm", "EAGLE3", ..., "--speculative-adaptive-config", "PATH"],
      "loads": [1, 2, 4],                  # [0]: the server's own traffic, no load driven
+     "versus_fixed": {"fixed": {"speculative_num_steps": 3, ...}, "fixed_steps": 3,
+                      "weights": {"1": 0.41, "16": 0.59},      # the time seen at each bucket
+                      "ratios": {"1": 1.12, "16": 1.0}, "gain": 1.049} | null,
      "notes": ["..."],                    # thin buckets named, non-chain bests, one tier everywhere
      "problems": ["..."]}                 # added by the command: a load without data, refusals
+
+`versus_fixed` is what the schedule is predicted to gain over the one chain that would do best
+fixed: each bucket weighted by the host time its settled iterations took (on `--load 0` that is the
+server's own traffic mix; a sweep spends about equal time per load), the fixed chain the one with
+the best weighted tok/s, and the gain the weighted mean of the per-bucket ratios: the measure
+benchmarks/schedule_ab.py judges the live A/B by. Null with fewer than two buckets with a best.
 
 `bs_hi` is null for the last, open-ended bucket. Pure: nothing here measures or talks to a server.
 """
@@ -55,6 +64,9 @@ MEASURED_ITERS = 10
 """A best setting counts as measured with this many settled iterations of it (the live tuner's
 shortest probe)."""
 CONFIG_PATH = "tuned-adaptive.json"
+SMALL_GAIN = 1.02
+"""Below this predicted gain over the best fixed chain, the schedule is named as not worth much:
+within the spread of most live A/B readings (benchmarks/results/schedule_ab_*.md)."""
 
 
 def bucket_bounds(lo: int) -> tuple[int, int | None]:
@@ -130,11 +142,62 @@ def _num(v: float | None) -> float | None:
 
 
 @dataclass(frozen=True)
+class VersusFixed:
+    """The schedule's chains against the best single chain, predicted per bucket and weighted."""
+
+    fixed: Setting
+    weights: Mapping[int, float]     # bucket lo → share of the time seen (sums to 1)
+    ratios: Mapping[int, float]      # bucket lo → the bucket's pinned chain ÷ the fixed chain there
+    gain: float                      # Σ weight × ratio
+
+    def to_json(self) -> dict[str, Any]:
+        return {"fixed": self.fixed.as_server_args(), "fixed_steps": self.fixed.steps,
+                "weights": {str(lo): round(w, 4) for lo, w in self.weights.items()},
+                "ratios": {str(lo): round(r, 4) for lo, r in self.ratios.items()},
+                "gain": round(self.gain, 4)}
+
+
+def versus_fixed(rows: Sequence[BucketRow], model: CostModel | None, chains: Sequence[Setting],
+                 time_ms: Mapping[int, float]) -> VersusFixed | None:
+    """What pinning each bucket to its own best chain gains over the one chain that does best over
+    all of them, weighted by the time seen at each bucket (time_ms: bucket lo → summed wall ms).
+
+    The fixed chain maximises the weighted tok/s, as a user choosing one `--speculative-num-steps`
+    for this traffic would; the gain is the weighted mean of the per-bucket ratios (each bucket's
+    pinned chain over the fixed one there). Only buckets with a pinned chain count, and a fixed
+    candidate must be predictable at every one of them. None with fewer than two such buckets: one
+    bucket's schedule is a fixed setting."""
+    live = [r for r in rows if r.chain is not None and r.stage != TOO_LITTLE and time_ms.get(r.lo, 0.0) > 0]
+    if model is None or len(live) < 2:
+        return None
+    total = sum(time_ms[r.lo] for r in live)
+    weights = {r.lo: time_ms[r.lo] / total for r in live}
+    scores: dict[Setting, tuple[float, dict[int, float]]] = {}
+    for s in chains:
+        per = {}
+        for r in live:
+            p = r.predict(model, s)
+            if p is None or p.tok_s is None or not p.tok_s > 0:
+                break
+            per[r.lo] = p.tok_s
+        else:
+            scores[s] = (sum(weights[lo] * v for lo, v in per.items()), per)
+    if not scores:
+        return None
+    # Ties go to the shallower chain (the cheaper one to run and to explain).
+    fixed = max(scores, key=lambda s: (scores[s][0], -s.steps))
+    per = scores[fixed][1]
+    ratios = {r.lo: r.chain.tok_s / per[r.lo] for r in live}   # type: ignore[union-attr,operator]
+    return VersusFixed(fixed, weights, ratios, sum(weights[lo] * ratios[lo] for lo in ratios))
+
+
+@dataclass(frozen=True)
 class Schedule:
     rows: tuple[BucketRow, ...]
     model: CostModel | None
     loads: tuple[int, ...] = ()
     notes: tuple[str, ...] = ()
+    vs_fixed: VersusFixed | None = None
 
     def row(self, lo: int) -> BucketRow | None:
         return next((r for r in self.rows if r.lo == lo), None)
@@ -153,7 +216,8 @@ class Schedule:
 
     def to_json(self, config_path: str = CONFIG_PATH) -> dict[str, Any]:
         return {"buckets": [r.to_json() for r in self.rows], "adaptive_config": self.adaptive_config(),
-                "flags": self.flags(config_path), "loads": list(self.loads), "notes": list(self.notes)}
+                "flags": self.flags(config_path), "loads": list(self.loads), "notes": list(self.notes),
+                "versus_fixed": self.vs_fixed.to_json() if self.vs_fixed is not None else None}
 
 
 def _export_chain(s: Setting) -> bool:
@@ -172,9 +236,12 @@ def fit_schedule(iters: Iterable[Iteration], space: Sequence[Setting], tp_size: 
     iters = list(iters)
     model = fit_cost_model(summarise(iters), tp_size) if iters else None
     counts: dict[int, dict[int, int]] = {}
+    time_ms: dict[int, float] = {}
     for it in iters:
-        counts.setdefault(bucket_lo(it.bs), {}).setdefault(it.bs, 0)
-        counts[bucket_lo(it.bs)][it.bs] += 1
+        lo = bucket_lo(it.bs)
+        counts.setdefault(lo, {}).setdefault(it.bs, 0)
+        counts[lo][it.bs] += 1
+        time_ms[lo] = time_ms.get(lo, 0.0) + max(it.wall_ms, 0.0)
     for bs in expected:
         counts.setdefault(bucket_lo(bs), {})
     rows = []
@@ -199,11 +266,12 @@ def fit_schedule(iters: Iterable[Iteration], space: Sequence[Setting], tp_size: 
             continue
         stage = MEASURED if top.measured_n >= MEASURED_ITERS else PREDICTED_ONLY
         rows.append(BucketRow(lo, hi, n, bs, top, chain, stage))
-    notes = _notes(rows)
-    return Schedule(tuple(rows), model, tuple(loads), tuple(notes))
+    vs = versus_fixed(rows, model, chains, time_ms)
+    notes = _notes(rows, vs)
+    return Schedule(tuple(rows), model, tuple(loads), tuple(notes), vs)
 
 
-def _notes(rows: Sequence[BucketRow]) -> list[str]:
+def _notes(rows: Sequence[BucketRow], vs: VersusFixed | None = None) -> list[str]:
     out = []
     thin = [r for r in rows if r.stage == TOO_LITTLE]
     if thin:
@@ -217,6 +285,10 @@ def _notes(rows: Sequence[BucketRow]) -> list[str]:
     if len(tiers) == 1 and sum(1 for r in rows if r.chain is not None and r.stage != TOO_LITTLE) > 1:
         out.append(f"every bucket's best chain is steps {tiers.pop()}: a fixed setting does as well as "
                    "this schedule on this server")
+    elif vs is not None and vs.gain < SMALL_GAIN:
+        out.append(f"the schedule is predicted within {100 * (SMALL_GAIN - 1):.0f} % of one fixed setting, "
+                   f"steps {vs.fixed.steps}, at the traffic seen: the buckets' optima are too close for "
+                   "a per-batch choice to pay much")
     return out
 
 
@@ -238,4 +310,10 @@ def table_lines(doc: Mapping[str, Any]) -> list[str]:
             stage += f" ({b['reason']})"
         out.append(f"  {rng:<8} {b.get('iterations', 0):>6}  {words:<32} {num(b.get('predicted_tok_s')):>10} "
                    f"{num(b.get('measured_tok_s')):>9}  {stage}")
+    vs = doc.get("versus_fixed")
+    if vs:
+        per = ", ".join(f"batch {lo}: {r:.2f}× over {100 * vs['weights'][lo]:.0f} % of the time"
+                        for lo, r in vs["ratios"].items())
+        out.append(f"  against one fixed setting, steps {vs['fixed_steps']} (the best for this traffic): "
+                   f"predicted {vs['gain']:.3f}× ({per})")
     return out
