@@ -65,6 +65,14 @@ def test_tune_schedule_sweeps_loads_and_exports_a_config(tp2_server, tp2_config,
     else:
         assert doc["adaptive_config"] is None and not cfg_path.exists()
         assert "no bucket has enough data" in text
+    # With two buckets fitted, the readout says what the schedule gains over one fixed chain.
+    vs = doc["versus_fixed"]
+    if len([b for b in rows.values() if b["sglang_steps"] is not None and b["stage"] != "too little data"]) >= 2:
+        assert vs is not None and 0 <= vs["fixed_steps"] <= 3
+        assert abs(sum(vs["weights"].values()) - 1) < 1e-3 and min(vs["ratios"].values()) >= 1 - 1e-3
+        assert vs["gain"] >= 1 - 1e-3 and "against one fixed setting" in text
+    else:
+        assert vs is None
     # The server runs what it ran before.
     st = httpx.get(f"{url}/server_info", timeout=10).json()["internal_states"][0]
     assert st["speculative_num_steps"] == tp2_config["speculative_num_steps"]

@@ -300,9 +300,11 @@ def table_lines(doc: Mapping[str, Any]) -> list[str]:
         return "-" if v is None else f"{v:.1f}"
 
     out = [f"  {'batch':<8} {'iters':>6}  {'best setting':<32} {'predicted':>10} {'measured':>9}  stage"]
+    ranges = {}
     for b in doc.get("buckets", []):
         hi = b.get("bs_hi")
         rng = f"≥ {b['bs_lo']}" if hi is None else (str(b["bs_lo"]) if hi == b["bs_lo"] else f"{b['bs_lo']}–{hi}")
+        ranges[b["bucket"]] = rng
         best_s = b.get("best")
         words = vocab.words(best_s, sep=" ") if best_s else "—"
         stage = b.get("stage", "")
@@ -312,8 +314,8 @@ def table_lines(doc: Mapping[str, Any]) -> list[str]:
                    f"{num(b.get('measured_tok_s')):>9}  {stage}")
     vs = doc.get("versus_fixed")
     if vs:
-        per = ", ".join(f"batch {lo}: {r:.2f}× over {100 * vs['weights'][lo]:.0f} % of the time"
+        per = ", ".join(f"batch {ranges.get(lo, lo)} {r:.2f}× ({100 * vs['weights'][lo]:.0f} % of the time)"
                         for lo, r in vs["ratios"].items())
         out.append(f"  against one fixed setting, steps {vs['fixed_steps']} (the best for this traffic): "
-                   f"predicted {vs['gain']:.3f}× ({per})")
+                   f"predicted {vs['gain']:.3f}×; {per}")
     return out
