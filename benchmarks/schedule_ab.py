@@ -21,7 +21,8 @@ of three in a seeded order, switched live between cycles (`/set_internal_state`,
   acceptance  SGLang's acceptance-only policy with its default tiers (adaptive without a config).
 Each phase counts from when it settled (the later of --settle-s and 20 iterations after the switch).
 Before the measured cycles each arm runs one short unmeasured cycle (graphs, caches, the policy).
-It prints tok/s per load phase for each arm with 95 % bootstrap intervals, the ratios
+It prints tok/s per load phase for each arm with 95 % bootstrap intervals (resampling the arm's
+cycles, then the windows in each: a cycle's windows share the host's state), the ratios
 schedule/fixed and schedule/acceptance per phase, their time-weighted mean, and the goal line:
 PASS when both means are ≥ 1.05 and no phase's interval lies wholly below 1.0, else MISS and why. A
 phase where the schedule and the other arm ran the very same steps counts as exactly 1.0 in the
@@ -416,17 +417,21 @@ def ab(b: Bench, a, schedule_cfg: dict, fixed_steps: int, deadline: float,
 
 def summarise_closed(cycles: list[dict], a) -> dict[str, Any]:
     loads = (1, a.concurrency)
-    wins: dict[str, dict[int, list[float]]] = {arm: {ld: [] for ld in loads} for arm in st.ARMS}
+    # Each arm's windows stay grouped by cycle: the intervals resample cycles, then windows (a cycle's
+    # windows share the host's state; run 4 on CPU read a same-steps phase "wholly below 1.0" from
+    # windows resampled as if independent while the arms' cycles overlapped).
+    wins: dict[str, dict[int, list[list[float]]]] = {arm: {ld: [] for ld in loads} for arm in st.ARMS}
     ran: dict[str, dict[int, Counter]] = {arm: {ld: Counter() for ld in loads} for arm in st.ARMS}
     for c in cycles:
         for p in c["phases"]:
-            wins[c["arm"]][p["load"]] += p["windows"]
+            wins[c["arm"]][p["load"]].append(list(p["windows"]))
             ran[c["arm"]][p["load"]].update({int(k): v for k, v in p["steps_ran"].items()})
-    arms = {arm: {str(ld): {"tok_s": st.median_interval(wins[arm][ld]), "windows": len(wins[arm][ld]),
+    arms = {arm: {str(ld): {"tok_s": st.median_interval_by_cycle(wins[arm][ld]),
+                            "windows": sum(len(w) for w in wins[arm][ld]),
                             "steps_ran": {str(k): v for k, v in sorted(ran[arm][ld].items())}}
                   for ld in loads} for arm in st.ARMS}
     weights = {1: a.phase_s[0], a.concurrency: a.phase_s[1]}
-    ratios = {other: {ld: st.ratio(wins["schedule"][ld], wins[other][ld]) for ld in loads}
+    ratios = {other: {ld: st.ratio_by_cycle(wins["schedule"][ld], wins[other][ld]) for ld in loads}
               for other in ("fixed", "acceptance")}
     twm = {other: st.time_weighted({ld: r[0] for ld, r in per.items()}, weights) for other, per in ratios.items()}
     # Where the schedule and another arm ran the very same steps, their ratio is the host's noise:
@@ -468,7 +473,7 @@ def print_ab(res: dict[str, Any], a) -> None:
                   f"{r['e2e_s_p99']:6.2f}")
         return
     loads = list(res["weights"])
-    print("\n== tok/s per load phase (median of settled 1-s windows, 95 % bootstrap interval)")
+    print("\n== tok/s per load phase (median of settled 1-s windows, 95 % bootstrap interval over cycles, then windows)")
     print("   arm              " + "".join(f"{'load ' + ld:>34}" for ld in loads))
     for arm, per in res["arms"].items():
         cells = []
@@ -480,7 +485,7 @@ def print_ab(res: dict[str, Any], a) -> None:
         f"{st.ARM_TITLES[arm]} " + " / ".join(json.dumps(per[ld]['steps_ran']) for ld in loads)
         for arm, per in res["arms"].items()))
     w = res["weights"]
-    print(f"\n== ratios per load phase (95 % bootstrap), time-weighted over {' / '.join(f'{v:g} s at {k}' for k, v in w.items())}")
+    print(f"\n== ratios per load phase (95 % bootstrap over cycles, then windows), time-weighted over {' / '.join(f'{v:g} s at {k}' for k, v in w.items())}")
     for other, per in res["ratios"].items():
         cells = "  ".join(f"load {ld}: {r[0]:.3f} [{r[1]:.3f}, {r[2]:.3f}]" for ld, r in per.items())
         print(f"   schedule/{st.ARM_TITLES[other]:<16} {cells}   time-weighted {res['time_weighted'][other]:.3f}")

@@ -70,10 +70,18 @@ def median_interval(values: Sequence[float], rounds: int = W.BOOTSTRAP_ROUNDS, s
     if not values:
         return math.nan, math.nan, math.nan
     rng = random.Random(seed)
-    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(rounds))
-    tail = (1 - confidence) / 2
-    return (statistics.median(values), meds[int(tail * (len(meds) - 1))],
-            meds[int(math.ceil((1 - tail) * (len(meds) - 1)))])
+    meds = [statistics.median(rng.choices(values, k=len(values))) for _ in range(rounds)]
+    return (statistics.median(values), *W.percentile_interval(meds, confidence))
+
+
+def median_interval_by_cycle(cycles: Sequence[Sequence[float]]) -> tuple[float, float, float]:
+    """(median, lo, hi) of an arm's windows pooled over its cycles, the interval resampling cycles
+    and then windows (tuner.core.windows.clustered_median_draws): an arm's cycles run minutes apart
+    on a host whose state lasts seconds, so its windows are not independent readings."""
+    pooled = [v for c in cycles for v in c]
+    if not pooled:
+        return math.nan, math.nan, math.nan
+    return (statistics.median(pooled), *W.percentile_interval(W.clustered_median_draws(cycles)))
 
 
 def capture_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -96,6 +104,12 @@ def ratio(num: Sequence[float], den: Sequence[float]) -> tuple[float, float, flo
     if not num or not den:
         return math.nan, math.nan, math.nan
     return W.ratio_of_medians(den, num)
+
+
+def ratio_by_cycle(num: Sequence[Sequence[float]], den: Sequence[Sequence[float]]) -> tuple[float, float, float]:
+    """ratio() for windows grouped by A/B cycle: the pooled medians' ratio, the interval resampling
+    cycles and then windows (see median_interval_by_cycle)."""
+    return W.ratio_of_medians_clustered(den, num)
 
 
 def time_weighted(values: Mapping[Any, float], weights: Mapping[Any, float]) -> float:

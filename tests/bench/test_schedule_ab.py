@@ -252,6 +252,30 @@ def test_noise_between_identical_settings_does_not_pass_the_goal():
     assert "schedule/best fixed time-weighted 1.045 < 1.05" in res["goal"]["why"]
 
 
+def test_intervals_resample_cycles_so_a_same_steps_phase_is_not_called_a_loss():
+    """CPU run 4 (committed JSON): at load 16 every arm ran steps 3, and the arms' cycles overlapped
+    (fixed 263.5 / 211.5 / 237.5, schedule 216.0 / 204.0 / 246.0). Resampling windows as independent
+    readings put schedule/acceptance-only there at hi 0.988, "wholly below 1.0"; by cycle it is not.
+    The verdict stays MISS, on the means."""
+    import schedule_ab as sa
+
+    run = json.loads((ROOT / "benchmarks" / "results" / "schedule_ab_cpu_llama_small_ab.json").read_text())
+    assert run["ab"]["ratios"]["acceptance"]["16"][2] < 1.0          # what the window-level bootstrap said
+
+    class Plan(_Plan):
+        concurrency = run["concurrency"]
+
+    res = sa.summarise_closed(run["ab"]["cycles"], Plan())
+    for other in ("fixed", "acceptance"):
+        assert res["ratios"][other]["16"][2] > 1.0, res["ratios"]
+        assert res["ratios"][other]["16"][0] == pytest.approx(run["ab"]["ratios"][other]["16"][0])
+    assert not res["goal"]["passed"] and "wholly below" not in res["goal"]["why"]
+    assert "time-weighted 0.981 < 1.05" in res["goal"]["why"]
+    # An arm's tok/s interval spans its cycles' spread, not just its windows'.
+    lo, hi = res["arms"]["fixed"]["16"]["tok_s"][1:]
+    assert hi - lo > 40
+
+
 def _script(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "schedule_ab.py"), *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout,

@@ -156,3 +156,35 @@ def test_one_redact_for_the_live_side_and_the_report():
     assert not any(k in repr(red) for k in ("K1", "K2", "K3", "K4", "K5", "/etc/k.pem"))
     assert red["max_total_tokens"] == 5 and red["num_key_value_heads"] == 8 and red["tokenizer_path"] == "tok"
     assert red["enable_x"] is True and "--port 1" in red["launch_command"]
+
+
+def test_grouped_windows_keep_the_spread_between_groups():
+    # Two sides that ran the same thing, three stretches each; each stretch's windows sit close
+    # together but the stretches differ (the host's state lasts seconds). Side b's stretches happened
+    # to be the slower ones more often.
+    a = [[100.0 + d for d in (-1, 0, 1)] * 5, [80.0 + d for d in (-1, 0, 1)] * 5, [120.0 + d for d in (-1, 0, 1)] * 5]
+    b = [[95.0 + d for d in (-1, 0, 1)] * 5, [78.0 + d for d in (-1, 0, 1)] * 5, [90.0 + d for d in (-1, 0, 1)] * 5]
+    flat = W.ratio_of_medians([v for g in a for v in g], [v for g in b for v in g])
+    grouped = W.ratio_of_medians_clustered(a, b)
+    assert grouped[0] == pytest.approx(flat[0])                 # the same point estimate
+    # Windows resampled as independent readings call b wholly worse; by stretch it is within noise.
+    assert W.judge(*flat[1:]) == W.WORSE
+    assert W.judge(*grouped[1:]) == W.WITHIN_NOISE
+    assert grouped[1] < flat[1] and grouped[2] > flat[2]
+    assert W.ratio_of_medians_clustered(a, b) == grouped           # seeded
+    # A real difference far beyond the stretches' spread is still resolved.
+    far = [[v * 1.6 for v in g] for g in a]
+    assert W.judge(*W.ratio_of_medians_clustered(a, far)[1:]) == W.BETTER
+    assert all(math.isnan(x) for x in W.ratio_of_medians_clustered([], b))
+    assert all(math.isnan(x) for x in W.ratio_of_medians_clustered([[]], b))
+
+
+def test_clustered_draws_resample_groups_then_windows():
+    one_group = W.clustered_median_draws([[1.0, 2.0, 3.0, 4.0, 5.0]], rounds=400)
+    assert len(one_group) == 400 and min(one_group) >= 1.0 and max(one_group) <= 5.0
+    assert len(set(one_group)) > 1                               # windows inside a group are resampled
+    constant_groups = W.clustered_median_draws([[10.0] * 4, [20.0] * 4], rounds=400)
+    assert set(constant_groups) <= {10.0, 15.0, 20.0}            # ... and so are the groups
+    assert {10.0, 20.0} <= set(constant_groups)
+    assert W.clustered_median_draws([[], []]) == []
+    assert all(math.isnan(x) for x in W.percentile_interval([]))
