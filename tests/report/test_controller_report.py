@@ -91,6 +91,10 @@ def test_a_check_over_phase_records_reports_the_tok_s_lost(tmp_path, capsys):
     best = truth.tok_s(Setting(int(cells[3].split()[1])), 8)
     assert lost == pytest.approx(best - truth.tok_s(Setting(5), 8), rel=0.2)
     assert "Tier from the phase records' batch size and steps" in md
+    pct = row.split("(")[-1].split("%")[0].strip()
+    assert f"The controller's tiers against the tuner's best: −{doc['overall']['loss_pct']:.1f} % overall " \
+           "(predicted, 1 batch bucket weighted by time)" in md
+    assert float(pct) == pytest.approx(doc["overall"]["loss_pct"], abs=0.6)
 
 
 def test_a_server_without_a_controller_has_no_such_section(tmp_path, capsys):

@@ -101,3 +101,7 @@ def test_our_engine_shows_the_tier_it_ran_against_the_best_with_the_tok_s_lost(a
     lost = float(line.split("−")[1].split()[0])
     truth_loss = max(truth.tok_s(Setting(s), 1) for s in (1, 2)) - truth.tok_s(Setting(5), 1)
     assert lost == pytest.approx(truth_loss, rel=0.25)
+    # The title carries the whole traffic's cost: one bucket here, so its own share lost.
+    title = next(x for x in text.splitlines() if x.startswith("adaptive controller vs tuned"))
+    overall = float(title.split("−")[1].split("%")[0])
+    assert title.endswith("% overall") and overall == pytest.approx(float(line.split("(")[-1].split("%")[0]), abs=0.6)

@@ -46,6 +46,34 @@ def test_the_controller_running_deep_chains_at_high_batch_costs_predicted_tok_s(
     assert low["loss_pct"] < 3                       # the controller is (about) right at batch 1
     text = cc.lines(doc)
     assert any(line.startswith("batch 8–15") and "ran s5 (100%)" in line and "best s" in line for line in text)
+    # The whole traffic's cost: each bucket's kept share weighted by the time the controller ran there.
+    iters = _records(probes + ran)
+    wall = {lo: sum(it.wall_ms for it in iters if it.adaptive and cc.bucket_lo(it.bs) == lo) for lo in (1, 8)}
+    kept = {lo: rows[str(lo)]["chosen_tok_s"] / rows[str(lo)]["best_tok_s"] for lo in (1, 8)}
+    want = 100 * (1 - sum(wall[lo] * kept[lo] for lo in (1, 8)) / sum(wall.values()))
+    assert doc["overall"] == {"loss_pct": pytest.approx(want, abs=1e-2), "weighted_by": "time", "buckets": 2}
+    assert low["loss_pct"] < doc["overall"]["loss_pct"] < high["loss_pct"]
+    assert cc.overall_text(doc) == f"−{doc['overall']['loss_pct']:.1f} % overall"
+    assert "2 batch buckets weighted by time" in cc.overall_text(doc, long=True)
+
+
+def test_the_overall_cost_weights_buckets_by_time_or_else_by_counts() -> None:
+    def row(lo, n, chosen, best):
+        return cc.CheckRow(lo, None, cc.ChosenTier(lo, 3, 1.0, n, {3: n}), Setting(1), "measured", chosen, best)
+
+    rows = [row(1, 900, 90.0, 100.0), row(8, 100, 50.0, 100.0), row(16, 50, 120.0, 100.0),
+            cc.CheckRow(32, None, cc.ChosenTier(32, 1, 1.0, 40, {1: 40}), None, cc.NO_FIT, None, None)]
+    by_count = cc.overall(rows, None, cc.GAUGES)
+    # 900 × 0.9 + 100 × 0.5 + 50 × 1.0 (a prediction above the best is capped at no loss); no-fit left out.
+    assert by_count == {"loss_pct": pytest.approx(100 * (1 - (810 + 50 + 50) / 1050), abs=1e-3),
+                        "weighted_by": "samples", "buckets": 3}
+    by_time = cc.overall(rows, {1: 10.0, 8: 30.0, 16: 0.0}, cc.RECORDS)
+    assert by_time == {"loss_pct": pytest.approx(100 * (1 - (9.0 + 15.0) / 40), abs=1e-3),
+                       "weighted_by": "time", "buckets": 2}
+    assert cc.overall(rows[3:], None, cc.LOG) is None
+    assert cc.overall_text({"overall": None}) == ""
+    assert cc.overall_text({"overall": {"loss_pct": 0.0, "weighted_by": "time", "buckets": 2}}) == \
+        "on the tuned best overall"
 
 
 def test_no_adaptive_iteration_no_check() -> None:
@@ -65,6 +93,7 @@ def test_without_phase_costs_the_gauges_give_an_approximate_tier() -> None:
     assert rows["8"]["chosen_share"] == pytest.approx(2 / 3, abs=1e-3)
     assert rows["8"]["best_steps"] is None and rows["8"]["stage"] == cc.NO_FIT
     assert any("ran s1 (67%)" in line and "no fit" in line for line in cc.lines(doc))
+    assert doc["overall"] is None                     # no fit, no cost
 
 
 def test_chosen_tiers_from_any_source_of_pairs() -> None:

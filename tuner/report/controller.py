@@ -55,4 +55,6 @@ def table_rows(doc: dict[str, Any]) -> list[list[str]]:
 def caption(doc: dict[str, Any]) -> str:
     src = {CC.RECORDS: "the phase records' batch size and steps", CC.GAUGES: "sampled gauges",
            CC.LOG: "SGLang's log lines"}.get(doc.get("source"), str(doc.get("source")))
-    return f"Tier from {src}. {doc.get('note', '')}".strip()
+    cost = CC.overall_text(doc, long=True)
+    cost = f"The controller's tiers against the tuner's best: {cost}. " if cost else ""
+    return f"Tier from {src}. {cost}{doc.get('note', '')}".strip()

@@ -20,7 +20,14 @@ report read it back):
                "stage": "measured" | "predicted-only" | "too little data" | "no fit" | "one tier measured",
                "chosen_tok_s": 80.1 | null, "best_tok_s": 86.0 | null,
                "loss_tok_s": 5.9 | null, "loss_pct": 6.9 | null}, ...],
+     "overall": {"loss_pct": 2.4, "weighted_by": "time" | "iterations" | "samples" | "log lines",
+                 "buckets": 2} | null,
      "note": "..."}
+
+`overall` is the traffic's whole cost: 100 × (1 − the weighted mean over buckets of the tier it ran
+÷ the tuner's best, predicted), each bucket weighted by the time the controller ran there (phase
+records) or by its share of samples (gauges, polled evenly in time) or of log lines. Null when no
+bucket has both figures.
 
 Pure: nothing here measures, polls or talks to a server.
 """
@@ -152,10 +159,29 @@ def _predictable_tiers(row: BucketRow, schedule: Schedule, placement: str) -> in
                if (p := row.predict(model, tier(s, placement))) is not None and p.tok_s is not None)
 
 
+def overall(rows: Sequence[CheckRow], time_ms: Mapping[int, float] | None, source: str) -> dict[str, Any] | None:
+    """The controller's cost over the whole traffic (see the module docstring); time_ms: bucket lo →
+    the time the controller ran there, else each bucket's count of iterations, samples or lines."""
+    parts = []
+    for r in rows:
+        if r.chosen is None or r.chosen_tok_s is None or not r.best_tok_s:
+            continue
+        w = time_ms.get(r.lo, 0.0) if time_ms is not None else float(r.chosen.n)
+        if w > 0:
+            parts.append((w, min(r.chosen_tok_s / r.best_tok_s, 1.0)))
+    if not parts:
+        return None
+    total = sum(w for w, _ in parts)
+    kept = sum(w * x for w, x in parts) / total
+    weighted_by = "time" if time_ms is not None else {GAUGES: "samples", LOG: "log lines"}.get(source, "iterations")
+    return {"loss_pct": round(100.0 * (1.0 - kept), 3), "weighted_by": weighted_by, "buckets": len(parts)}
+
+
 def check(chosen: Mapping[int, ChosenTier], schedule: Schedule | None, source: str,
-          placement: str = SHARDED) -> dict[str, Any]:
+          placement: str = SHARDED, time_ms: Mapping[int, float] | None = None) -> dict[str, Any]:
     """The check's JSON (see the module docstring) from the chosen tiers and the per-bucket fit
-    (None when no phase costs exist: the rows then say what ran, with no best)."""
+    (None when no phase costs exist: the rows then say what ran, with no best). time_ms weights
+    `overall` by the time the controller ran in each bucket (default: its counts)."""
     approximate = source == GAUGES
     rows = []
     for lo in sorted(chosen):
@@ -185,7 +211,7 @@ def check(chosen: Mapping[int, ChosenTier], schedule: Schedule | None, source: s
         note = ("Approximate: sglang:spec_num_steps sampled against sglang:num_running_reqs at poll times. "
                 + note)
     return {"source": source, "approximate": approximate, "placement": placement,
-            "rows": [r.to_json() for r in rows], "note": note}
+            "rows": [r.to_json() for r in rows], "overall": overall(rows, time_ms, source), "note": note}
 
 
 def check_from_iterations(iters: Sequence[Iteration], max_steps: int | None = None) -> dict[str, Any] | None:
@@ -194,12 +220,16 @@ def check_from_iterations(iters: Sequence[Iteration], max_steps: int | None = No
     adaptive = [(it.bs, it.setting.steps) for it in iters if it.adaptive]
     if not adaptive:
         return None
+    time_ms: dict[int, float] = {}
+    for it in iters:
+        if it.adaptive:
+            time_ms[bucket_lo(it.bs)] = time_ms.get(bucket_lo(it.bs), 0.0) + max(it.wall_ms, 0.0)
     placements = [it.setting.placement for it in iters if it.adaptive and it.setting.steps > 0]
     placement = max(set(placements), key=placements.count) if placements else SHARDED
     deepest = max((it.setting.steps for it in iters), default=1)
     space = tier_space(max(max_steps or 0, deepest), placement)
     schedule = fit_schedule(iters, space)
-    return check(chosen_tiers(adaptive), schedule, RECORDS, placement)
+    return check(chosen_tiers(adaptive), schedule, RECORDS, placement, time_ms)
 
 
 def check_from_pairs(pairs: Iterable[tuple[int, int]], source: str, iters: Sequence[Iteration] = (),
@@ -215,6 +245,19 @@ def check_from_pairs(pairs: Iterable[tuple[int, int]], source: str, iters: Seque
         deepest = max([it.setting.steps for it in iters] + [c.steps for c in chosen.values()])
         schedule = fit_schedule(iters, tier_space(max(max_steps or 0, deepest), placement))
     return check(chosen, schedule, source, placement)
+
+
+def overall_text(doc: Mapping[str, Any], long: bool = False) -> str:
+    """The whole-traffic cost in a few words ("" without one): short for the TUI panel's title, long
+    (with its weighting) for the report's caption."""
+    o = doc.get("overall")
+    if not o:
+        return ""
+    text = "on the tuned best overall" if o["loss_pct"] < 0.05 else f"−{o['loss_pct']:.1f} % overall"
+    if long:
+        text += (f" (predicted, {o['buckets']} batch bucket{'s' if o['buckets'] != 1 else ''} weighted by "
+                 f"{o['weighted_by']})")
+    return text
 
 
 def lines(doc: Mapping[str, Any]) -> list[str]:

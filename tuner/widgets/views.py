@@ -115,7 +115,8 @@ def controller_lines(store: Store, t_end: float) -> tuple[str, ...]:
         return ()
     doc = thaw(e.data)
     title = "adaptive controller vs tuned" + (" (approximate)" if doc.get("approximate") else "")
-    return (title, *CC.lines(doc))
+    cost = CC.overall_text(doc)
+    return (title + (f": {cost}" if cost else ""), *CC.lines(doc))
 
 
 def _by_time(w: Any) -> dict[float, float]:
