@@ -5,6 +5,7 @@ Each endpoint has a mode (set before or while a client talks to it):
   ok          a normal answer (SGLang 0.5.23's shape, no plugin)
   endless     a chunked body that never ends (memory)
   trickle     a chunked body of one byte every `trickle_s` seconds (deadlines)
+  slow_headers  the status line and headers, one byte every `trickle_s` seconds (deadlines before the body)
   bomb        a small gzip body that inflates to `bomb_mb` MB (caps after decompression)
   huge_label  /metrics: one sample with k="20000000" (allocations sized by a label)
   deep        100 000 nested brackets (recursion)
@@ -127,6 +128,8 @@ class HostileServer:
                     return self.chunked(b"".join(line % i for i in range(5000)), 0.0)
                 if mode == "trickle":
                     return self.chunked(b"#" if path == "/metrics" else b" ", server.trickle_s)
+                if mode == "slow_headers":
+                    return self.slow_head()
                 if mode == "bomb":
                     ctype = "text/plain" if path == "/metrics" else "application/json"
                     return self.send(server.bomb(), ctype, extra={"Content-Encoding": "gzip"})
@@ -149,6 +152,19 @@ class HostileServer:
                     self.end_headers()
                     return self.chunked_body(b"e" * 65536)
                 self.send(b"[false]", "application/json")
+
+            def slow_head(self) -> None:
+                head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Pad: " + b"a" * 100000
+                try:
+                    for i in range(len(head)):
+                        if server._stopping.is_set():
+                            break
+                        self.wfile.write(head[i:i + 1])
+                        self.wfile.flush()
+                        server._stopping.wait(server.trickle_s)
+                except OSError:
+                    pass
+                self.close_connection = True
 
             def chunked_body(self, chunk: bytes) -> None:
                 try:

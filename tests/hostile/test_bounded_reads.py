@@ -68,6 +68,28 @@ def test_trickling_body_ends_at_the_deadline(hostile, path):
     http.close()
 
 
+@pytest.mark.parametrize("path", ["/metrics", "/server_info"])
+def test_headers_sent_a_byte_at_a_time_end_at_the_deadline(hostile, path):
+    # Every byte comes well inside httpx's per-read timeout (3 s), so only the request's own
+    # deadline can end it; the server would go on for hours.
+    s = hostile(metrics="slow_headers", info="slow_headers", trickle_s=0.2)
+    http = HttpClient(s.url, deadline=1.0)
+    for _ in range(2):                     # a fresh connection, then whatever the pool kept
+        with pytest.raises(ServerSlow) as e:
+            http.get_bytes(path)
+        assert "no full answer within 1 s" in str(e.value)
+    http.close()
+
+
+def test_a_healthy_server_still_answers_through_the_deadline_transport(hostile):
+    s = hostile()
+    http = HttpClient(s.url, deadline=1.0)
+    for _ in range(3):                     # pooled connections carry no deadline of their own
+        assert "sglang:gen_throughput" in http.get_text("/metrics")
+        assert http.get_json("/server_info")
+    http.close()
+
+
 def test_deep_json_is_one_line(hostile):
     s = hostile(info="deep")
     http = HttpClient(s.url)

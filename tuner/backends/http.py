@@ -2,7 +2,11 @@
 
 Wraps httpx with the API key header. Every answer is read through tuner.backends.bounded: a size cap
 per endpoint (ENDPOINT_CAPS, after decompression too) and an overall deadline per request, so a body
-that never ends or trickles in cannot take the memory or hold a caller past the deadline. Turns every
+that never ends or trickles in cannot take the memory or hold a caller past the deadline. The
+deadline also bounds what comes before the body (connect, the request, the status line and headers):
+httpx's timeouts are per socket operation, so a server sending its headers a byte at a time would
+pass every one of them; each socket operation here waits at most until the request's deadline
+(_DeadlineBackend, under httpx's connection pool). Turns every
 failure into ServerUnreachable (nothing answered), ServerSlow (it did not answer in time) or
 BadAnswer (something answered, but not what was asked for) with a message a person can act on.
 Must not retry, sleep or keep state beyond its connection pool: callers decide.
@@ -10,9 +14,11 @@ Must not retry, sleep or keep state beyond its connection pool: callers decide.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
+import httpcore
 import httpx
 
 from tuner.backends.bounded import (
@@ -33,6 +39,78 @@ ENDPOINT_CAPS: dict[str, int] = {
     "/server_info": 4 * MB,
 }
 DEFAULT_CAP = 4 * MB
+
+
+_request_deadline = threading.local()
+"""`end`: the monotonic time the current thread's request must be answered by (None outside one)."""
+
+
+def _until_deadline(timeout: float | None, expired: type[Exception]) -> float | None:
+    """One socket operation's timeout: httpx's own, cut to what is left of the request's deadline."""
+    end = getattr(_request_deadline, "end", None)
+    if end is None:
+        return timeout
+    left = end - time.monotonic()
+    if left <= 0:
+        raise expired("the request's deadline passed")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every read and write waits at most until the request's deadline. Pooled
+    connections outlive a request, so the deadline is the thread's current one, read at each call."""
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, _until_deadline(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, _until_deadline(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore.NetworkStream:
+        return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname,
+                                                     _until_deadline(timeout, httpcore.ConnectTimeout)))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    """httpcore's socket backend with _DeadlineStream connections."""
+
+    def __init__(self) -> None:
+        self._inner = httpcore.SyncBackend()
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                    socket_options: Any = None) -> httpcore.NetworkStream:
+        return _DeadlineStream(self._inner.connect_tcp(host, port, _until_deadline(timeout, httpcore.ConnectTimeout),
+                                                       local_address, socket_options))
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None,
+                            socket_options: Any = None) -> httpcore.NetworkStream:
+        return _DeadlineStream(self._inner.connect_unix_socket(path, _until_deadline(timeout, httpcore.ConnectTimeout),
+                                                               socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def _deadline_transport() -> httpx.HTTPTransport:
+    """httpx's transport with its connection pool on _DeadlineBackend (httpx takes no network backend
+    itself; its pool is httpcore's, which does). Pool limits are httpx's defaults."""
+    transport = httpx.HTTPTransport(trust_env=False)
+    limits = httpx.Limits()
+    transport._pool = httpcore.ConnectionPool(
+        ssl_context=httpx.create_ssl_context(trust_env=False), max_connections=limits.max_connections,
+        max_keepalive_connections=limits.max_keepalive_connections, keepalive_expiry=limits.keepalive_expiry,
+        network_backend=_DeadlineBackend())
+    return transport
 
 
 def cap_for(path: str) -> int:
@@ -103,7 +181,7 @@ class HttpClient:
         headers["Accept-Encoding"] = "gzip, deflate"      # what bounded.read_body decodes
         try:
             self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout,
-                                        follow_redirects=False, trust_env=False)
+                                        follow_redirects=False, trust_env=False, transport=_deadline_transport())
         except (httpx.InvalidURL, ValueError, TypeError) as e:
             raise ServerError(f"invalid URL {terminal_safe(url)!r}: {_snippet(str(e), 60)}") from None
 
@@ -116,27 +194,32 @@ class HttpClient:
         first = min(self.timeout, deadline)
         where = f"{method} {self.url}{path}"
         started = time.monotonic()
+        _request_deadline.end = started + deadline
         try:
             with self._client.stream(method, path, timeout=httpx.Timeout(first), **kw) as resp:
                 body = read_body(resp, limits, started)
                 return Answer(resp.status_code, resp.headers, body)
         except DeadlineExceeded:
             raise ServerSlow(f"{where}: no full answer within {deadline:g} s") from None
+        except httpx.ConnectTimeout:
+            raise ServerUnreachable(f"{where}: cannot connect (timed out)") from None
+        except httpx.TimeoutException:
+            if time.monotonic() < started + deadline:
+                raise ServerSlow(f"{where}: timed out") from None
+            raise ServerSlow(f"{where}: no full answer within {deadline:g} s") from None
         except BodyTooLarge as e:
             raise BadAnswer(f"{where}: body too large ({e}; the cap for {path.split('?')[0]} is "
                             f"{limits.cap // MB} MB)") from None
         except BadEncoding as e:
             raise BadAnswer(f"{where}: {e}") from None
-        except httpx.ConnectTimeout:
-            raise ServerUnreachable(f"{where}: cannot connect (timed out)") from None
-        except httpx.TimeoutException:
-            raise ServerSlow(f"{where}: timed out") from None
         except httpx.ConnectError as e:
             raise ServerUnreachable(f"{where}: cannot connect ({_snippet(str(e), 60)})") from None
         except (httpx.TransportError, httpx.DecodingError, httpx.StreamError) as e:
             raise ServerUnreachable(f"{where}: {type(e).__name__}: {_snippet(str(e), 60)}") from None
         except (httpx.InvalidURL, httpx.UnsupportedProtocol) as e:
             raise ServerError(f"invalid URL {terminal_safe(self.url)}{path}: {_snippet(str(e), 60)}") from None
+        finally:
+            _request_deadline.end = None
 
     def _check(self, method: str, path: str, resp: Answer, expect_json: bool) -> None:
         where = f"{method} {path}"
