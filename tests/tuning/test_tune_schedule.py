@@ -82,6 +82,8 @@ def test_tune_schedule_sweeps_loads_and_exports_a_config(tp2_server, tp2_config,
     (["--schedule", "--apply"], "--schedule leaves the server"),
     (["--max-load", "4"], "need --schedule"),
     (["--schedule", "--max-load", "0"], "--max-load must be at least 1"),
+    (["--max-steps", "0"], "--max-steps must be between 1 and 64"),
+    (["--max-steps", "65"], "--max-steps must be between 1 and 64"),
 ])
 def test_schedule_flag_errors_are_one_line(argv, needle):
     url = f"http://127.0.0.1:{free_port()}"

@@ -51,7 +51,7 @@ def tui_inputs(args: argparse.Namespace, prog: str) -> tuple[list[dict], dict] |
     """(prompts, make_app's tune_* keywords) from attach's and demo's flags, or None after a
     one-line error on stderr."""
     from tuner.commands.duration import parse_duration
-    from tuner.commands.tune import int_list
+    from tuner.commands.tune import MAX_STEPS_BOUND, int_list
 
     def fail(msg: str) -> None:
         print(f"specdecode-tune {prog}: {msg}", file=sys.stderr)
@@ -64,8 +64,8 @@ def tui_inputs(args: argparse.Namespace, prog: str) -> tuple[list[dict], dict] |
         budget = parse_duration(args.tune_budget)
     except ValueError as e:
         return fail(f"--tune-budget: {e}")
-    if not 1 <= args.tune_max_steps <= 64:
-        return fail("--tune-max-steps must be between 1 and 64")
+    if not 1 <= args.tune_max_steps <= MAX_STEPS_BOUND:
+        return fail(f"--tune-max-steps must be between 1 and {MAX_STEPS_BOUND}")
     lists = {}
     for flag, text in (("--tune-topk", args.tune_topk), ("--tune-draft-tokens", args.tune_draft_tokens)):
         try:

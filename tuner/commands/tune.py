@@ -25,6 +25,11 @@ from tuner.core.records import Event, thaw
 from tuner.core.text import terminal_safe
 
 
+MAX_STEPS_BOUND = 64
+"""The deepest chain `tune --max-steps` and the TUI's `--tune-max-steps` accept (one bound for both:
+the search space, and the cost of every probe, grow with it)."""
+
+
 def int_list(text: str) -> list[int]:
     try:
         out = [int(x) for x in text.split(",") if x.strip()]
@@ -108,8 +113,8 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"specdecode-tune tune: {e}", file=sys.stderr)
         return 2
-    if args.max_steps < 1:
-        print("specdecode-tune tune: --max-steps must be at least 1", file=sys.stderr)
+    if not 1 <= args.max_steps <= MAX_STEPS_BOUND:
+        print(f"specdecode-tune tune: --max-steps must be between 1 and {MAX_STEPS_BOUND}", file=sys.stderr)
         return 2
     if args.schedule and args.apply:
         print("specdecode-tune tune: --schedule leaves the server as it found it; launch with the exported "
