@@ -105,6 +105,10 @@ def _deadline_transport() -> httpx.HTTPTransport:
     """httpx's transport with its connection pool on _DeadlineBackend (httpx takes no network backend
     itself; its pool is httpcore's, which does). Pool limits are httpx's defaults."""
     transport = httpx.HTTPTransport(trust_env=False)
+    if not isinstance(getattr(transport, "_pool", None), httpcore.ConnectionPool):
+        # Fail loudly: silently keeping httpx's own pool would bring back the hang on slow headers.
+        raise RuntimeError(f"httpx {httpx.__version__}'s transport has no httpcore pool where "
+                           "tuner/backends/http.py expects one")
     limits = httpx.Limits()
     transport._pool = httpcore.ConnectionPool(
         ssl_context=httpx.create_ssl_context(trust_env=False), max_connections=limits.max_connections,
