@@ -41,7 +41,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from probes.names import SHARDED
 from tuner.tuning.observations import Iteration
-from tuner.tuning.schedule import TOO_LITTLE, BucketRow, Schedule, bucket_bounds, bucket_lo, fit_schedule
+from tuner.tuning.schedule import (
+    TOO_LITTLE, BucketRow, Schedule, bucket_bounds, bucket_lo, fit_schedule, time_by_bucket,
+)
 from tuner.tuning.settings import Setting
 
 RECORDS, GAUGES, LOG = "records", "gauges", "log"
@@ -220,16 +222,13 @@ def check_from_iterations(iters: Sequence[Iteration], max_steps: int | None = No
     adaptive = [(it.bs, it.setting.steps) for it in iters if it.adaptive]
     if not adaptive:
         return None
-    time_ms: dict[int, float] = {}
-    for it in iters:
-        if it.adaptive:
-            time_ms[bucket_lo(it.bs)] = time_ms.get(bucket_lo(it.bs), 0.0) + max(it.wall_ms, 0.0)
     placements = [it.setting.placement for it in iters if it.adaptive and it.setting.steps > 0]
     placement = max(set(placements), key=placements.count) if placements else SHARDED
     deepest = max((it.setting.steps for it in iters), default=1)
     space = tier_space(max(max_steps or 0, deepest), placement)
     schedule = fit_schedule(iters, space)
-    return check(chosen_tiers(adaptive), schedule, RECORDS, placement, time_ms)
+    return check(chosen_tiers(adaptive), schedule, RECORDS, placement,
+                 time_by_bucket(it for it in iters if it.adaptive))
 
 
 def check_from_pairs(pairs: Iterable[tuple[int, int]], source: str, iters: Sequence[Iteration] = (),

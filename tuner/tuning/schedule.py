@@ -83,6 +83,14 @@ def bucket_lo(bs: int) -> int:
     return parsed[1]
 
 
+def time_by_bucket(iters: Iterable[Iteration]) -> dict[int, float]:
+    """Batch bucket (its lo) → the host time (summed wall ms) of the iterations that ran in it."""
+    out: dict[int, float] = {}
+    for it in iters:
+        out[bucket_lo(it.bs)] = out.get(bucket_lo(it.bs), 0.0) + max(it.wall_ms, 0.0)
+    return out
+
+
 def loads_to_sweep(max_running: int | None, max_load: int | None) -> list[int]:
     """1, 2, 4, … up to the smaller of the server's max_running_requests and --max-load; the cap
     itself is swept last when it is not a power of two."""
@@ -236,12 +244,9 @@ def fit_schedule(iters: Iterable[Iteration], space: Sequence[Setting], tp_size: 
     iters = list(iters)
     model = fit_cost_model(summarise(iters), tp_size) if iters else None
     counts: dict[int, dict[int, int]] = {}
-    time_ms: dict[int, float] = {}
     for it in iters:
-        lo = bucket_lo(it.bs)
-        counts.setdefault(lo, {}).setdefault(it.bs, 0)
-        counts[lo][it.bs] += 1
-        time_ms[lo] = time_ms.get(lo, 0.0) + max(it.wall_ms, 0.0)
+        counts.setdefault(bucket_lo(it.bs), {}).setdefault(it.bs, 0)
+        counts[bucket_lo(it.bs)][it.bs] += 1
     for bs in expected:
         counts.setdefault(bucket_lo(bs), {})
     rows = []
@@ -266,7 +271,7 @@ def fit_schedule(iters: Iterable[Iteration], space: Sequence[Setting], tp_size: 
             continue
         stage = MEASURED if top.measured_n >= MEASURED_ITERS else PREDICTED_ONLY
         rows.append(BucketRow(lo, hi, n, bs, top, chain, stage))
-    vs = versus_fixed(rows, model, chains, time_ms)
+    vs = versus_fixed(rows, model, chains, time_by_bucket(iters))
     notes = _notes(rows, vs)
     return Schedule(tuple(rows), model, tuple(loads), tuple(notes), vs)
 
