@@ -17,11 +17,19 @@ iteration wall, committed tokens per iteration, tok/s, and the GPU time of each 
 Anchor: benchmarks/compiled_baseline.py's gpt-fast-style decoder with `--batch` rows, a forward of
 T tokens per row over the same mean context, as one CUDA graph of its eager kernels (cuBLAS GEMMs,
 SDPA) and, for the T in `--compile-t`, under torch.compile(mode="reduce-overhead") as gpt-fast does.
+Second anchor, the practical floor of any engine built on cuBLAS: the same weights' matmuls alone
+(every projection of every layer and the lm_head on `--batch` × T rows, attention and elementwise
+ops left out; attention_variants.matmul_floor) replayed as one CUDA graph. The engine's excess over
+it is its per-layer small kernels and attention: a fixed cost there makes deep chains look cheaper
+at high load than they are on an engine with fused kernels.
 Floors per T: weight + KV bytes over the copy bandwidth measured here, and 2 · params · rows · T
 FLOPs over `--peak-tflops` (a spec-sheet figure; only a scale).
 
-GPU (one H200; about 6 minutes):
+GPU (one H200; about 3 minutes, 1.5 without the compiled anchor, `--compile-t ""`):
     python benchmarks/batch_cost.py --json OUT.json
+The engine compiled (serve --enable-torch-compile up to the batch; Inductor's default mode compiles
+each verify shape in about half a minute), the anchors left out:
+    python benchmarks/batch_cost.py --engine-compile default --skip-anchor --steps 0,1,2,3,4 --json OUT.json
 CPU check of the script (tiny shapes, no graphs):
     python benchmarks/batch_cost.py --device cpu --model-path tiny-agreeing --batch 4 --ctx 32 \
         --tokens 16 --steps 0,2 --t 1,3 --compile-t ""
@@ -45,6 +53,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
+from attention_variants import matmul_floor  # noqa: E402
+from cuda_timing import graph_us  # noqa: E402
 from decode_roofline import bytes_per_token, copy_bandwidth  # noqa: E402
 from engine_runs import published_curve  # noqa: E402
 from refengine.presets import TARGETS  # noqa: E402
@@ -104,7 +114,9 @@ def _round(client, a, tag: str, vocab: int) -> list[dict]:
     return recs
 
 
-def run_engine(a) -> list[dict]:
+def run_engine(a, rows_out: list[dict]) -> list[dict]:
+    """One row per chain setting, appended to `rows_out` as each is measured (a call cut short keeps
+    the settings it finished)."""
     from refengine.client import EngineClient, EngineOptions
 
     curve = ",".join(str(x) for x in published_curve())
@@ -112,12 +124,12 @@ def run_engine(a) -> list[dict]:
                          speculative_num_steps=a.steps[0], speculative_simulate_accept=curve,
                          max_running_requests=a.batch, context_length=a.ctx + a.tokens + 64,
                          cuda_graph_timing=True, cuda_graph_max_graphs=512, cuda_graph_log=False,
-                         init_timeout_s=900)
+                         init_timeout_s=900, enable_torch_compile=a.engine_compile is not None,
+                         torch_compile_max_bs=a.batch, torch_compile_mode=a.engine_compile or "auto")
     t0 = time.time()
     client = EngineClient.start(opts)
     print(f"  engine ready in {time.time() - t0:.0f} s (graph mode {client.graph_info()[0].get('mode')})", flush=True)
     vocab = client.model_info().get("vocab_size", TARGETS[a.model_path].vocab_size)
-    rows_out = []
     try:
         for s in a.steps:
             client.set_config({"speculative_num_steps": s})
@@ -145,6 +157,7 @@ def run_engine(a) -> list[dict]:
                                        for p in sorted({p for r in full for p in r["phase_ms"]})},
                    "graph_keys": replays, "warm_round_s": warm_s}
             rows_out.append(row)
+            a.save()
             vg = row["verify_gpu_ms"]
             print(f"  steps {s}: {len(full)} full-batch iterations, {row['iteration_ms_median']:.2f} ms median wall, "
                   f"{row['committed_per_iteration'] / a.batch:.2f} tokens/row, {row['tok_s']:.0f} tok/s; verify GPU "
@@ -232,6 +245,25 @@ def run_anchor(a) -> list[dict]:
     return out
 
 
+def run_matmuls(a, ts: list[int]) -> dict[int, float]:
+    """ms of the matmuls alone (attention_variants.matmul_floor) on `a.batch` x T rows, per T."""
+    from refengine.models.layers import fuse_projections
+    from refengine.presets import build_target
+
+    dtype = getattr(torch, a.dtype)
+    model = fuse_projections(build_target(a.model_path, 0, a.device).to(dtype).eval())
+    out = {}
+    with torch.no_grad():
+        for t in ts:
+            x = torch.randn(a.batch, t, model.config.hidden_size, device=a.device, dtype=dtype)
+            out[t] = graph_us(lambda: matmul_floor(model, x), 30 if a.device == "cuda" else 3, a.device) / 1e3
+            print(f"  matmuls only T={t}: {out[t]:.2f} ms", flush=True)
+    del model
+    if a.device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
 # -- the table --------------------------------------------------------------------------------------
 def floors(a, bw: float) -> dict[int, dict]:
     cfg = TARGETS[a.model_path]
@@ -258,6 +290,8 @@ def main(argv=None) -> int:
     ap.add_argument("--t", type=_ints, default=_ints("1,2,3,4,5,6,7,8"), help="anchor tokens per row")
     ap.add_argument("--compile-t", type=_ints, default=_ints("1,4"), help="anchor T also timed compiled")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H200 spec sheet)")
+    ap.add_argument("--engine-compile", default=None, choices=("default", "max-autotune-no-cudagraphs"),
+                    help="serve --enable-torch-compile in this Inductor mode, up to --batch rows")
     ap.add_argument("--skip-engine", action="store_true")
     ap.add_argument("--skip-anchor", action="store_true")
     ap.add_argument("--json", default=None)
@@ -276,27 +310,39 @@ def main(argv=None) -> int:
     def save() -> None:                  # after each half, so a call cut short keeps what it measured
         if a.json:
             Path(a.json).write_text(json.dumps(report, indent=1, default=str))
-    report["engine"] = [] if a.skip_engine else run_engine(a)
+    a.save = save
+    report["engine_compile"] = a.engine_compile
+    report["engine"] = []
+    if not a.skip_engine:
+        run_engine(a, report["engine"])
+    ts = sorted(set(a.t) | {s + 1 for s in a.steps})
+    report["matmuls_ms"] = {} if a.skip_anchor else run_matmuls(a, ts)
     save()
     report["anchor"] = [] if a.skip_anchor else run_anchor(a)
     save()
+    mm = report["matmuls_ms"]
     anchor = {r["t"]: r for r in report["anchor"]}
     eng = {r["steps"] + 1: r for r in report["engine"]}
     print(f"\n## one forward of T tokens per row at batch {a.batch} (ms; floors: {bw / 1e9:.0f} GB/s copy "
           f"bandwidth, {a.peak_tflops:g} TFLOP/s)")
-    print("    T   floor(mem/compute)  anchor graph*  anchor compiled   engine verify GPU  engine/anchor   "
-          "engine iteration wall  tok/s")
-    for t in sorted(set(anchor) | set(eng)):
+    print("    T   floor(mem/compute)  matmuls only  anchor graph*  anchor compiled   engine verify GPU  "
+          "engine/matmuls  engine/anchor   engine iteration wall  tok/s")
+    for t in sorted(set(anchor) | set(eng) | set(mm)):
         f, an, e = fl.get(t, {}), anchor.get(t, {}), eng.get(t, {})
         best = min((v for v in (an.get("graph_ms"), an.get("compiled_ms"), an.get("eager_ms")) if v), default=None)
         ratio = e.get("verify_gpu_ms") / best if e.get("verify_gpu_ms") and best else None
         cell = lambda v, w=8: f"{v:{w}.2f}" if isinstance(v, (int, float)) else " " * (w - 3) + "n/a"
         tok = f"{e['tok_s']:6.0f}" if e else "   n/a"
-        print(f"  {t:3d}   {cell(f.get('memory_ms'), 6)} / {cell(f.get('compute_ms'), 6)}   "
+        m = mm.get(t)
+        mratio = e["verify_gpu_ms"] / m if e.get("verify_gpu_ms") and m else None
+        print(f"  {t:3d}   {cell(f.get('memory_ms'), 6)} / {cell(f.get('compute_ms'), 6)}   {cell(m, 11)}   "
               f"{cell(an.get('graph_ms', an.get('eager_ms')), 10)}   {cell(an.get('compiled_ms'), 13)}   "
-              f"{cell(e.get('verify_gpu_ms'), 16)}   {cell(ratio, 12)}   {cell(e.get('iteration_ms_median'), 20)}  {tok}")
+              f"{cell(e.get('verify_gpu_ms'), 16)}   {cell(mratio, 13)}   {cell(ratio, 12)}   {cell(e.get('iteration_ms_median'), 20)}  {tok}")
     print("  * a CUDA graph of the anchor's eager kernels; on CPU the eager forward. The engine's verify "
           "is GPU time per replay (CUDA events); without graphs see phase_ms_median in the JSON.")
+    if eng and mm:
+        report["engine_over_matmuls"] = {t: e["verify_gpu_ms"] / mm[t] for t, e in eng.items()
+                                         if t in mm and e.get("verify_gpu_ms")}
     if eng and anchor:
         report["engine_over_anchor"] = {
             t: e["verify_gpu_ms"] / min(v for v in (anchor[t].get("graph_ms"), anchor[t].get("compiled_ms"),
