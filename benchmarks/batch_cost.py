@@ -274,8 +274,89 @@ def floors(a, bw: float) -> dict[int, dict]:
     for t in sorted(set(a.t) | {s + 1 for s in a.steps}):
         mem = (w + a.batch * kv) / bw * 1e3
         flop = 2 * params * a.batch * t / (a.peak_tflops * 1e12) * 1e3
-        out[t] = {"memory_ms": mem, "compute_ms": flop, "floor_ms": max(mem, flop)}
+        out[t] = {"memory_ms": mem, "compute_ms": flop, "floor_ms": max(mem, flop), "kv_ms": a.batch * kv / bw * 1e3}
     return out
+
+
+def _floors_of(report: dict) -> dict[int, dict]:
+    """The floors of a saved report, recomputed from its own parameters (older reports lack kv_ms)."""
+    steps = [r["steps"] for r in report.get("engine", [])]
+    ts = {int(t) for t in report.get("matmuls_ms", {})} | {r["t"] for r in report.get("anchor", [])}
+    a = argparse.Namespace(model_path=report["model"], dtype=report["dtype"], ctx=report["ctx"],
+                           tokens=report["tokens"], batch=report["batch"], t=sorted(ts), steps=steps,
+                           peak_tflops=report.get("peak_tflops", 989.0))
+    return floors(a, report["bandwidth_GBps"] * 1e9)
+
+
+def _best_anchor(row: dict) -> float | None:
+    return min((v for v in (row.get("graph_ms"), row.get("compiled_ms"), row.get("eager_ms")) if v), default=None)
+
+
+def summarise(report: dict) -> dict:
+    """Ratios per T, and what the engine's chain settings would do if its verify ran at the floor.
+
+    The projection keeps everything the engine measured except the verify: an iteration becomes the
+    matmuls alone of T tokens per row plus the KV pool's bytes at the copy bandwidth (attention's
+    floor), plus the engine's own non-verify time (draft steps, extend, host: iteration wall minus
+    verify GPU time). Same committed tokens per iteration. It is arithmetic on measured parts, not a
+    measurement: what an engine with fused small kernels would see at most."""
+    fl = _floors_of(report)
+    mm = {int(t): v for t, v in report.get("matmuls_ms", {}).items()}
+    anchor = {r["t"]: r for r in report.get("anchor", [])}
+    out: dict = {"engine_over_matmuls": {}, "engine_over_anchor": {}, "projected_at_floor": {}}
+    for e in report.get("engine", []):
+        t, v = e["steps"] + 1, e.get("verify_gpu_ms")
+        if not v:
+            continue
+        if t in mm:
+            out["engine_over_matmuls"][t] = v / mm[t]
+            it = mm[t] + fl[t]["kv_ms"] + (e["iteration_ms_median"] - v)
+            out["projected_at_floor"][e["steps"]] = {
+                "iteration_ms": it, "tok_s": 1e3 * e["committed_per_iteration"] / it}
+        if t in anchor and _best_anchor(anchor[t]):
+            out["engine_over_anchor"][t] = v / _best_anchor(anchor[t])
+    eng = [e for e in report.get("engine", []) if e.get("tok_s")]
+    if eng:
+        out["best_steps_measured"] = max(eng, key=lambda e: e["tok_s"])["steps"]
+    proj = out["projected_at_floor"]
+    if proj:
+        out["best_steps_at_floor"] = max(proj, key=lambda s: proj[s]["tok_s"])
+    return out
+
+
+def table_lines(report: dict) -> list[str]:
+    """The printed table of a report (live or saved)."""
+    fl, summ = _floors_of(report), summarise(report)
+    mm = {int(t): v for t, v in report.get("matmuls_ms", {}).items()}
+    anchor = {r["t"]: r for r in report.get("anchor", [])}
+    eng = {r["steps"] + 1: r for r in report.get("engine", [])}
+    proj = summ["projected_at_floor"]
+    cell = lambda v, w=8: f"{v:{w}.2f}" if isinstance(v, (int, float)) else " " * (w - 3) + "n/a"  # noqa: E731
+    whole = lambda v, w: f"{v:{w}.0f}" if isinstance(v, (int, float)) else " " * (w - 3) + "n/a"  # noqa: E731
+    mode = f"compiled ({report['engine_compile']})" if report.get("engine_compile") else "CUDA graphs"
+    lines = [f"## one forward of T tokens per row at batch {report['batch']} (ms; floors: "
+             f"{report['bandwidth_GBps']:.0f} GB/s copy bandwidth, {report.get('peak_tflops', 989.0):g} TFLOP/s); "
+             f"engine: {mode}",
+             "    T   floor(mem/compute)  matmuls only  anchor graph*  anchor compiled   engine verify GPU  "
+             "engine/matmuls  engine/anchor   engine iteration wall  tok/s   tok/s at floor**"]
+    for t in sorted(set(anchor) | set(eng) | set(mm)):
+        f, an, e = fl.get(t, {}), anchor.get(t, {}), eng.get(t, {})
+        p = proj.get(t - 1, {})
+        lines.append(
+            f"  {t:3d}   {cell(f.get('memory_ms'), 6)} / {cell(f.get('compute_ms'), 6)}   {cell(mm.get(t), 11)}   "
+            f"{cell(an.get('graph_ms', an.get('eager_ms')), 10)}   {cell(an.get('compiled_ms'), 13)}   "
+            f"{cell(e.get('verify_gpu_ms'), 16)}   {cell(summ['engine_over_matmuls'].get(t), 13)}   "
+            f"{cell(summ['engine_over_anchor'].get(t), 12)}   {cell(e.get('iteration_ms_median'), 20)}  "
+            f"{whole(e.get('tok_s'), 6)}   {whole(p.get('tok_s'), 14)}")
+    lines.append("  * a CUDA graph of the anchor's eager kernels; on CPU the eager forward. The engine's verify "
+                 "is GPU time per replay (CUDA events); without graphs see phase_ms_median in the JSON.")
+    lines.append("  ** the engine's committed tokens over (matmuls only + the KV pool at copy bandwidth + the "
+                 "engine's non-verify time): a projection, not a measurement.")
+    if "best_steps_measured" in summ:
+        at_floor = (f"; at the floor steps {summ['best_steps_at_floor']}" if "best_steps_at_floor" in summ else "")
+        lines.append(f"  best chain setting at batch {report['batch']}: steps {summ['best_steps_measured']} "
+                     f"measured{at_floor}")
+    return lines
 
 
 def main(argv=None) -> int:
@@ -295,11 +376,21 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-engine", action="store_true")
     ap.add_argument("--skip-anchor", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--from-json", default=None, metavar="FILE", help="print the table of a saved report; run nothing")
     a = ap.parse_args(argv)
+    if a.from_json:
+        try:
+            report = json.loads(Path(a.from_json).read_text())
+            print("\n".join(table_lines(report)))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"batch_cost: --from-json {a.from_json}: not a batch_cost report ({type(e).__name__}: {e})",
+                  file=sys.stderr)
+            return 2
+        return 0
     a.dtype = a.dtype or ("bfloat16" if a.device == "cuda" else "float32")
     t_start = time.time()
     report: dict = {"argv": sys.argv[1:], "model": a.model_path, "dtype": a.dtype, "batch": a.batch,
-                    "ctx": a.ctx, "tokens": a.tokens}
+                    "ctx": a.ctx, "tokens": a.tokens, "peak_tflops": a.peak_tflops}
     if a.device == "cuda":
         report["gpu"] = torch.cuda.get_device_name(0)
     print(f"# batch_cost: {a.model_path} {a.dtype} on {report.get('gpu', a.device)}, batch {a.batch}, "
@@ -320,34 +411,8 @@ def main(argv=None) -> int:
     save()
     report["anchor"] = [] if a.skip_anchor else run_anchor(a)
     save()
-    mm = report["matmuls_ms"]
-    anchor = {r["t"]: r for r in report["anchor"]}
-    eng = {r["steps"] + 1: r for r in report["engine"]}
-    print(f"\n## one forward of T tokens per row at batch {a.batch} (ms; floors: {bw / 1e9:.0f} GB/s copy "
-          f"bandwidth, {a.peak_tflops:g} TFLOP/s)")
-    print("    T   floor(mem/compute)  matmuls only  anchor graph*  anchor compiled   engine verify GPU  "
-          "engine/matmuls  engine/anchor   engine iteration wall  tok/s")
-    for t in sorted(set(anchor) | set(eng) | set(mm)):
-        f, an, e = fl.get(t, {}), anchor.get(t, {}), eng.get(t, {})
-        best = min((v for v in (an.get("graph_ms"), an.get("compiled_ms"), an.get("eager_ms")) if v), default=None)
-        ratio = e.get("verify_gpu_ms") / best if e.get("verify_gpu_ms") and best else None
-        cell = lambda v, w=8: f"{v:{w}.2f}" if isinstance(v, (int, float)) else " " * (w - 3) + "n/a"
-        tok = f"{e['tok_s']:6.0f}" if e else "   n/a"
-        m = mm.get(t)
-        mratio = e["verify_gpu_ms"] / m if e.get("verify_gpu_ms") and m else None
-        print(f"  {t:3d}   {cell(f.get('memory_ms'), 6)} / {cell(f.get('compute_ms'), 6)}   {cell(m, 11)}   "
-              f"{cell(an.get('graph_ms', an.get('eager_ms')), 10)}   {cell(an.get('compiled_ms'), 13)}   "
-              f"{cell(e.get('verify_gpu_ms'), 16)}   {cell(mratio, 13)}   {cell(ratio, 12)}   {cell(e.get('iteration_ms_median'), 20)}  {tok}")
-    print("  * a CUDA graph of the anchor's eager kernels; on CPU the eager forward. The engine's verify "
-          "is GPU time per replay (CUDA events); without graphs see phase_ms_median in the JSON.")
-    if eng and mm:
-        report["engine_over_matmuls"] = {t: e["verify_gpu_ms"] / mm[t] for t, e in eng.items()
-                                         if t in mm and e.get("verify_gpu_ms")}
-    if eng and anchor:
-        report["engine_over_anchor"] = {
-            t: e["verify_gpu_ms"] / min(v for v in (anchor[t].get("graph_ms"), anchor[t].get("compiled_ms"),
-                                                     anchor[t].get("eager_ms")) if v)
-            for t, e in eng.items() if t in anchor and e.get("verify_gpu_ms")}
+    report.update(summarise(report))
+    print("\n" + "\n".join(table_lines(report)))
     report["wall_s"] = time.time() - t_start
     print(f"# wall {report['wall_s']:.0f} s")
     save()

@@ -46,3 +46,33 @@ def test_the_floors_are_memory_bound_at_one_token_and_compute_bound_at_many():
     # 2 * 7.5e9 params * 64 rows * 8 tokens over 989 TFLOP/s ≈ 7.8 ms: above the memory floor.
     assert fl[8]["compute_ms"] == pytest.approx(7.8, abs=0.5)
     assert fl[8]["floor_ms"] == fl[8]["compute_ms"] > fl[8]["memory_ms"]
+
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+
+
+def test_a_saved_h200_report_reads_back_with_its_projection_at_the_floor():
+    """The committed H200 run (engine with CUDA graphs next to the matmuls alone): the summary is
+    arithmetic on recorded parts, so it is checked against them by hand."""
+    import json
+
+    report = json.loads((RESULTS / "batch_cost_h200_matmuls.json").read_text())
+    s = bc.summarise(report)
+    steps3 = next(e for e in report["engine"] if e["steps"] == 3)
+    mm4 = report["matmuls_ms"]["4"]
+    assert s["engine_over_matmuls"][4] == pytest.approx(steps3["verify_gpu_ms"] / mm4)
+    kv = bc._floors_of(report)[4]["kv_ms"]
+    it = mm4 + kv + steps3["iteration_ms_median"] - steps3["verify_gpu_ms"]
+    assert s["projected_at_floor"][3]["tok_s"] == pytest.approx(1e3 * steps3["committed_per_iteration"] / it)
+    # What the run found: the engine's best at batch 64 is steps 3; with its verify at the floor, steps 2.
+    assert (s["best_steps_measured"], s["best_steps_at_floor"]) == (3, 2)
+    lines = bc.table_lines(report)
+    assert lines[-1] == "  best chain setting at batch 64: steps 3 measured; at the floor steps 2"
+
+
+def test_from_json_refuses_what_is_not_a_report_in_one_line(tmp_path, capsys):
+    bad = tmp_path / "x.json"
+    bad.write_text('{"model": "llama-3.1-8b"}')
+    assert bc.main(["--from-json", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"batch_cost: --from-json {bad}: not a batch_cost report") and "\n" not in err
