@@ -1,0 +1,137 @@
+"""Where a target forward's GPU time goes, by the op that launched it: the engine's own layers
+(the 8B-shaped preset, TP1, fused projections, the attention op of the device) on `--batch` rows
+× T tokens over a KV pool of `--ctx` positions, under torch.profiler, next to the same forward
+replayed as one CUDA graph and the matmuls alone (attention_variants.matmul_floor), in one run.
+
+Why: at batch 64 the engine's verify pays about 2 ms per forward above the matmuls and the KV
+floor, the same at every T (results/batch_cost_h200.md). That fixed part is what keeps deep chains
+looking cheap at high load. This script says which ops it is made of (the norms, RoPE, the KV
+write, attention, the adds, SiLU·mul), so the next kernel to fuse is chosen by figures.
+
+Per op: GPU µs per forward (self device time of the aten op or custom op, summed over its
+kernels) and calls per forward. The profiled forward runs eagerly, so its kernels are the
+graph's kernels; the graph replay's time is printed beside their sum (the difference is the gaps
+between kernels inside the graph).
+
+GPU (one H200, about 1 minute):
+    python benchmarks/forward_breakdown.py --json OUT.json
+CPU check of the script (tiny preset, no graphs):
+    python benchmarks/forward_breakdown.py --device cpu --model-path tiny --batch 4 --t 1,2 --ctx 64
+
+Prints figures; asserts nothing about them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import torch  # noqa: E402
+
+from attention_variants import matmul_floor  # noqa: E402
+from cuda_timing import graph_us  # noqa: E402
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def by_op(events, forwards: int, device: str) -> dict[str, dict]:
+    """{op name: {"us": self time per forward (device time on CUDA, CPU time on CPU), "calls": calls
+    per forward}} from torch.profiler's key_averages; ops with no time of their own are left out."""
+    out: dict[str, dict] = defaultdict(lambda: {"us": 0.0, "calls": 0.0})
+    for e in events:
+        us = e.self_device_time_total if device == "cuda" else e.self_cpu_time_total
+        if us <= 0 or not e.key.startswith(("aten::", "refengine::", "triton")):
+            continue
+        row = out[e.key]
+        row["us"] += us / forwards
+        row["calls"] += e.count / forwards
+    return dict(out)
+
+
+def breakdown(model, batch: int, t: int, ctx: int, device: str, dtype, forwards: int = 5) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    from refengine.models.layers import causal_meta
+
+    kv = model.make_kv(batch, ctx + t + 1, dtype, device)
+    rows = torch.arange(batch, device=device)
+    pos = (torch.arange(t, device=device) + ctx)[None].expand(batch, t).contiguous()
+    meta = causal_meta(rows, pos, ctx + t + 1)
+    ids = torch.randint(1, model.config.vocab_size, (batch, t), device=device)
+    x = torch.randn(batch, t, model.config.hidden_size, device=device, dtype=dtype)
+
+    def fwd():
+        meta.cache.clear()
+        return model.logits(model(ids, meta, kv)[0])
+
+    graph = graph_us(fwd, 30 if device == "cuda" else 3, device)
+    matmuls = graph_us(lambda: matmul_floor(model, x), 30 if device == "cuda" else 3, device)
+    for _ in range(2):
+        fwd()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(forwards):
+            fwd()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    ops = by_op(prof.key_averages(), forwards, device)
+    del kv
+    return {"batch": batch, "t": t, "ctx": ctx, "graph_us": graph, "matmuls_us": matmuls,
+            "ops_us_total": sum(r["us"] for r in ops.values()), "ops": ops}
+
+
+def lines(row: dict, top: int = 14) -> list[str]:
+    out = [f"## batch {row['batch']} x T={row['t']}, context {row['ctx']}: graph replay {row['graph_us']:.0f} µs, "
+           f"matmuls alone {row['matmuls_us']:.0f} µs, ops' own time {row['ops_us_total']:.0f} µs",
+           "   op                                        µs/forward   share   calls/forward"]
+    ops = sorted(row["ops"].items(), key=lambda kv: -kv[1]["us"])
+    for name, r in ops[:top]:
+        out.append(f"   {name[:42]:42}  {r['us']:10.1f}  {100 * r['us'] / row['ops_us_total']:5.1f} %  "
+                   f"{r['calls']:8.1f}")
+    rest = ops[top:]
+    if rest:
+        out.append(f"   ({len(rest)} more ops)                               "
+                   f"{sum(r['us'] for _, r in rest):10.1f}")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--model-path", default="llama-3.1-8b", help="a target preset")
+    ap.add_argument("--batch", type=_ints, default=_ints("64,1"), help="rows, comma-separated")
+    ap.add_argument("--t", type=_ints, default=_ints("1,4"), help="tokens per row, comma-separated")
+    ap.add_argument("--ctx", type=int, default=320, help="KV positions already in each row")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    from refengine.models.layers import fuse_projections
+    from refengine.presets import build_target
+
+    dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    model = fuse_projections(build_target(a.model_path, 0, a.device).to(dtype).eval())
+    gpu = torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu"
+    print(f"# forward_breakdown: {a.model_path} {dtype} on {gpu}; torch {torch.__version__}", flush=True)
+    report = {"model": a.model_path, "device": gpu, "dtype": str(dtype), "rows": []}
+    with torch.no_grad():
+        for b in a.batch:
+            for t in a.t:
+                row = breakdown(model, b, t, a.ctx, a.device, dtype)
+                report["rows"].append(row)
+                print("\n".join(lines(row)), flush=True)
+                if a.json:
+                    Path(a.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

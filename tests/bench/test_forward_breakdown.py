@@ -1,0 +1,43 @@
+"""benchmarks/forward_breakdown.py: per-op time from torch.profiler's averages (pure logic on
+profiler-shaped rows), and one real CPU profile of the tiny preset."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import forward_breakdown as fb  # noqa: E402
+
+
+def _ev(key, dev_us, cpu_us, count):
+    return SimpleNamespace(key=key, self_device_time_total=dev_us, self_cpu_time_total=cpu_us, count=count)
+
+
+def test_ops_are_per_forward_and_only_those_with_time_of_their_own():
+    events = [_ev("aten::mm", 900.0, 50.0, 30), _ev("aten::linear", 0.0, 40.0, 30),
+              _ev("refengine::attend", 300.0, 20.0, 3), _ev("ProfilerStep#1", 5.0, 9.0, 1)]
+    got = fb.by_op(events, forwards=3, device="cuda")
+    assert got == {"aten::mm": {"us": 300.0, "calls": 10.0}, "refengine::attend": {"us": 100.0, "calls": 1.0}}
+    # On CPU the op's own CPU time counts instead.
+    assert fb.by_op(events, forwards=3, device="cpu")["aten::linear"]["us"] == pytest.approx(40.0 / 3)
+
+
+def test_a_cpu_profile_of_the_tiny_preset_names_the_attention_op_and_the_matmuls():
+    import torch
+
+    from refengine.models.layers import fuse_projections
+    from refengine.presets import build_target
+
+    model = fuse_projections(build_target("tiny", 0, "cpu").eval())
+    with torch.no_grad():
+        row = fb.breakdown(model, batch=2, t=2, ctx=16, device="cpu", dtype=torch.float32, forwards=2)
+    layers = model.config.num_hidden_layers
+    assert row["ops"]["refengine::attend"]["calls"] == layers
+    assert "aten::mm" in row["ops"] or "aten::addmm" in row["ops"]
+    assert row["ops_us_total"] == pytest.approx(sum(r["us"] for r in row["ops"].values()))
+    assert fb.lines(row)[0].startswith("## batch 2 x T=2, context 16")
