@@ -135,14 +135,20 @@ _SMS: dict[int, int] = {}
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
-           mask: torch.Tensor, scale: float) -> torch.Tensor:
+           mask: torch.Tensor, scale: float, *, block_n: int | None = None, splits: int | None = None,
+           num_warps: int = 4, num_stages: int | None = None) -> torch.Tensor:
+    """The op's CUDA implementation. The keyword arguments override plan()'s choice (for
+    benchmarks/attend_sweep.py, which measures the alternatives); the engine passes none."""
     b, t, hq, d = q.shape
     hk = k_cache.shape[2]
     c = mask.shape[-1]
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
     if dev not in _SMS:
         _SMS[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
-    block_m, mb, block_n, splits = plan(b, t, hq, hk, c, d, _SMS[dev])
+    block_m, mb, planned_n, planned_splits = plan(b, t, hq, hk, c, d, _SMS[dev])
+    block_n = block_n or planned_n
+    splits = max(1, min(splits or planned_splits, triton.cdiv(c, block_n)))
+    stages = {} if num_stages is None else {"num_stages": num_stages}
     out = q.new_empty(q.shape)
     m8 = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
     if splits > 1:
@@ -156,7 +162,7 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: 
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), m8.stride(0), m8.stride(1),
         out.stride(0), out.stride(1), out.stride(2), t, c, mb, scale,
         G=hq // hk, HKV=hk, D=d, BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits,
-        IEEE=q.dtype == torch.float32, num_warps=4)
+        IEEE=q.dtype == torch.float32, num_warps=num_warps, **stages)
     if splits > 1:
         _attend_combine[(b * hk, mb)](part, ml, out, out.stride(0), out.stride(1), out.stride(2), t, mb,
                                       G=hq // hk, HKV=hk, D=d, BLOCK_M=block_m, SPLITS=splits, num_warps=4)
