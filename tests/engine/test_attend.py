@@ -97,3 +97,18 @@ def test_triton_kernel_matches_the_reference_under_the_interpreter():
     # (BLOCK_M, row blocks, BLOCK_N, splits): the cases reach one split and several (the combine
     # kernel), one block of query rows and several.
     assert plans[0][3] == 1 and plans[1][3] > 1 and plans[3][1] > 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def test_the_launch_plan_splits_small_batches_and_not_large_ones():
+    from refengine.models import triton_attend as ta
+
+    # (BLOCK_M, row blocks, BLOCK_N, splits) at the 8B's heads (32 query heads, 8 KV heads, 128 wide)
+    # on 132 SMs. Batch 1: 8 programs, the context split until the SMs are covered twice (6 blocks).
+    assert ta.plan(1, 1, 32, 8, 322, 128, 132) == (16, 1, 64, 6)
+    # 32 and 64 rows: 256 and 512 programs cover the SMs, so no split and 32-column blocks (the
+    # H200 sweep's fastest; the old rule split 32 rows in two).
+    assert ta.plan(32, 4, 32, 8, 325, 128, 132) == (16, 1, 32, 1)
+    assert ta.plan(64, 1, 32, 8, 322, 128, 132) == (16, 1, 32, 1)
+    # 16 rows × 4 tokens: 128 programs, just under the SMs: still split (3 ways).
+    assert ta.plan(16, 4, 32, 8, 325, 128, 132) == (16, 1, 64, 3)
