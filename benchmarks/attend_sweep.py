@@ -1,7 +1,11 @@
 """The attention kernel's launch choices, measured: `refengine::attend`'s Triton kernel at the 8B's
 head shapes for several (batch, tokens per row, context) shapes, under every combination of
-context block, context splits and warps, each next to the kernel as plan() launches it and next to
+context block, context splits, warps and whether hidden columns are read, each next to the kernel as plan() launches it and next to
 the KV floor (the rows' K and V bytes over the copy bandwidth), in one run.
+
+Shapes may say how many columns each row sees (`BxTxC:L`): a graph's mask is as wide as its
+context bucket, so rows of length L < C leave C - L hidden columns, which the kernel reads unless
+launched with skip_hidden.
 
 Why: at batch 64 the engine's attention takes 1.37 ms of a 7.0 ms verify, about twice its KV
 floor, while at batch 1 it is near the floor (results/forward_breakdown_h200.md). plan() was
@@ -44,47 +48,58 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def _shapes(text: str) -> list[tuple[int, int, int]]:
-    """`BxTxC,...`: rows, tokens per row, context width."""
-    try:
-        out = [tuple(int(v) for v in s.split("x")) for s in text.split(",") if s.strip()]
-    except ValueError:
-        out = []
-    if not out or any(len(s) != 3 or min(s) < 1 for s in out):
-        raise argparse.ArgumentTypeError(f"expected BxTxC[,BxTxC...], got {text!r}")
-    return out  # type: ignore[return-value]
+def _shapes(text: str) -> list[tuple[int, int, int, int]]:
+    """`BxTxC[:L],...`: rows, tokens per row, context width (the mask's, a graph's bucket) and the
+    columns each row sees (its length; default C)."""
+    out = []
+    for part in (x.strip() for x in text.split(",")):
+        dims, colon, seen = part.partition(":")
+        try:
+            b, t, c = (int(v) for v in dims.split("x"))
+            length = int(seen) if colon else c
+        except ValueError:
+            out = []
+            break
+        if min(b, t, c) < 1 or not t <= length <= c:
+            out = []
+            break
+        out.append((b, t, c, length))
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected BxTxC[:L][,...] with T <= L <= C, got {text!r}")
+    return out
 
 
-def kv_floor_us(b: int, c: int, dtype: torch.dtype, bw: float) -> float:
-    """Reading each row's K and V once: b · c · HKV · D · 2 tensors · element size, over `bw` B/s."""
-    return b * c * HKV * D * 2 * torch.finfo(dtype).bits / 8 / bw * 1e6
+def kv_floor_us(b: int, length: int, dtype: torch.dtype, bw: float) -> float:
+    """Reading each row's visible K and V once: b · length · HKV · D · 2 tensors · element size,
+    over `bw` B/s."""
+    return b * length * HKV * D * 2 * torch.finfo(dtype).bits / 8 / bw * 1e6
 
 
-def inputs(b: int, t: int, c: int, dtype, device: str):
+def inputs(b: int, t: int, c: int, length: int, dtype, device: str):
     g = torch.Generator(device=device).manual_seed(b * 1000 + t)
     q = torch.randn(b, t, HQ, D, generator=g, device=device).to(dtype)
     kc = torch.randn(b + 1, c + 8, HKV, D, generator=g, device=device).to(dtype)
     vc = torch.randn(b + 1, c + 8, HKV, D, generator=g, device=device).to(dtype)
     rows = torch.arange(1, b + 1, device=device)
-    pos = (torch.arange(t, device=device) + c - t)[None].expand(b, t)
+    pos = (torch.arange(t, device=device) + length - t)[None].expand(b, t)
     mask = torch.arange(c, device=device)[None, None] <= pos[:, :, None]
     return q, kc, vc, rows, mask
 
 
 def sweep_shape(ta, shape, configs, dtype, device: str, bw: float, reps: int, deadline: float) -> dict:
-    b, t, c = shape
-    q, kc, vc, rows, mask = inputs(b, t, c, dtype, device)
+    b, t, c, length = shape
+    q, kc, vc, rows, mask = inputs(b, t, c, length, dtype, device)
     scale = D ** -0.5
     planned = ta.plan(b, t, HQ, HKV, c, D, ta._SMS.get(0, 132))
     ref = ta.attend(q, kc, vc, rows, mask, scale)
-    row = {"b": b, "t": t, "c": c, "tolerance": _tol(dtype), "plan": {"block_m": planned[0], "block_n": planned[2], "splits": planned[3]},
-           "kv_floor_us": kv_floor_us(b, c, dtype, bw),
+    row = {"b": b, "t": t, "c": c, "length": length, "tolerance": _tol(dtype), "plan": {"block_m": planned[0], "block_n": planned[2], "splits": planned[3]},
+           "kv_floor_us": kv_floor_us(b, length, dtype, bw),
            "plan_us": graph_us(lambda: ta.attend(q, kc, vc, rows, mask, scale), reps, device), "configs": []}
-    for bn, sp, w in configs:
+    for bn, sp, w, skip in configs:
         if time.time() > deadline:
             row["cut_short"] = True
             break
-        kw = {"block_n": bn, "splits": sp, "num_warps": w}
+        kw = {"block_n": bn, "splits": sp, "num_warps": w, "skip_hidden": bool(skip)}
         try:
             err = (ta.attend(q, kc, vc, rows, mask, scale, **kw).float() - ref.float()).abs().max().item()
             us = graph_us(lambda: ta.attend(q, kc, vc, rows, mask, scale, **kw), reps, device)
@@ -105,16 +120,18 @@ def _tol(dtype) -> float:
 
 def lines(row: dict) -> list[str]:
     p, best = row["plan"], row.get("best")
-    out = [f"## B={row['b']} T={row['t']} C={row['c']}: KV floor {row['kv_floor_us']:.1f} µs; plan() "
+    out = [f"## B={row['b']} T={row['t']} C={row['c']} (rows see {row.get('length', row['c'])}): KV floor {row['kv_floor_us']:.1f} µs; plan() "
            f"(BLOCK_N {p['block_n']}, splits {p['splits']}, 4 warps) {row['plan_us']:.1f} µs "
            f"= {row['plan_us'] / row['kv_floor_us']:.2f}x floor"]
     if best:
-        out.append(f"   best: BLOCK_N {best['block_n']}, splits {best['splits']}, {best['num_warps']} warps "
+        out.append(f"   best: BLOCK_N {best['block_n']}, splits {best['splits']}, {best['num_warps']} warps, "
+                   f"{'skipping' if best.get('skip_hidden') else 'reading'} hidden columns "
                    f"{best['us']:.1f} µs = {best['us'] / row['kv_floor_us']:.2f}x floor, "
                    f"{row['plan_us'] / best['us']:.2f}x faster than plan()")
     bad = [r for r in row["configs"] if "error" in r or r.get("max_abs_diff", 0) > row["tolerance"]]
     for r in bad:
-        out.append(f"   flagged: BLOCK_N {r['block_n']}, splits {r['splits']}, {r['num_warps']} warps: "
+        out.append(f"   flagged: BLOCK_N {r['block_n']}, splits {r['splits']}, {r['num_warps']} warps, "
+                   f"skip_hidden {r.get('skip_hidden', False)}: "
                    + (r["error"] if "error" in r else f"max |difference| {r['max_abs_diff']:.3g}"))
     if row.get("cut_short"):
         out.append("   (cut short by --max-s)")
@@ -124,10 +141,13 @@ def lines(row: dict) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    ap.add_argument("--shapes", type=_shapes, default=_shapes("64x1x322,64x4x325,32x4x325,1x1x322,1x4x325"))
+    ap.add_argument("--shapes", type=_shapes,
+                    default=_shapes("64x1x472:320,64x4x472:320,32x4x472:320,64x1x322,1x4x472:320"),
+                    help="BxTxC[:L]: rows, tokens per row, mask width (a graph's context bucket), columns seen")
     ap.add_argument("--block-n", type=_ints, default=_ints("32,64,128"))
-    ap.add_argument("--splits", type=_ints, default=_ints("1,2,4,8"))
+    ap.add_argument("--splits", type=_ints, default=_ints("1,2,4"))
     ap.add_argument("--warps", type=_ints, default=_ints("4,8"))
+    ap.add_argument("--skip-hidden", type=_ints, default=_ints("0,1"), help="0: read every column; 1: skip hidden ones")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--max-s", type=float, default=80.0, help="start no new launch after this many seconds")
     ap.add_argument("--json", default=None)
@@ -146,7 +166,7 @@ def main(argv=None) -> int:
         gpu = torch.cuda.get_device_name(0)
     else:
         bw, gpu = 50e9, "cpu (Triton interpreter)"
-    configs = list(itertools.product(a.block_n, a.splits, a.warps))
+    configs = list(itertools.product(a.block_n, a.splits, a.warps, a.skip_hidden))
     print(f"# attend_sweep on {gpu}: {len(configs)} launches per shape, copy bandwidth {bw / 1e9:.0f} GB/s; "
           f"torch {torch.__version__}", flush=True)
     report = {"device": gpu, "dtype": str(dtype), "bandwidth_GBps": bw / 1e9, "heads": [HQ, HKV, D], "rows": []}

@@ -33,7 +33,7 @@ def _attend_part(Q, K, V, Rows, Mask, Out, Part, PartML,
                  sqb, sqt, sqh, skr, sks, skh, svr, svs, svh, smb, smt, sob, sot, soh,
                  T, C, MB, scale,
                  G: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, IEEE: tl.constexpr):
+                 BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, IEEE: tl.constexpr, SKIP: tl.constexpr):
     pid = tl.program_id(0)                 # request * HKV + kv head
     split = tl.program_id(1)
     mblk = tl.program_id(2)
@@ -55,21 +55,26 @@ def _attend_part(Q, K, V, Rows, Mask, Out, Part, PartML,
     for start in range(lo, hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         valid_n = n < hi
-        k = tl.load(K + row * skr + n[:, None] * sks + h * skh + d[None, :], mask=valid_n[:, None], other=0.0)
+        vis = tl.load(Mask + b * smb + t[:, None] * smt + n[None, :],
+                      mask=valid_m[:, None] & valid_n[None, :], other=0)
+        kv_n = valid_n
+        if SKIP:
+            # Columns no query row of this block sees (past the rows' ends inside a graph's context
+            # bucket, other branches of a tree) are not read: predicated-off loads fetch nothing.
+            kv_n = valid_n & (tl.max(vis, 0) != 0)
+        k = tl.load(K + row * skr + n[:, None] * sks + h * skh + d[None, :], mask=kv_n[:, None], other=0.0)
         if IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
         s = s * scale
-        vis = tl.load(Mask + b * smb + t[:, None] * smt + n[None, :],
-                      mask=valid_m[:, None] & valid_n[None, :], other=0)
         s = tl.where(vis != 0, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m_i - m_safe)
         p = tl.exp(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + row * svr + n[:, None] * svs + h * svh + d[None, :], mask=valid_n[:, None], other=0.0)
+        v = tl.load(V + row * svr + n[:, None] * svs + h * svh + d[None, :], mask=kv_n[:, None], other=0.0)
         if IEEE:
             pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
@@ -144,9 +149,10 @@ _SMS: dict[int, int] = {}
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
            mask: torch.Tensor, scale: float, *, block_n: int | None = None, splits: int | None = None,
-           num_warps: int = 4, num_stages: int | None = None) -> torch.Tensor:
+           num_warps: int = 4, num_stages: int | None = None, skip_hidden: bool = False) -> torch.Tensor:
     """The op's CUDA implementation. The keyword arguments override plan()'s choice (for
-    benchmarks/attend_sweep.py, which measures the alternatives); the engine passes none."""
+    benchmarks/attend_sweep.py, which measures the alternatives); the engine passes none.
+    skip_hidden: read no K/V for columns that no query row of a block sees (off until measured)."""
     b, t, hq, d = q.shape
     hk = k_cache.shape[2]
     c = mask.shape[-1]
@@ -170,7 +176,7 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: 
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), m8.stride(0), m8.stride(1),
         out.stride(0), out.stride(1), out.stride(2), t, c, mb, scale,
         G=hq // hk, HKV=hk, D=d, BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits,
-        IEEE=q.dtype == torch.float32, num_warps=num_warps, **stages)
+        IEEE=q.dtype == torch.float32, SKIP=skip_hidden, num_warps=num_warps, **stages)
     if splits > 1:
         _attend_combine[(b * hk, mb)](part, ml, out, out.stride(0), out.stride(1), out.stride(2), t, mb,
                                       G=hq // hk, HKV=hk, D=d, BLOCK_M=block_m, SPLITS=splits, num_warps=4)

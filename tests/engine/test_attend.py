@@ -84,8 +84,10 @@ def test_triton_kernel_matches_the_reference_under_the_interpreter():
                 mask &= torch.rand(b, t, c, generator=g) < 0.6
                 mask.scatter_(2, pos[:, :, None], True)
             plan = ta.plan(b, t, hq, hk, c, d, sms)
-            err = (ta.attend(q, kc, vc, rows, mask, d ** -0.5) - attend_reference(q, kc, vc, rows, mask, d ** -0.5)).abs().max()
-            assert err < 1e-5, (b, t, c, plan, float(err))
+            want = attend_reference(q, kc, vc, rows, mask, d ** -0.5)
+            for skip in (False, True):      # skipping hidden columns' K/V changes nothing computed
+                err = (ta.attend(q, kc, vc, rows, mask, d ** -0.5, skip_hidden=skip) - want).abs().max()
+                assert err < 1e-5, (b, t, c, plan, skip, float(err))
             print("ok", plan)
     """)
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
