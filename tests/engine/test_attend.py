@@ -89,13 +89,25 @@ def test_triton_kernel_matches_the_reference_under_the_interpreter():
                 err = (ta.attend(q, kc, vc, rows, mask, d ** -0.5, skip_hidden=skip) - want).abs().max()
                 assert err < 1e-5, (b, t, c, plan, skip, float(err))
             print("ok", plan)
+        # Hidden columns poisoned with NaN: skipping them leaves the output clean, reading them
+        # does not (0 * NaN), which shows the skipping launch never loads them.
+        ta._SMS[0] = 1
+        g = torch.Generator().manual_seed(7)
+        q = torch.randn(2, 1, 8, 32, generator=g)
+        kc, vc = torch.randn(3, 132, 2, 32, generator=g), torch.randn(3, 132, 2, 32, generator=g)
+        rows, mask = torch.tensor([2, 0]), (torch.arange(128)[None, None] < 40).expand(2, 1, 128)
+        want = attend_reference(q, kc, vc, rows, mask, 0.2)
+        kc[:, 40:], vc[:, 40:] = float("nan"), float("nan")
+        assert (ta.attend(q, kc, vc, rows, mask, 0.2, skip_hidden=True) - want).abs().max() < 1e-5
+        assert ta.attend(q, kc, vc, rows, mask, 0.2).isnan().any()
+        print("skip ok")
     """)
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     plans = [eval(line[3:]) for line in r.stdout.splitlines() if line.startswith("ok ")]
-    assert len(plans) == 4
+    assert len(plans) == 4 and "skip ok" in r.stdout
     # (BLOCK_M, row blocks, BLOCK_N, splits): the cases reach one split and several (the combine
     # kernel), one block of query rows and several.
     assert plans[0][3] == 1 and plans[1][3] > 1 and plans[3][1] > 1
