@@ -15,6 +15,9 @@ between kernels inside the graph).
 
 GPU (one H200, about 1 minute):
     python benchmarks/forward_breakdown.py --json OUT.json
+The kernels not yet on by default, side by side with the engine's forward, rows of 320 in a
+graph's context bucket of 472 (about 2 minutes):
+    python benchmarks/forward_breakdown.py --batch 64,1 --t 1,4 --width 472 --variants base,silu,skip,both --json OUT.json
 CPU check of the script (tiny preset, no graphs):
     python benchmarks/forward_breakdown.py --device cpu --model-path tiny --batch 4 --t 1,2 --ctx 64
 
@@ -39,6 +42,10 @@ from attention_variants import matmul_floor  # noqa: E402
 from cuda_timing import graph_us  # noqa: E402
 
 
+# variant: (the fused SiLU·mul kernel on, attention skips hidden columns)
+VARIANTS = {"base": (False, False), "silu": (True, False), "skip": (False, True), "both": (True, True)}
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -57,15 +64,18 @@ def by_op(events, forwards: int, device: str) -> dict[str, dict]:
     return dict(out)
 
 
-def breakdown(model, batch: int, t: int, ctx: int, device: str, dtype, forwards: int = 5) -> dict:
+def breakdown(model, batch: int, t: int, ctx: int, device: str, dtype, forwards: int = 5, width: int = 0) -> dict:
+    """One shape's profile; `width` is the mask's (a graph's context bucket, > ctx + t), default
+    just the rows' own length."""
     from torch.profiler import ProfilerActivity, profile
 
     from refengine.models.layers import causal_meta
 
-    kv = model.make_kv(batch, ctx + t + 1, dtype, device)
+    width = max(width, ctx + t + 1)
+    kv = model.make_kv(batch, width, dtype, device)
     rows = torch.arange(batch, device=device)
     pos = (torch.arange(t, device=device) + ctx)[None].expand(batch, t).contiguous()
-    meta = causal_meta(rows, pos, ctx + t + 1)
+    meta = causal_meta(rows, pos, width)
     ids = torch.randint(1, model.config.vocab_size, (batch, t), device=device)
     x = torch.randn(batch, t, model.config.hidden_size, device=device, dtype=dtype)
 
@@ -85,12 +95,14 @@ def breakdown(model, batch: int, t: int, ctx: int, device: str, dtype, forwards:
             torch.cuda.synchronize()
     ops = by_op(prof.key_averages(), forwards, device)
     del kv
-    return {"batch": batch, "t": t, "ctx": ctx, "graph_us": graph, "matmuls_us": matmuls,
+    return {"batch": batch, "t": t, "ctx": ctx, "width": width, "graph_us": graph, "matmuls_us": matmuls,
             "ops_us_total": sum(r["us"] for r in ops.values()), "ops": ops}
 
 
 def lines(row: dict, top: int = 14) -> list[str]:
-    out = [f"## batch {row['batch']} x T={row['t']}, context {row['ctx']}: graph replay {row['graph_us']:.0f} µs, "
+    variant = f" [{row['variant']}]" if row.get("variant") else ""
+    out = [f"## batch {row['batch']} x T={row['t']}, context {row['ctx']} in a mask of {row.get('width', row['ctx'])}"
+           f"{variant}: graph replay {row['graph_us']:.0f} µs, "
            f"matmuls alone {row['matmuls_us']:.0f} µs, ops' own time {row['ops_us_total']:.0f} µs",
            "   op                                        µs/forward   share   calls/forward"]
     ops = sorted(row["ops"].items(), key=lambda kv: -kv[1]["us"])
@@ -111,8 +123,17 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=_ints, default=_ints("64,1"), help="rows, comma-separated")
     ap.add_argument("--t", type=_ints, default=_ints("1,4"), help="tokens per row, comma-separated")
     ap.add_argument("--ctx", type=int, default=320, help="KV positions already in each row")
+    ap.add_argument("--width", type=int, default=0, help="mask width (a graph's context bucket); default ctx + T + 1")
+    ap.add_argument("--variants", default="base", help="comma-separated: base (as the engine runs), silu "
+                    "(the fused SiLU·mul kernel), skip (attention skips hidden columns), both")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    variants = [v.strip() for v in a.variants.split(",") if v.strip()]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        print(f"forward_breakdown: unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}",
+              file=sys.stderr)
+        return 2
     from refengine.models.layers import fuse_projections
     from refengine.presets import build_target
 
@@ -122,14 +143,25 @@ def main(argv=None) -> int:
     gpu = torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu"
     print(f"# forward_breakdown: {a.model_path} {dtype} on {gpu}; torch {torch.__version__}", flush=True)
     report = {"model": a.model_path, "device": gpu, "dtype": str(dtype), "rows": []}
+    from refengine.models import silu_mul
+    from refengine.models.attend import triton_kernel
+    ta = triton_kernel()
     with torch.no_grad():
-        for b in a.batch:
-            for t in a.t:
-                row = breakdown(model, b, t, a.ctx, a.device, dtype)
-                report["rows"].append(row)
-                print("\n".join(lines(row)), flush=True)
-                if a.json:
-                    Path(a.json).write_text(json.dumps(report, indent=1))
+        for b, t, v in ((b, t, v) for b in a.batch for t in a.t for v in variants):
+            silu_mul.FUSED, skip = VARIANTS[v]
+            if ta is not None:
+                ta.SKIP_HIDDEN = skip
+            try:
+                row = breakdown(model, b, t, a.ctx, a.device, dtype, width=a.width)
+            finally:
+                silu_mul.FUSED = False
+                if ta is not None:
+                    ta.SKIP_HIDDEN = False
+            row["variant"] = v
+            report["rows"].append(row)
+            print("\n".join(lines(row)), flush=True)
+            if a.json:
+                Path(a.json).write_text(json.dumps(report, indent=1))
     return 0
 
 

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from refengine.models.attend import attend, attend_reference
+from refengine.models.silu_mul import silu_mul
 
 
 @dataclass
@@ -228,8 +229,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _fused(self.gate_up, self.gate_proj):
-            gate, up = F.linear(x, *self.gate_up).chunk(2, dim=-1)
-            return self.down_proj(F.silu(gate) * up)
+            return self.down_proj(silu_mul(F.linear(x, *self.gate_up)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

@@ -145,14 +145,18 @@ def plan(b: int, t: int, hq: int, hk: int, c: int, d: int, sms: int) -> tuple[in
 
 
 _SMS: dict[int, int] = {}
+# Off until an H200 run measures it in the engine's forward (benchmarks/forward_breakdown.py
+# --variants): skipping makes each K/V load wait for the mask's, which may cost more than it saves.
+SKIP_HIDDEN = False
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
            mask: torch.Tensor, scale: float, *, block_n: int | None = None, splits: int | None = None,
-           num_warps: int = 4, num_stages: int | None = None, skip_hidden: bool = False) -> torch.Tensor:
+           num_warps: int = 4, num_stages: int | None = None, skip_hidden: bool | None = None) -> torch.Tensor:
     """The op's CUDA implementation. The keyword arguments override plan()'s choice (for
     benchmarks/attend_sweep.py, which measures the alternatives); the engine passes none.
-    skip_hidden: read no K/V for columns that no query row of a block sees (off until measured)."""
+    skip_hidden: read no K/V for columns that no query row of a block sees; None: SKIP_HIDDEN."""
+    skip_hidden = SKIP_HIDDEN if skip_hidden is None else skip_hidden
     b, t, hq, d = q.shape
     hk = k_cache.shape[2]
     c = mask.shape[-1]

@@ -41,3 +41,22 @@ def test_a_cpu_profile_of_the_tiny_preset_names_the_attention_op_and_the_matmuls
     assert "aten::mm" in row["ops"] or "aten::addmm" in row["ops"]
     assert row["ops_us_total"] == pytest.approx(sum(r["us"] for r in row["ops"].values()))
     assert fb.lines(row)[0].startswith("## batch 2 x T=2, context 16")
+
+
+def test_an_unknown_variant_is_refused_in_one_line_before_any_model_is_built(capsys):
+    assert fb.main(["--device", "cpu", "--variants", "base,fast"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "forward_breakdown: unknown variant(s) fast; known: base, silu, skip, both"
+
+
+def test_a_wider_mask_is_a_graphs_context_bucket_around_the_same_rows():
+    import torch
+
+    from refengine.models.layers import fuse_projections
+    from refengine.presets import build_target
+
+    model = fuse_projections(build_target("tiny", 0, "cpu").eval())
+    with torch.no_grad():
+        row = fb.breakdown(model, batch=2, t=1, ctx=10, device="cpu", dtype=torch.float32, forwards=1, width=64)
+    assert (row["ctx"], row["width"]) == (10, 64)
+    assert "in a mask of 64" in fb.lines(row)[0]
