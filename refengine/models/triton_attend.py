@@ -128,15 +128,16 @@ def plan(b: int, t: int, hq: int, hk: int, c: int, d: int, sms: int) -> tuple[in
     """(BLOCK_M, blocks of query rows, BLOCK_N, context splits) for one call's shapes.
 
     Few programs (a small batch): split the context until the programs cover the SMs twice, each
-    split at least one BLOCK_N. Programs enough to cover the SMs once (a large batch): no split and
-    32-column blocks. Measured on an H200 at the 8B's heads (benchmarks/results/attend_sweep_h200.md):
-    at 32 rows × 4 tokens the old rule's 2 splits took 39.2 µs against 25.7 µs unsplit; at 64 rows,
-    32-column blocks took 38.1 µs against 48.5 µs with 64."""
+    split at least one BLOCK_N. A decode or verify batch (one block of at most 16 query rows per KV
+    head) whose programs cover the SMs once: no split and 32-column blocks. Measured on an H200 at
+    the 8B's heads (benchmarks/results/attend_sweep_h200.md): at 32 rows × 4 tokens the old rule's
+    2 splits took 39.2 µs against 25.7 µs unsplit; at 64 rows, 32-column blocks took 38.1 µs against
+    48.5 µs with 64. Prefill-sized blocks keep the old rule (not measured)."""
     rows = (hq // hk) * t
     block_m = max(16, min(64, triton.next_power_of_2(rows)))
     mb = triton.cdiv(rows, block_m)
     programs = b * hk * mb
-    if programs >= sms:
+    if block_m == 16 and programs >= sms:
         return block_m, mb, 32, 1
     block_n = 64 if d <= 128 else 32
     n_blocks = triton.cdiv(c, block_n)

@@ -126,3 +126,5 @@ def test_the_launch_plan_splits_small_batches_and_not_large_ones():
     assert ta.plan(64, 1, 32, 8, 322, 128, 132) == (16, 1, 32, 1)
     # 16 rows × 4 tokens: 128 programs, just under the SMs: still split (3 ways).
     assert ta.plan(16, 4, 32, 8, 325, 128, 132) == (16, 1, 64, 3)
+    # A 512-token prefill (64-row query blocks, 256 programs) keeps the old rule: 2 splits of 64.
+    assert ta.plan(1, 512, 32, 8, 1024, 128, 132) == (64, 32, 64, 2)
