@@ -17,7 +17,7 @@ GPU (one H200, about 1 minute):
     python benchmarks/forward_breakdown.py --json OUT.json
 The kernels not yet on by default, side by side with the engine's forward, rows of 320 in a
 graph's context bucket of 472 (about 2 minutes):
-    python benchmarks/forward_breakdown.py --batch 64,1 --t 1,4 --width 472 --variants base,silu,skip,both --json OUT.json
+    python benchmarks/forward_breakdown.py --width 472 --variants base,silu,norm,skip,all --json OUT.json
 CPU check of the script (tiny preset, no graphs):
     python benchmarks/forward_breakdown.py --device cpu --model-path tiny --batch 4 --t 1,2 --ctx 64
 
@@ -42,8 +42,9 @@ from attention_variants import matmul_floor  # noqa: E402
 from cuda_timing import graph_us  # noqa: E402
 
 
-# variant: (the fused SiLU·mul kernel on, attention skips hidden columns)
-VARIANTS = {"base": (False, False), "silu": (True, False), "skip": (False, True), "both": (True, True)}
+# variant: the fused_ops kernels it switches on, and whether attention skips hidden columns
+VARIANTS = {"base": (set(), False), "silu": ({"silu_mul"}, False), "norm": ({"add_rms_norm"}, False),
+            "skip": (set(), True), "all": ({"silu_mul", "add_rms_norm"}, True)}
 
 
 def _ints(text: str) -> list[int]:
@@ -125,7 +126,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ctx", type=int, default=320, help="KV positions already in each row")
     ap.add_argument("--width", type=int, default=0, help="mask width (a graph's context bucket); default ctx + T + 1")
     ap.add_argument("--variants", default="base", help="comma-separated: base (as the engine runs), silu "
-                    "(the fused SiLU·mul kernel), skip (attention skips hidden columns), both")
+                    "(the fused SiLU·mul kernel), norm (the fused add + RMSNorm), skip (attention skips "
+                    "hidden columns), all")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     variants = [v.strip() for v in a.variants.split(",") if v.strip()]
@@ -143,18 +145,19 @@ def main(argv=None) -> int:
     gpu = torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu"
     print(f"# forward_breakdown: {a.model_path} {dtype} on {gpu}; torch {torch.__version__}", flush=True)
     report = {"model": a.model_path, "device": gpu, "dtype": str(dtype), "rows": []}
-    from refengine.models import silu_mul
+    from refengine.models import fused_ops
     from refengine.models.attend import triton_kernel
     ta = triton_kernel()
     with torch.no_grad():
         for b, t, v in ((b, t, v) for b in a.batch for t in a.t for v in variants):
-            silu_mul.FUSED, skip = VARIANTS[v]
+            kernels, skip = VARIANTS[v]
+            fused_ops.ENABLED = set(kernels)
             if ta is not None:
                 ta.SKIP_HIDDEN = skip
             try:
                 row = breakdown(model, b, t, a.ctx, a.device, dtype, width=a.width)
             finally:
-                silu_mul.FUSED = False
+                fused_ops.ENABLED = set()
                 if ta is not None:
                     ta.SKIP_HIDDEN = False
             row["variant"] = v

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from refengine.models.attend import attend, attend_reference
-from refengine.models.silu_mul import silu_mul
+from refengine.models.fused_ops import silu_mul
 
 
 @dataclass

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from refengine.models.configs import LlamaConfig
+from refengine.models.fused_ops import add_rms_norm
 from refengine.models.layers import MLP, Attention, AttnMeta, KVPool, RMSNorm, Rotary
 
 
@@ -27,11 +28,12 @@ class DecoderLayer(nn.Module):
                 k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The residual stream enters as (delta, residual) — the previous layer's MLP output not
         yet added — and leaves the same way: the add then shares a kernel with this layer's first
-        norm when compiled. Returns (MLP output, residual before it); their sum is the layer's output."""
-        if delta is not None:
-            residual = residual + delta
-        residual = residual + self.self_attn(self.input_layernorm(residual), meta, k_cache, v_cache)
-        return self.mlp(self.post_attention_layernorm(residual)), residual
+        norm (fused_ops.add_rms_norm; Inductor's fusion when compiled). Returns (MLP output,
+        residual before it); their sum is the layer's output."""
+        n1, n2 = self.input_layernorm, self.post_attention_layernorm
+        h, residual = add_rms_norm(residual, delta, n1.weight, n1.eps)
+        h, residual = add_rms_norm(residual, self.self_attn(h, meta, k_cache, v_cache), n2.weight, n2.eps)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):

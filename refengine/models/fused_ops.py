@@ -1,0 +1,68 @@
+"""The layer's small elementwise ops as one kernel each, where SGLang runs its fused kernels:
+SwiGLU's activation (`silu_mul`: silu(gate) * up on the joined gate/up output) and the residual add
+with the RMSNorm after it (`add_rms_norm`).
+
+Why: eager torch runs each as two or more launch-bound kernels, 32 layers deep. On an H200 at 64
+rows × 4 tokens SiLU·mul alone took 757 µs of a 10.2-ms verify, and at batch 1 the norms and adds
+458 µs of a 5.7-ms forward (benchmarks/results/forward_breakdown_h200.md). Implementations: the torch
+form (any device, the CPU path, autograd, and what torch.compile traces: Inductor fuses these
+itself), and Triton kernels on CUDA (refengine.models.triton_fused).
+
+The kernels run only where `ENABLED` names them. It stays empty until an H200 run of
+benchmarks/forward_breakdown.py --variants measures them against the torch form in the engine's own
+forward. Must not know about requests, graphs or TP.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+KERNELS = ("silu_mul", "add_rms_norm")
+ENABLED: set[str] = set()
+_TRITON: object | None = None     # refengine.models.triton_fused once it imported, False if it cannot
+
+
+def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def add_rms_norm_reference(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + delta), x + delta); the sum rounded to x's dtype before the norm, as the
+    unfused layer computes it."""
+    r = x if delta is None else x + delta
+    return F.rms_norm(r, weight.shape, weight, eps), r
+
+
+def triton_kernels():
+    """refengine.models.triton_fused, or None where Triton cannot be imported."""
+    global _TRITON
+    if _TRITON is None:
+        try:
+            from refengine.models import triton_fused
+            _TRITON = triton_fused
+        except Exception:  # no Triton (CPU builds of torch): the torch forms run instead
+            _TRITON = False
+    return _TRITON or None
+
+
+def _kernel_for(name: str, x: torch.Tensor):
+    if name not in ENABLED or not x.is_cuda or torch.compiler.is_compiling() or torch.is_grad_enabled():
+        return None
+    k = triton_kernels()
+    return k if k is not None and k.supports(x) else None
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    k = _kernel_for("silu_mul", gate_up)
+    return k.silu_mul(gate_up) if k is not None else silu_mul_reference(gate_up)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    k = _kernel_for("add_rms_norm", x)
+    if k is not None and (delta is None or k.supports(delta)) and weight.is_contiguous():
+        return k.add_rms_norm(x, delta, weight, eps)
+    return add_rms_norm_reference(x, delta, weight, eps)

@@ -1,0 +1,97 @@
+"""The layer's fused elementwise ops: the torch forms on CPU (what the layers compute with or
+without them), and the Triton kernels under Triton's interpreter against those forms."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from refengine.models import fused_ops
+from refengine.models.configs import LlamaConfig
+from refengine.models.layers import MLP, KVPool, causal_meta
+from refengine.models.llama import DecoderLayer, Rotary
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_fused_mlp_computes_the_unfused_swiglu_on_cpu():
+    torch.manual_seed(0)
+    mlp = MLP(16, 40)
+    x = torch.randn(2, 3, 16)
+    want = mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+    mlp.fuse()
+    torch.testing.assert_close(mlp(x), want)
+
+
+def test_a_decoder_layer_computes_add_then_norm_as_before():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    layer = DecoderLayer(cfg, Rotary(8, 10000.0, None)).eval()
+    with torch.no_grad():
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            norm.weight.normal_()
+    kv = KVPool(1, 2, 16, 2, 8, torch.float32, "cpu")
+    meta = causal_meta(torch.arange(2), torch.arange(3)[None].expand(2, 3) + 4, 16)
+    residual, delta = torch.randn(2, 3, 32), torch.randn(2, 3, 32)
+    with torch.no_grad():
+        out, res = layer(delta, residual, meta, kv.k[0].clone(), kv.v[0].clone())
+        # The unfused order: add, norm, attention, add, norm, MLP.
+        r = residual + delta
+        r = r + layer.self_attn(layer.input_layernorm(r), meta, kv.k[0].clone(), kv.v[0].clone())
+        want_out = layer.mlp(layer.post_attention_layernorm(r))
+    torch.testing.assert_close(res, r)
+    torch.testing.assert_close(out, want_out)
+
+
+def test_the_kernels_are_off_until_measured_and_cpu_always_runs_the_torch_form():
+    assert fused_ops.ENABLED == set()
+    x, d, w = torch.randn(3, 8), torch.randn(3, 8), torch.randn(8)
+    old, fused_ops.ENABLED = fused_ops.ENABLED, set(fused_ops.KERNELS)
+    try:
+        with torch.no_grad():
+            got, res = fused_ops.add_rms_norm(x, d, w, 1e-5)
+    finally:
+        fused_ops.ENABLED = old
+    torch.testing.assert_close(res, x + d)
+    torch.testing.assert_close(got, F.rms_norm(x + d, (8,), w, 1e-5))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def test_triton_kernels_match_the_torch_forms_under_the_interpreter():
+    script = textwrap.dedent("""
+        import torch
+        from refengine.models import triton_fused as k
+        from refengine.models.fused_ops import add_rms_norm_reference, silu_mul_reference
+        g = torch.Generator().manual_seed(1)
+        # 3-d and 2-d inputs, a width that is no multiple of the block, and a row-strided view.
+        for x in (torch.randn(2, 3, 2 * 1500, generator=g), torch.randn(5, 2 * 64, generator=g),
+                  torch.randn(4, 2 * 3000, generator=g)[:, : 2 * 1100]):
+            assert k.supports(x)
+            got = k.silu_mul(x)
+            assert got.shape == x.shape[:-1] + (x.shape[-1] // 2,)
+            assert (got - silu_mul_reference(x)).abs().max() < 1e-5
+        print("silu_mul ok")
+        for shape in ((2, 3, 96), (5, 100)):          # a hidden size that is no power of two
+            x, d = torch.randn(*shape, generator=g), torch.randn(*shape, generator=g)
+            w = torch.randn(shape[-1], generator=g)
+            for delta in (d, None):
+                out, res = k.add_rms_norm(x, delta, w, 1e-5)
+                want_out, want_res = add_rms_norm_reference(x, delta, w, 1e-5)
+                assert (out - want_out).abs().max() < 1e-4 and torch.equal(res, want_res)
+                assert delta is not None or res is x     # no add: the residual is the input itself
+        print("add_rms_norm ok")
+    """)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "silu_mul ok" in r.stdout and "add_rms_norm ok" in r.stdout
