@@ -17,7 +17,7 @@ GPU (one H200, about 1 minute):
     python benchmarks/forward_breakdown.py --json OUT.json
 The kernels not yet on by default, side by side with the engine's forward, rows of 320 in a
 graph's context bucket of 472 (about 2 minutes):
-    python benchmarks/forward_breakdown.py --width 472 --variants base,silu,norm,skip,all --json OUT.json
+    python benchmarks/forward_breakdown.py --width 472 --variants base,silu,norm,rope,skip,all --json OUT.json
 CPU check of the script (tiny preset, no graphs):
     python benchmarks/forward_breakdown.py --device cpu --model-path tiny --batch 4 --t 1,2 --ctx 64
 
@@ -44,7 +44,8 @@ from cuda_timing import graph_us  # noqa: E402
 
 # variant: the fused_ops kernels it switches on, and whether attention skips hidden columns
 VARIANTS = {"base": (set(), False), "silu": ({"silu_mul"}, False), "norm": ({"add_rms_norm"}, False),
-            "skip": (set(), True), "all": ({"silu_mul", "add_rms_norm"}, True)}
+            "rope": ({"rope_store"}, False), "skip": (set(), True),
+            "all": ({"silu_mul", "add_rms_norm", "rope_store"}, True)}
 
 
 def _ints(text: str) -> list[int]:
@@ -126,8 +127,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ctx", type=int, default=320, help="KV positions already in each row")
     ap.add_argument("--width", type=int, default=0, help="mask width (a graph's context bucket); default ctx + T + 1")
     ap.add_argument("--variants", default="base", help="comma-separated: base (as the engine runs), silu "
-                    "(the fused SiLU·mul kernel), norm (the fused add + RMSNorm), skip (attention skips "
-                    "hidden columns), all")
+                    "(the fused SiLU·mul kernel), norm (the fused add + RMSNorm), rope (RoPE with the KV "
+                    "write), skip (attention skips hidden columns), all")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     variants = [v.strip() for v in a.variants.split(",") if v.strip()]

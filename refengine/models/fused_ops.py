@@ -1,10 +1,12 @@
 """The layer's small elementwise ops as one kernel each, where SGLang runs its fused kernels:
-SwiGLU's activation (`silu_mul`: silu(gate) * up on the joined gate/up output) and the residual add
-with the RMSNorm after it (`add_rms_norm`).
+SwiGLU's activation (`silu_mul`: silu(gate) * up on the joined gate/up output), the residual add
+with the RMSNorm after it (`add_rms_norm`), and RoPE on q and k with the KV pool write
+(`rope_store`).
 
 Why: eager torch runs each as two or more launch-bound kernels, 32 layers deep. On an H200 at 64
 rows × 4 tokens SiLU·mul alone took 757 µs of a 10.2-ms verify, and at batch 1 the norms and adds
-458 µs of a 5.7-ms forward (benchmarks/results/forward_breakdown_h200.md). Implementations: the torch
+458 µs and RoPE with the KV writes 288 µs of a 5.7-ms forward
+(benchmarks/results/forward_breakdown_h200.md). Implementations: the torch
 form (any device, the CPU path, autograd, and what torch.compile traces: Inductor fuses these
 itself), and Triton kernels on CUDA (refengine.models.triton_fused).
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-KERNELS = ("silu_mul", "add_rms_norm")
+KERNELS = ("silu_mul", "add_rms_norm", "rope_store")
 ENABLED: set[str] = set()
 _TRITON: object | None = None     # refengine.models.triton_fused once it imported, False if it cannot
 
@@ -48,6 +50,11 @@ def triton_kernels():
     return _TRITON or None
 
 
+def enabled(name: str, x: torch.Tensor):
+    """The Triton kernels' module when kernel `name` is switched on and may run on `x`, else None."""
+    return _kernel_for(name, x)
+
+
 def _kernel_for(name: str, x: torch.Tensor):
     if name not in ENABLED or not x.is_cuda or torch.compiler.is_compiling() or torch.is_grad_enabled():
         return None
@@ -66,3 +73,17 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
     if k is not None and (delta is None or k.supports(delta)) and weight.is_contiguous():
         return k.add_rms_norm(x, delta, weight, eps)
     return add_rms_norm_reference(x, delta, weight, eps)
+
+
+def rope_store(qkv: torch.Tensor, hq: int, hk: int, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+               v_cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> torch.Tensor | None:
+    """RoPE on q and k of the joined projection output qkv [B, T, hq + 2 hk, D] (cos, sin:
+    [B, T, 1, D]), k and v written into pool rows `rows` [B] at `slots` [B, T]; returns q rotated.
+    None when the kernel is off or cannot run: the caller then takes its torch path, which
+    computes the same (Attention._rotated_qkv and the pool writes)."""
+    k = _kernel_for("rope_store", qkv)
+    b, t = qkv.shape[:2]
+    if (k is None or qkv.stride(0) != t * qkv.stride(1) or qkv.shape[-1] % 2 or qkv.shape[-1] & (qkv.shape[-1] - 1)
+            or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or k_cache.dtype != qkv.dtype):
+        return None
+    return k.rope_store(qkv, hq, hk, cos, sin, k_cache, v_cache, rows, slots)

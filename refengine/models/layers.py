@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from refengine.models.attend import attend, attend_reference
+from refengine.models import fused_ops
 from refengine.models.fused_ops import silu_mul
 
 
@@ -188,14 +189,33 @@ class Attention(nn.Module):
             return qk[:, :, :q.shape[2]], qk[:, :, q.shape[2]:], v
         return torch.matmul(q, rope), torch.matmul(k, rope), v
 
+    def _fused_rope_store(self, x: torch.Tensor, meta: AttnMeta, k_cache: torch.Tensor,
+                          v_cache: torch.Tensor) -> torch.Tensor | None:
+        """q rotated, with k and v already in the pool, from one kernel (fused_ops.rope_store);
+        None where that kernel does not run."""
+        hd = self.head_dim
+        if (not _fused(self.qkv, self.q_proj) or fused_ops.enabled("rope_store", x) is None
+                or hd & (hd - 1) or k_cache.dtype != x.dtype):    # what the kernel takes, checked before the matmul
+            return None
+        b, t, _ = x.shape
+        hq, hk = self.q_proj.weight.shape[0] // hd, self.k_proj.weight.shape[0] // hd
+        key = ("cos_sin", id(self.rotary), x.dtype)
+        if key not in meta.cache:                    # once per forward, shared by every layer
+            meta.cache[key] = self.rotary.cos_sin(meta.positions, x.dtype)
+        cos, sin = meta.cache[key]
+        qkv = F.linear(x, *self.qkv).view(b, t, -1, hd)
+        return fused_ops.rope_store(qkv, hq, hk, cos, sin, k_cache, v_cache, meta.rows, meta.slots)
+
     def forward(self, x: torch.Tensor, meta: AttnMeta, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """x [B, T, in_dim]; writes this forward's K/V into the pool tensors of this layer
         (k_cache, v_cache: [rows, row_len, kv_heads, head_dim]) and attends over them."""
         b, t, _ = x.shape
-        q, k, v = self._rotated_qkv(x, meta)
-        r = meta.rows[:, None].expand_as(meta.slots)
-        k_cache[r, meta.slots] = k
-        v_cache[r, meta.slots] = v
+        q = self._fused_rope_store(x, meta, k_cache, v_cache)
+        if q is None:
+            q, k, v = self._rotated_qkv(x, meta)
+            r = meta.rows[:, None].expand_as(meta.slots)
+            k_cache[r, meta.slots] = k
+            v_cache[r, meta.slots] = v
         # The op is inference-only (no autograd formula); training differentiates the torch form.
         op = attend_reference if torch.is_grad_enabled() else attend
         out = op(q, k_cache, v_cache, meta.rows, meta.mask, self.head_dim ** -0.5)

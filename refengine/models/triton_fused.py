@@ -72,3 +72,50 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
                                   r2.stride(0), HAS_DELTA=delta is not None, BLOCK=block,
                                   num_warps=min(16, max(4, block // 512)))
     return out, res
+
+
+@triton.jit
+def _rope_store(QKV, Cos, Sin, Q, K, V, Rows, Slots, T, s_tok, s_head, s_qt, s_qh, s_cs,
+                skr, sks, skh, svr, svs, svh, HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)    # request * T + token
+    head = tl.program_id(1)                # q heads, then k heads, then v heads
+    d = tl.arange(0, HALF)
+    src = QKV + tok * s_tok + head * s_head
+    x1 = tl.load(src + d)
+    x2 = tl.load(src + HALF + d)
+    if head < HQ + HK:
+        # HF's q * cos + rotate_half(q) * sin, with cos and sin the same on both halves.
+        c = tl.load(Cos + tok * s_cs + d).to(tl.float32)
+        s = tl.load(Sin + tok * s_cs + d).to(tl.float32)
+        y1 = x1.to(tl.float32) * c - x2.to(tl.float32) * s
+        y2 = x2.to(tl.float32) * c + x1.to(tl.float32) * s
+        if head < HQ:
+            dst = Q + tok * s_qt + head * s_qh
+            tl.store(dst + d, y1.to(Q.dtype.element_ty))
+            tl.store(dst + HALF + d, y2.to(Q.dtype.element_ty))
+        else:
+            row = tl.load(Rows + tok // T)
+            slot = tl.load(Slots + tok)
+            dst = K + row * skr + slot * sks + (head - HQ) * skh
+            tl.store(dst + d, y1.to(K.dtype.element_ty))
+            tl.store(dst + HALF + d, y2.to(K.dtype.element_ty))
+    else:
+        row = tl.load(Rows + tok // T)
+        slot = tl.load(Slots + tok)
+        dst = V + row * svr + slot * svs + (head - HQ - HK) * svh
+        tl.store(dst + d, x1)
+        tl.store(dst + HALF + d, x2)
+
+
+def rope_store(qkv: torch.Tensor, hq: int, hk: int, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+               v_cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """q rotated, [B, T, hq, D] (new, contiguous); k rotated and v written into the pool rows."""
+    b, t, heads, hd = qkv.shape
+    q = qkv.new_empty(b, t, hq, hd)
+    cs, sn = cos.reshape(b * t, hd), sin.reshape(b * t, hd)
+    sl = slots.reshape(b * t)
+    _rope_store[(b * t, heads)](qkv, cs, sn, q, k_cache, v_cache, rows, sl, t, qkv.stride(1), qkv.stride(2),
+                                q.stride(1), q.stride(2), cs.stride(0), k_cache.stride(0), k_cache.stride(1),
+                                k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+                                HQ=hq, HK=hk, HALF=hd // 2, num_warps=1)
+    return q
