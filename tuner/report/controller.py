@@ -16,6 +16,7 @@ from tuner.core.records import thaw
 from tuner.report.data import RecordingData
 from tuner.tuning import controller_check as CC
 from tuner.tuning.controller_watch import is_adaptive
+from tuner.tuning.schedule import range_text
 
 HEAD = ["batch", "iterations", "controller ran", "tuner's best", "stage", "predicted tok/s (ran)",
         "predicted tok/s (best)", "lost tok/s"]
@@ -41,8 +42,7 @@ def table_rows(doc: dict[str, Any]) -> list[list[str]]:
 
     out = []
     for r in doc.get("rows", []):
-        hi = r.get("bs_hi")
-        rng = f"≥ {r['bs_lo']}" if hi is None else (str(r["bs_lo"]) if hi == r["bs_lo"] else f"{r['bs_lo']}–{hi}")
+        rng = range_text(r["bs_lo"], r.get("bs_hi"))
         ran = "n/a" if r.get("chosen_steps") is None else \
             f"steps {r['chosen_steps']} ({(r.get('chosen_share') or 0) * 100:.0f} %)"
         best = "n/a" if r.get("best_steps") is None else f"steps {r['best_steps']}"

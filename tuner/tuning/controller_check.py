@@ -42,7 +42,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from probes.names import SHARDED
 from tuner.tuning.observations import Iteration
 from tuner.tuning.schedule import (
-    TOO_LITTLE, BucketRow, Schedule, bucket_bounds, bucket_lo, fit_schedule, time_by_bucket,
+    TOO_LITTLE, BucketRow, Schedule, bucket_bounds, bucket_lo, fit_schedule, range_text, time_by_bucket,
 )
 from tuner.tuning.settings import Setting
 
@@ -263,8 +263,7 @@ def lines(doc: Mapping[str, Any]) -> list[str]:
     """The check as short text lines (the TUI panel and `tune`'s readout): one per bucket."""
     out = []
     for r in doc.get("rows", []):
-        hi = r.get("bs_hi")
-        rng = f"≥{r['bs_lo']}" if hi is None else (str(r["bs_lo"]) if hi == r["bs_lo"] else f"{r['bs_lo']}–{hi}")
+        rng = range_text(r["bs_lo"], r.get("bs_hi"), space="")
         ran = "—" if r.get("chosen_steps") is None else f"s{r['chosen_steps']} ({(r.get('chosen_share') or 0) * 100:.0f}%)"
         if r.get("best_steps") is None:
             tail = r.get("stage", "")

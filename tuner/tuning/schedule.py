@@ -121,9 +121,7 @@ class BucketRow:
         return str(self.lo)
 
     def range_text(self) -> str:
-        if self.hi is None:
-            return f"≥ {self.lo}"
-        return str(self.lo) if self.hi == self.lo else f"{self.lo}–{self.hi}"
+        return range_text(self.lo, self.hi)
 
     def predict(self, model: CostModel | None, s: Setting) -> Prediction | None:
         """s predicted at this bucket's batch size (None without a model or a batch size)."""
@@ -297,6 +295,13 @@ def _notes(rows: Sequence[BucketRow], vs: VersusFixed | None = None) -> list[str
     return out
 
 
+def range_text(lo: int, hi: int | None, space: str = " ") -> str:
+    """A batch bucket's sizes as text: `1`, `2–3`, `≥ 64` (`≥64` with space="")."""
+    if hi is None:
+        return f"≥{space}{lo}"
+    return str(lo) if hi == lo else f"{lo}–{hi}"
+
+
 def table_lines(doc: Mapping[str, Any]) -> list[str]:
     """The schedule as text, from its JSON (the `tune --schedule` readout)."""
     from tuner.core import setting as vocab
@@ -307,8 +312,7 @@ def table_lines(doc: Mapping[str, Any]) -> list[str]:
     out = [f"  {'batch':<8} {'iters':>6}  {'best setting':<32} {'predicted':>10} {'measured':>9}  stage"]
     ranges = {}
     for b in doc.get("buckets", []):
-        hi = b.get("bs_hi")
-        rng = f"≥ {b['bs_lo']}" if hi is None else (str(b["bs_lo"]) if hi == b["bs_lo"] else f"{b['bs_lo']}–{hi}")
+        rng = range_text(b["bs_lo"], b.get("bs_hi"))
         ranges[b["bucket"]] = rng
         best_s = b.get("best")
         words = vocab.words(best_s, sep=" ") if best_s else "—"
