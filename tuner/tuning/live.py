@@ -158,32 +158,12 @@ class TuningResult:
     model: CostModel | None
     acceptance_only: Setting | None
     measured_tok_s: Mapping[Setting, float]
+    # What the cost model says about the result (recommendations, SGLang flags, the acceptance-only
+    # prediction, the placement what-if): derive_advice(), computed once when the tuner finishes.
+    advice: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        recs = {}
-        # SGLang runs the draft inside the TP group only: its flags come from the best sharded setting.
-        sglang_best = self.best
-        flags: dict[str, Any] = {"note": placement_note(self.best)}
-        if self.model is not None:
-            from tuner.tuning.cost_model import best as best_of, recommend
-            space = [p.setting for p in self.predictions]
-            recs = {str(bs): p.to_json() for bs, p in recommend(self.model, space).items()}
-            if self.best.placement != SHARDED:
-                top = best_of(p for p in self.predictions if p.setting.placement == SHARDED)
-                sglang_best = top.setting if top is not None else Setting(0)
-            chains = {bs: p.setting for bs, p in recommend(
-                self.model, [s for s in space if s.topk == 1 and s.placement == SHARDED]).items()}
-            if chains:
-                flags["adaptive_config"] = adaptive_config(chains)
-                flags["adaptive_flags"] = adaptive_flags(chains, "tuned-adaptive.json")
-        flags["best"] = sglang_best.to_json()
-        flags["setting"] = sglang_flags(sglang_best)
         ao = self.acceptance_only
-        ao_pred = self.model.predict(ao, self.bs) if self.model is not None and ao is not None else None
-        what_if = None
-        if self.model is not None and self.best.steps > 0:
-            w = self.model.what_if(self.best, self.bs, REPLICATED)
-            what_if = w.to_json() if w else None
         return {
             "initial": self.initial.to_json(), "best": self.best.to_json(),
             "applied": self.applied.to_json(), "bs": self.bs, "stop_reason": self.stop_reason,
@@ -191,13 +171,44 @@ class TuningResult:
             "measured_tok_s": [{**s.to_json(), "tok_s": v} for s, v in self.measured_tok_s.items()],
             "verifications": [v.to_json() for v in self.verifications],
             "predictions": [p.to_json() for p in self.predictions],
-            "recommendations": recs, "sglang": flags,
+            "recommendations": self.advice.get("recommendations", {}), "sglang": self.advice.get("sglang", {}),
             "acceptance_only": None if ao is None else {
-                **ao.to_json(), "predicted_tok_s": ao_pred.tok_s if ao_pred else None,
+                **ao.to_json(), "predicted_tok_s": self.advice.get("acceptance_only_tok_s"),
                 "measured_tok_s": self.measured_tok_s.get(ao)},
-            "what_if": what_if,
+            "what_if": self.advice.get("what_if"),
             "model": self.model.to_json() if self.model is not None else None,
         }
+
+
+def derive_advice(best_s: Setting, predictions: Sequence[Prediction], model: CostModel | None,
+                  acceptance_only: Setting | None, bs: int) -> dict[str, Any]:
+    """TuningResult.advice: per-batch recommendations, the SGLang flags (SGLang runs the draft
+    inside the TP group only, so they come from the best sharded setting), the acceptance-only
+    setting's predicted tok/s and the best setting's placement what-if."""
+    recs: dict[str, Any] = {}
+    sglang_best = best_s
+    flags: dict[str, Any] = {"note": placement_note(best_s)}
+    if model is not None:
+        from tuner.tuning.cost_model import best as best_of, recommend
+        space = [p.setting for p in predictions]
+        recs = {str(b): p.to_json() for b, p in recommend(model, space).items()}
+        if best_s.placement != SHARDED:
+            top = best_of(p for p in predictions if p.setting.placement == SHARDED)
+            sglang_best = top.setting if top is not None else Setting(0)
+        chains = {b: p.setting for b, p in recommend(
+            model, [s for s in space if s.topk == 1 and s.placement == SHARDED]).items()}
+        if chains:
+            flags["adaptive_config"] = adaptive_config(chains)
+            flags["adaptive_flags"] = adaptive_flags(chains, "tuned-adaptive.json")
+    flags["best"] = sglang_best.to_json()
+    flags["setting"] = sglang_flags(sglang_best)
+    ao_pred = model.predict(acceptance_only, bs) if model is not None and acceptance_only is not None else None
+    what_if = None
+    if model is not None and best_s.steps > 0:
+        w = model.what_if(best_s, bs, REPLICATED)
+        what_if = w.to_json() if w else None
+    return {"recommendations": recs, "sglang": flags,
+            "acceptance_only_tok_s": ao_pred.tok_s if ao_pred else None, "what_if": what_if}
 
 
 def active_epoch(active: Any) -> int | None:
@@ -731,12 +742,14 @@ class Tuner:
             bs = self._main_bs()
             pick = acceptance_only_pick(self.model.acceptance, bs)
             ao = Setting(pick, placement=self._initial.placement)
+        bs = self._main_bs()
         self.result = TuningResult(
             initial=self._initial, best=best_s, applied=self._current or self._initial,
-            bs=self._main_bs(), stop_reason=self._stop_reason, elapsed_s=now - self._t0,
+            bs=bs, stop_reason=self._stop_reason, elapsed_s=now - self._t0,
             probes=self._probes, verifications=tuple(self.verifications),
             predictions=tuple(self.predictions), model=self.model, acceptance_only=ao,
-            measured_tok_s=dict(self.measured))
+            measured_tok_s=dict(self.measured),
+            advice=derive_advice(best_s, self.predictions, self.model, ao, bs))
         self._emit(EventKinds.FINISHED, now, self.result.to_json())
         self.state = "done"
         self.stage = "done"
