@@ -54,11 +54,14 @@ def _ints(text: str) -> list[int]:
 
 def by_op(events, forwards: int, device: str) -> dict[str, dict]:
     """{op name: {"us": self time per forward (device time on CUDA, CPU time on CPU), "calls": calls
-    per forward}} from torch.profiler's key_averages; ops with no time of their own are left out."""
+    per forward}} from torch.profiler's key_averages; ops with no time of their own are left out.
+    On CUDA every key with device time counts: a Triton kernel launched outside any op (the
+    fused_ops kernels) carries its time under the launch call's name (cuLaunchKernel…). On CPU
+    only the ops count (the profiler's other CPU rows are Python and bookkeeping)."""
     out: dict[str, dict] = defaultdict(lambda: {"us": 0.0, "calls": 0.0})
     for e in events:
         us = e.self_device_time_total if device == "cuda" else e.self_cpu_time_total
-        if us <= 0 or not e.key.startswith(("aten::", "refengine::", "triton")):
+        if us <= 0 or (device != "cuda" and not e.key.startswith(("aten::", "refengine::"))):
             continue
         row = out[e.key]
         row["us"] += us / forwards

@@ -20,11 +20,14 @@ def _ev(key, dev_us, cpu_us, count):
 
 def test_ops_are_per_forward_and_only_those_with_time_of_their_own():
     events = [_ev("aten::mm", 900.0, 50.0, 30), _ev("aten::linear", 0.0, 40.0, 30),
-              _ev("refengine::attend", 300.0, 20.0, 3), _ev("ProfilerStep#1", 5.0, 9.0, 1)]
+              _ev("refengine::attend", 300.0, 20.0, 3), _ev("cuLaunchKernelEx", 60.0, 9.0, 6)]
     got = fb.by_op(events, forwards=3, device="cuda")
-    assert got == {"aten::mm": {"us": 300.0, "calls": 10.0}, "refengine::attend": {"us": 100.0, "calls": 1.0}}
-    # On CPU the op's own CPU time counts instead.
-    assert fb.by_op(events, forwards=3, device="cpu")["aten::linear"]["us"] == pytest.approx(40.0 / 3)
+    # On CUDA a Triton kernel launched outside any op keeps its time under the launch call.
+    assert got == {"aten::mm": {"us": 300.0, "calls": 10.0}, "refengine::attend": {"us": 100.0, "calls": 1.0},
+                   "cuLaunchKernelEx": {"us": 20.0, "calls": 2.0}}
+    # On CPU the ops' own CPU time counts instead, and nothing else.
+    cpu = fb.by_op(events, forwards=3, device="cpu")
+    assert cpu["aten::linear"]["us"] == pytest.approx(40.0 / 3) and "cuLaunchKernelEx" not in cpu
 
 
 def test_a_cpu_profile_of_the_tiny_preset_names_the_attention_op_and_the_matmuls():
