@@ -13,7 +13,9 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
+from typing import Callable
 
 from tuner.engine_process import EngineProcess, EngineStartError
 
@@ -49,12 +51,37 @@ def local_gpu_count() -> int:
 
 
 _SIGNALLED: list[int] = []
+# What must run however the demo ends (stopping the engine); the signal watchdog runs it too.
+_TEARDOWN: list[Callable[[], object]] = []
+TEARDOWN_S = 12.0
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:
-    # A closed terminal (SIGHUP) or a kill (SIGTERM) must still run the teardown in `run`.
+    # A closed terminal (SIGHUP) or a kill (SIGTERM) must still run the teardown in `run`: the
+    # SystemExit below unwinds to its `finally`. Python drops an exception raised where it cannot
+    # propagate (a finalizer or a weakref callback running when the signal lands), and the demo
+    # would live on with no terminal and its engine. So the first signal also starts a watchdog.
+    first = not _SIGNALLED
     _SIGNALLED.append(signum)
+    if first:
+        threading.Thread(target=_watchdog, args=(signum,), name="demo-signal-watchdog", daemon=True).start()
     raise SystemExit(128 + signum)
+
+
+def _watchdog(signum: int) -> None:
+    """After TEARDOWN_S, if the process is still here, run the teardown from this thread and leave."""
+    threading.Event().wait(TEARDOWN_S)
+    for step in list(_TEARDOWN):
+        try:
+            step()
+        except Exception:  # the exit below matters more than a teardown step's error
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(128 + signum)
 
 
 def server_args(device: str, tp: int, port: int, emulate: str | None) -> list[str]:
@@ -91,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    _TEARDOWN.append(lambda: engine.stop(timeout=5.0, grace_s=2.0))
     try:
         try:
             backend = connect(engine.url, api_key=os.environ.get("SPECDECODE_API_KEY"))
