@@ -149,4 +149,18 @@ def test_closing_the_terminal_takes_the_engine_with_it():
     except AssertionError:
         pass   # the assertion below names what was left
     left = {p: _cmdline(p) for p in everything if alive(p)}
-    assert left == {}, f"processes outlived their terminal: {left}"
+    assert left == {}, f"processes outlived their terminal: {left}\n{_stacks(left)}"
+
+
+def _stacks(pids) -> str:
+    """Where each left-behind Python process stands (py-spy, a dependency), for the failure message."""
+    out = []
+    beside = Path(sys.executable).parent / "py-spy"
+    exe = str(beside) if beside.exists() else "py-spy"
+    for pid in pids:
+        try:
+            r = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
+            out.append(f"--- {pid}\n{(r.stdout or r.stderr)[-3000:]}")
+        except (OSError, subprocess.SubprocessError) as e:
+            out.append(f"--- {pid}: py-spy: {e}")
+    return "\n".join(out)
