@@ -1,5 +1,6 @@
-"""What every test folder shares: a free loopback port, waiting on a condition, and starting a real
-`serve --tp-size 2` on CPU and checking that it leaves nothing behind.
+"""What every test folder shares: a free loopback port, waiting on a condition, starting a real
+`serve --tp-size 2` on CPU and checking that it leaves nothing behind, and running a script under
+Triton's interpreter (the GPU kernels' CPU check).
 
 Tests wait on what they can observe (a reply, a record, a file), never on a sleep: `wait_until`
 polls a predicate until it holds and fails with what it was waiting for. Must not start anything
@@ -12,6 +13,8 @@ import os
 import re
 import shlex
 import socket
+import subprocess
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -130,3 +133,13 @@ def server_config(url: str) -> dict:
 def restore_config(url: str, config: dict) -> None:
     r = httpx.post(url + "/set_internal_state", json={"server_args": config}, timeout=60)
     assert r.status_code == 200 and r.json() == [True], r.text
+
+
+def run_under_triton_interpreter(script: str) -> str:
+    """Run `script` in a child Python with TRITON_INTERPRET=1 (the interpreter is chosen when Triton
+    is first imported, so never in this process); its stdout, or a failure with its stderr's tail."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout

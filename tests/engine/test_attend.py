@@ -6,18 +6,13 @@ one split and several, one block of query rows and several)."""
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 
+from harness import run_under_triton_interpreter
 from refengine.models.attend import attend, attend_reference, attention_backend
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _naive(q, kc, vc, rows, mask, scale):
@@ -102,12 +97,9 @@ def test_triton_kernel_matches_the_reference_under_the_interpreter():
         assert ta.attend(q, kc, vc, rows, mask, 0.2).isnan().any()
         print("skip ok")
     """)
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    plans = [eval(line[3:]) for line in r.stdout.splitlines() if line.startswith("ok ")]
-    assert len(plans) == 4 and "skip ok" in r.stdout
+    out = run_under_triton_interpreter(script)
+    plans = [eval(line[3:]) for line in out.splitlines() if line.startswith("ok ")]
+    assert len(plans) == 4 and "skip ok" in out
     # (BLOCK_M, row blocks, BLOCK_N, splits): the cases reach one split and several (the combine
     # kernel), one block of query rows and several.
     assert plans[0][3] == 1 and plans[1][3] > 1 and plans[3][1] > 1

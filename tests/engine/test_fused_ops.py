@@ -4,22 +4,17 @@ without them), and the Triton kernels under Triton's interpreter against those f
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from harness import run_under_triton_interpreter
 from refengine.models import fused_ops
 from refengine.models.configs import LlamaConfig
 from refengine.models.layers import MLP, KVPool, causal_meta
 from refengine.models.llama import DecoderLayer, Rotary
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_fused_mlp_computes_the_unfused_swiglu_on_cpu():
@@ -90,11 +85,8 @@ def test_triton_kernels_match_the_torch_forms_under_the_interpreter():
                 assert delta is not None or res is x     # no add: the residual is the input itself
         print("add_rms_norm ok")
     """)
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "silu_mul ok" in r.stdout and "add_rms_norm ok" in r.stdout
+    out = run_under_triton_interpreter(script)
+    assert "silu_mul ok" in out and "add_rms_norm ok" in out
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
@@ -129,11 +121,8 @@ def test_rope_store_matches_the_layers_torch_path_under_the_interpreter():
         assert (kc2 - kc).abs().max() < 1e-5 and torch.equal(vc2, vc)
         print("rope_store ok")
     """)
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "rope_store ok" in r.stdout
+    out = run_under_triton_interpreter(script)
+    assert "rope_store ok" in out
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
@@ -172,8 +161,5 @@ def test_a_whole_forward_with_every_kernel_on_matches_the_torch_forward_under_th
         assert calls == {"silu_mul": n, "add_rms_norm": 2 * n, "rope_store": n}, calls
         print("forward ok")
     """)
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "forward ok" in r.stdout
+    out = run_under_triton_interpreter(script)
+    assert "forward ok" in out
