@@ -16,6 +16,26 @@ from probes.names import (ADAPTIVE_CONFIG, DRAFT_TOKENS, PINNED_STEPS, PLACEMENT
                           tree_pool)
 
 # The knobs' /set_internal_state keys (SGLang's names plus our placement key) -> SpecConfig field.
+# The fused kernels of refengine.models.fused_ops, switched on for a whole engine (ranks included)
+# through the environment: off until measured, so a benchmark can run with and without them.
+FUSED_KERNELS = ("silu_mul", "add_rms_norm", "rope_store")
+FUSED_KERNELS_ENV = "SPECDECODE_FUSED_KERNELS"
+# refengine.models.triton_attend.SKIP_HIDDEN for a whole engine: "1" on, "0" or unset off.
+ATTEND_SKIP_HIDDEN_ENV = "SPECDECODE_ATTEND_SKIP_HIDDEN"
+
+
+def fused_kernels_from(text: str) -> set[str]:
+    """`silu_mul,rope_store`, `all` or empty: the kernels named; ValueError (one line) for others."""
+    names = {n.strip() for n in text.split(",") if n.strip()}
+    if names == {"all"}:
+        return set(FUSED_KERNELS)
+    unknown = sorted(names - set(FUSED_KERNELS))
+    if unknown:
+        raise ValueError(f"${FUSED_KERNELS_ENV}: unknown kernel(s) {', '.join(unknown)}; "
+                         f"known: {', '.join(FUSED_KERNELS)}, or all")
+    return names
+
+
 CONFIG_KEYS = {
     STEPS: "steps",
     TOPK: "topk",

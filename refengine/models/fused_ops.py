@@ -12,16 +12,22 @@ itself), and Triton kernels on CUDA (refengine.models.triton_fused).
 
 The kernels run only where `ENABLED` names them. It stays empty until an H200 run of
 benchmarks/forward_breakdown.py --variants measures them against the torch form in the engine's own
-forward. Must not know about requests, graphs or TP.
+forward. `SPECDECODE_FUSED_KERNELS` (names, comma-separated, or `all`) switches them on in a whole
+engine, ranks included, so a benchmark can run the engine with and without them side by side.
+Must not know about requests, graphs or TP.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
-KERNELS = ("silu_mul", "add_rms_norm", "rope_store")
-ENABLED: set[str] = set()
+from refengine.config import FUSED_KERNELS as KERNELS
+from refengine.config import FUSED_KERNELS_ENV, fused_kernels_from
+
+ENABLED: set[str] = fused_kernels_from(os.environ.get(FUSED_KERNELS_ENV, ""))
 _TRITON: object | None = None     # refengine.models.triton_fused once it imported, False if it cannot
 
 

@@ -12,9 +12,13 @@ Imported only on CUDA hosts; must not be imported where Triton is missing (atten
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+
+from refengine.config import ATTEND_SKIP_HIDDEN_ENV
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -148,7 +152,8 @@ def plan(b: int, t: int, hq: int, hk: int, c: int, d: int, sms: int) -> tuple[in
 _SMS: dict[int, int] = {}
 # Off until an H200 run measures it in the engine's forward (benchmarks/forward_breakdown.py
 # --variants): skipping makes each K/V load wait for the mask's, which may cost more than it saves.
-SKIP_HIDDEN = False
+# SPECDECODE_ATTEND_SKIP_HIDDEN=1 turns it on in a whole engine (a benchmark's side-by-side run).
+SKIP_HIDDEN = os.environ.get(ATTEND_SKIP_HIDDEN_ENV, "") == "1"
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 import re
 import shlex
 from dataclasses import asdict, dataclass, field
@@ -312,6 +313,13 @@ def parse_options(argv: list[str]) -> ServerOptions:
             "control and profiling would be open to the network (bind 127.0.0.1, or give a key)")
     if a.emulate_comm_latency is not None:
         _validate_latency(a.emulate_comm_latency)
+    from refengine.config import ATTEND_SKIP_HIDDEN_ENV, FUSED_KERNELS_ENV, fused_kernels_from
+    try:                       # checked here, so a bad value is one line, not a rank's traceback
+        fused_kernels_from(os.environ.get(FUSED_KERNELS_ENV, ""))
+    except ValueError as e:
+        raise OptionsError(str(e)) from None
+    if os.environ.get(ATTEND_SKIP_HIDDEN_ENV, "") not in ("", "0", "1"):
+        raise OptionsError(f"${ATTEND_SKIP_HIDDEN_ENV}: expected 1 or 0, got {os.environ[ATTEND_SKIP_HIDDEN_ENV]!r}")
     topk, steps, ndt = a.speculative_eagle_topk, a.speculative_num_steps, a.speculative_num_draft_tokens
     profile = _simulate_profile(a.speculative_simulate_accept_profile, a.speculative_simulate_accept, steps, topk)
     if (topk in (None, 1)) and steps is not None and ndt is not None and ndt != steps + 1:

@@ -4,7 +4,10 @@ without them), and the Triton kernels under Triton's interpreter against those f
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -163,3 +166,12 @@ def test_a_whole_forward_with_every_kernel_on_matches_the_torch_forward_under_th
     """)
     out = run_under_triton_interpreter(script)
     assert "forward ok" in out
+
+
+def test_the_environment_switches_the_kernels_on_for_a_whole_process():
+    code = "from refengine.models import fused_ops; print(sorted(fused_ops.ENABLED))"
+    env = {"SPECDECODE_FUSED_KERNELS": "rope_store,silu_mul", "PATH": "/usr/bin:/bin",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-1000:]
+    assert out.stdout.strip() == "['rope_store', 'silu_mul']"

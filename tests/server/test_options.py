@@ -88,3 +88,19 @@ def test_the_shipped_model_is_reported_without_machine_directories(tmp_path):
     assert shown_path(str(TINY_DRAFT_DIR)) == "refengine/data/tiny/eagle3"
     assert shown_path(str(tmp_path)) == str(tmp_path)   # a user's own path stays as given
     assert shown_path("tiny") == "tiny" and shown_path(None) is None
+
+
+def test_the_kernel_switches_in_the_environment_are_checked_before_any_rank_starts(monkeypatch):
+    from refengine.config import fused_kernels_from
+
+    assert fused_kernels_from("") == set() and fused_kernels_from("all") == {"silu_mul", "add_rms_norm", "rope_store"}
+    assert fused_kernels_from(" silu_mul, rope_store ") == {"silu_mul", "rope_store"}
+    monkeypatch.setenv("SPECDECODE_FUSED_KERNELS", "silu,rope_store")
+    with pytest.raises(OptionsError, match=r"^\$SPECDECODE_FUSED_KERNELS: unknown kernel\(s\) silu; known: "):
+        parse_options([])
+    monkeypatch.setenv("SPECDECODE_FUSED_KERNELS", "all")
+    monkeypatch.setenv("SPECDECODE_ATTEND_SKIP_HIDDEN", "yes")
+    with pytest.raises(OptionsError, match=r"SPECDECODE_ATTEND_SKIP_HIDDEN: expected 1 or 0, got 'yes'"):
+        parse_options([])
+    monkeypatch.setenv("SPECDECODE_ATTEND_SKIP_HIDDEN", "1")
+    parse_options([])
