@@ -19,14 +19,16 @@ CHILD = textwrap.dedent("""
     demo.TEARDOWN_S = 0.5
     marker = Path(sys.argv[1])
     demo._TEARDOWN.append(lambda: marker.write_text("torn down"))
-    signal.signal(signal.SIGHUP, demo._exit_on_signal)
-    print("ready", flush=True)
-    idle = threading.Event()
-    while True:
+
+    def lost(signum, frame):
         try:
-            idle.wait(0.05)
+            demo._exit_on_signal(signum, frame)
         except SystemExit:
-            pass       # the SystemExit lost: without the watchdog this process would never end
+            pass       # the raise lost, as when it lands in a finalizer: nothing unwinds
+
+    signal.signal(signal.SIGHUP, lost)
+    print("ready", flush=True)
+    threading.Event().wait()   # without the watchdog this process would never end
 """)
 
 
