@@ -15,7 +15,6 @@ from probes.adaptive_policy import AdaptiveConfigError
 from probes.names import (ADAPTIVE_CONFIG, DRAFT_TOKENS, PINNED_STEPS, PLACEMENT, PLACEMENTS, SHARDED, STEPS, TOPK,
                           tree_pool)
 
-# The knobs' /set_internal_state keys (SGLang's names plus our placement key) -> SpecConfig field.
 # The fused kernels of refengine.models.fused_ops, switched on for a whole engine (ranks included)
 # through the environment: off until measured, so a benchmark can run with and without them.
 FUSED_KERNELS = ("silu_mul", "add_rms_norm", "rope_store")
@@ -36,6 +35,7 @@ def fused_kernels_from(text: str) -> set[str]:
     return names
 
 
+# The knobs' /set_internal_state keys (SGLang's names plus our placement key) -> SpecConfig field.
 CONFIG_KEYS = {
     STEPS: "steps",
     TOPK: "topk",

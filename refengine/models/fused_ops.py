@@ -56,12 +56,8 @@ def triton_kernels():
     return _TRITON or None
 
 
-def enabled(name: str, x: torch.Tensor):
-    """The Triton kernels' module when kernel `name` is switched on and may run on `x`, else None."""
-    return _kernel_for(name, x)
-
-
 def _kernel_for(name: str, x: torch.Tensor):
+    """The Triton kernels' module when kernel `name` is switched on and may run on `x`, else None."""
     if name not in ENABLED or not x.is_cuda or torch.compiler.is_compiling() or torch.is_grad_enabled():
         return None
     k = triton_kernels()
@@ -81,15 +77,14 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
     return add_rms_norm_reference(x, delta, weight, eps)
 
 
-def rope_store(qkv: torch.Tensor, hq: int, hk: int, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-               v_cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> torch.Tensor | None:
-    """RoPE on q and k of the joined projection output qkv [B, T, hq + 2 hk, D] (cos, sin:
-    [B, T, 1, D]), k and v written into pool rows `rows` [B] at `slots` [B, T]; returns q rotated.
-    None when the kernel is off or cannot run: the caller then takes its torch path, which
-    computes the same (Attention._rotated_qkv and the pool writes)."""
-    k = _kernel_for("rope_store", qkv)
-    b, t = qkv.shape[:2]
-    if (k is None or qkv.stride(0) != t * qkv.stride(1) or qkv.shape[-1] % 2 or qkv.shape[-1] & (qkv.shape[-1] - 1)
-            or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or k_cache.dtype != qkv.dtype):
+def rope_store_kernel(x: torch.Tensor, head_dim: int, k_cache: torch.Tensor, v_cache: torch.Tensor):
+    """The kernels' module when RoPE with the K/V write may run as one kernel for a layer's input x
+    (asked before the projection, so a refusal costs nothing), else None: the caller then takes its
+    torch path, which computes the same (Attention._rotated_qkv and the pool writes). The kernel's
+    `rope_store(qkv [B, T, hq + 2 hk, D] contiguous, hq, hk, cos, sin [B, T, 1, D], k_cache,
+    v_cache, rows [B], slots [B, T])` returns q rotated and writes k and v into the pool."""
+    k = _kernel_for("rope_store", x)
+    if (k is None or head_dim & (head_dim - 1) or k_cache.dtype != x.dtype
+            or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1):
         return None
-    return k.rope_store(qkv, hq, hk, cos, sin, k_cache, v_cache, rows, slots)
+    return k

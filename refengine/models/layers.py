@@ -29,7 +29,6 @@ from torch import nn
 
 from refengine.models.attend import attend, attend_reference
 from refengine.models import fused_ops
-from refengine.models.fused_ops import silu_mul
 
 
 @dataclass
@@ -191,11 +190,11 @@ class Attention(nn.Module):
 
     def _fused_rope_store(self, x: torch.Tensor, meta: AttnMeta, k_cache: torch.Tensor,
                           v_cache: torch.Tensor) -> torch.Tensor | None:
-        """q rotated, with k and v already in the pool, from one kernel (fused_ops.rope_store);
+        """q rotated, with k and v already in the pool, from one kernel (fused_ops.rope_store_kernel);
         None where that kernel does not run."""
         hd = self.head_dim
-        if (not _fused(self.qkv, self.q_proj) or fused_ops.enabled("rope_store", x) is None
-                or hd & (hd - 1) or k_cache.dtype != x.dtype):    # what the kernel takes, checked before the matmul
+        kernel = fused_ops.rope_store_kernel(x, hd, k_cache, v_cache) if _fused(self.qkv, self.q_proj) else None
+        if kernel is None:
             return None
         b, t, _ = x.shape
         hq, hk = self.q_proj.weight.shape[0] // hd, self.k_proj.weight.shape[0] // hd
@@ -203,8 +202,8 @@ class Attention(nn.Module):
         if key not in meta.cache:                    # once per forward, shared by every layer
             meta.cache[key] = self.rotary.cos_sin(meta.positions, x.dtype)
         cos, sin = meta.cache[key]
-        qkv = F.linear(x, *self.qkv).view(b, t, -1, hd)
-        return fused_ops.rope_store(qkv, hq, hk, cos, sin, k_cache, v_cache, meta.rows, meta.slots)
+        qkv = F.linear(x, *self.qkv).view(b, t, -1, hd)     # contiguous: what the kernel indexes
+        return kernel.rope_store(qkv, hq, hk, cos, sin, k_cache, v_cache, meta.rows, meta.slots)
 
     def forward(self, x: torch.Tensor, meta: AttnMeta, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """x [B, T, in_dim]; writes this forward's K/V into the pool tensors of this layer
@@ -249,7 +248,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _fused(self.gate_up, self.gate_proj):
-            return self.down_proj(silu_mul(F.linear(x, *self.gate_up)))
+            return self.down_proj(fused_ops.silu_mul(F.linear(x, *self.gate_up)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

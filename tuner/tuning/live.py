@@ -27,7 +27,7 @@ from tuner.core import ab as core_ab
 from tuner.core import windows as core_windows
 from tuner.core.records import Event
 from probes.adaptive_policy import acceptance_only_pick
-from tuner.tuning.cost_model import CostModel, Prediction, best, fit_cost_model
+from tuner.tuning.cost_model import CostModel, Prediction, best, fit_cost_model, recommend
 from tuner.tuning.export import (adaptive_config, adaptive_flags, placement_note, sglang_flags)
 from tuner.tuning.observations import Iteration, parse_record, summarise
 from tuner.tuning.phase_feed import PhaseFeed
@@ -189,11 +189,10 @@ def derive_advice(best_s: Setting, predictions: Sequence[Prediction], model: Cos
     sglang_best = best_s
     flags: dict[str, Any] = {"note": placement_note(best_s)}
     if model is not None:
-        from tuner.tuning.cost_model import best as best_of, recommend
         space = [p.setting for p in predictions]
         recs = {str(b): p.to_json() for b, p in recommend(model, space).items()}
         if best_s.placement != SHARDED:
-            top = best_of(p for p in predictions if p.setting.placement == SHARDED)
+            top = best(p for p in predictions if p.setting.placement == SHARDED)
             sglang_best = top.setting if top is not None else Setting(0)
         chains = {b: p.setting for b, p in recommend(
             model, [s for s in space if s.topk == 1 and s.placement == SHARDED]).items()}
