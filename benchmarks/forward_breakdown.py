@@ -15,9 +15,10 @@ between kernels inside the graph).
 
 GPU (one H200, about 1 minute):
     python benchmarks/forward_breakdown.py --json OUT.json
-The kernels not yet on by default, side by side with the engine's forward, rows of 320 in a
-graph's context bucket of 472 (about 2 minutes):
-    python benchmarks/forward_breakdown.py --width 472 --variants base,silu,norm,rope,skip,all --json OUT.json
+Each fused kernel and the attention skip against the torch forms, rows of 320 in a graph's context
+bucket of 472, every variant's first forward checked against the torch forms' on the same seeded
+inputs (about 2 minutes):
+    python benchmarks/forward_breakdown.py --width 472 --variants torch,base,silu,norm,rope,skip,all --json OUT.json
 CPU check of the script (tiny preset, no graphs):
     python benchmarks/forward_breakdown.py --device cpu --model-path tiny --batch 4 --t 1,2 --ctx 64
 
@@ -42,9 +43,10 @@ from attention_variants import matmul_floor  # noqa: E402
 from cuda_timing import graph_us  # noqa: E402
 
 
-# variant: the fused_ops kernels it switches on, and whether attention skips hidden columns
-VARIANTS = {"base": (set(), False), "silu": ({"silu_mul"}, False), "norm": ({"add_rms_norm"}, False),
-            "rope": ({"rope_store"}, False), "skip": (set(), True),
+# variant: the fused_ops kernels it switches on, and whether attention skips hidden columns; None
+# for either: as the engine runs by default (fused_ops.ENABLED, triton_attend.SKIP_HIDDEN at import)
+VARIANTS = {"base": (None, None), "torch": (set(), False), "silu": ({"silu_mul"}, False),
+            "norm": ({"add_rms_norm"}, False), "rope": ({"rope_store"}, False), "skip": (None, True),
             "all": ({"silu_mul", "add_rms_norm", "rope_store"}, True)}
 
 
@@ -69,25 +71,34 @@ def by_op(events, forwards: int, device: str) -> dict[str, dict]:
     return dict(out)
 
 
-def breakdown(model, batch: int, t: int, ctx: int, device: str, dtype, forwards: int = 5, width: int = 0) -> dict:
+def breakdown(model, batch: int, t: int, ctx: int, device: str, dtype, forwards: int = 5, width: int = 0,
+              outputs: dict | None = None) -> dict:
     """One shape's profile; `width` is the mask's (a graph's context bucket, > ctx + t), default
-    just the rows' own length."""
+    just the rows' own length. The inputs and the KV pool's past are seeded, the same for every
+    call with the same shape; `outputs`, when given, receives the first forward's logits and the
+    K/V it wrote (for compare())."""
     from torch.profiler import ProfilerActivity, profile
 
     from refengine.models.layers import causal_meta
 
     width = max(width, ctx + t + 1)
+    gen = torch.Generator(device=device).manual_seed(batch * 1000 + t)
     kv = model.make_kv(batch, width, dtype, device)
+    for pool in kv.k + kv.v:       # a past to attend to, not zeros, so attention's result is checked too
+        pool.normal_(generator=gen)
     rows = torch.arange(batch, device=device)
     pos = (torch.arange(t, device=device) + ctx)[None].expand(batch, t).contiguous()
     meta = causal_meta(rows, pos, width)
-    ids = torch.randint(1, model.config.vocab_size, (batch, t), device=device)
-    x = torch.randn(batch, t, model.config.hidden_size, device=device, dtype=dtype)
+    ids = torch.randint(1, model.config.vocab_size, (batch, t), device=device, generator=gen)
+    x = torch.randn(batch, t, model.config.hidden_size, device=device, dtype=dtype, generator=gen)
 
     def fwd():
         meta.cache.clear()
         return model.logits(model(ids, meta, kv)[0])
 
+    if outputs is not None:
+        outputs["logits"] = fwd().float()
+        outputs["kv"] = torch.stack([p[:, ctx:ctx + t] for p in kv.k + kv.v]).float()
     graph = graph_us(fwd, 30 if device == "cuda" else 3, device)
     matmuls = graph_us(lambda: matmul_floor(model, x), 30 if device == "cuda" else 3, device)
     for _ in range(2):
@@ -104,6 +115,17 @@ def breakdown(model, batch: int, t: int, ctx: int, device: str, dtype, forwards:
             "ops_us_total": sum(r["us"] for r in ops.values()), "ops": ops}
 
 
+def compare(got: dict, ref: dict) -> dict:
+    """A variant's first forward against the torch forms' on the same inputs: the largest logit and
+    written-K/V difference relative to the reference's largest magnitude, and the share of rows whose
+    greedy token agrees (bf16 rounding moves near ties, nothing else should)."""
+    def rel(a, b):
+        return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+    same = (got["logits"].argmax(-1) == ref["logits"].argmax(-1)).float().mean()
+    return {"logits_rel": rel(got["logits"], ref["logits"]), "kv_rel": rel(got["kv"], ref["kv"]),
+            "argmax_agree": float(same)}
+
+
 def lines(row: dict, top: int = 14) -> list[str]:
     variant = f" [{row['variant']}]" if row.get("variant") else ""
     out = [f"## batch {row['batch']} x T={row['t']}, context {row['ctx']} in a mask of {row.get('width', row['ctx'])}"
@@ -118,6 +140,11 @@ def lines(row: dict, top: int = 14) -> list[str]:
     if rest:
         out.append(f"   ({len(rest)} more ops)                               "
                    f"{sum(r['us'] for _, r in rest):10.1f}")
+    if row.get("vs_torch"):
+        c = row["vs_torch"]
+        out.append(f"   against the torch forms: logits max |diff| {c['logits_rel']:.2e}, written K/V "
+                   f"{c['kv_rel']:.2e} (relative to the largest magnitude); greedy token agrees in "
+                   f"{100 * c['argmax_agree']:.1f} % of rows")
     return out
 
 
@@ -129,9 +156,11 @@ def main(argv=None) -> int:
     ap.add_argument("--t", type=_ints, default=_ints("1,4"), help="tokens per row, comma-separated")
     ap.add_argument("--ctx", type=int, default=320, help="KV positions already in each row")
     ap.add_argument("--width", type=int, default=0, help="mask width (a graph's context bucket); default ctx + T + 1")
-    ap.add_argument("--variants", default="base", help="comma-separated: base (as the engine runs), silu "
-                    "(the fused SiLU·mul kernel), norm (the fused add + RMSNorm), rope (RoPE with the KV "
-                    "write), skip (attention skips hidden columns), all")
+    ap.add_argument("--variants", default="base", help="comma-separated: base (as the engine runs), torch "
+                    "(no fused kernel: the torch forms; every other variant is checked against it), silu "
+                    "(only the fused SiLU·mul kernel), norm (only the fused add + RMSNorm), rope (only RoPE "
+                    "with the KV write), skip (as the engine runs, attention skipping hidden columns), all "
+                    "(the three kernels and the skip)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     variants = [v.strip() for v in a.variants.split(",") if v.strip()]
@@ -152,23 +181,33 @@ def main(argv=None) -> int:
     from refengine.models import fused_ops
     from refengine.models.attend import triton_kernel
     ta = triton_kernel()
+    default = (set(fused_ops.ENABLED), ta.SKIP_HIDDEN if ta is not None else False)
+    # The torch forms run first for each shape, so every other variant is checked against them.
+    variants.sort(key=lambda v: v != "torch")
     with torch.no_grad():
-        for b, t, v in ((b, t, v) for b in a.batch for t in a.t for v in variants):
-            kernels, skip = VARIANTS[v]
-            fused_ops.ENABLED = set(kernels)
-            if ta is not None:
-                ta.SKIP_HIDDEN = skip
-            try:
-                row = breakdown(model, b, t, a.ctx, a.device, dtype, width=a.width)
-            finally:
-                fused_ops.ENABLED = set()
+        for b, t in ((b, t) for b in a.batch for t in a.t):
+            ref: dict | None = None
+            for v in variants:
+                kernels, skip = VARIANTS[v]
+                fused_ops.ENABLED = set(default[0] if kernels is None else kernels)
                 if ta is not None:
-                    ta.SKIP_HIDDEN = False
-            row["variant"] = v
-            report["rows"].append(row)
-            print("\n".join(lines(row)), flush=True)
-            if a.json:
-                Path(a.json).write_text(json.dumps(report, indent=1))
+                    ta.SKIP_HIDDEN = default[1] if skip is None else skip
+                outputs: dict = {}
+                try:
+                    row = breakdown(model, b, t, a.ctx, a.device, dtype, width=a.width, outputs=outputs)
+                finally:
+                    fused_ops.ENABLED = set(default[0])
+                    if ta is not None:
+                        ta.SKIP_HIDDEN = default[1]
+                row["variant"] = v
+                if v == "torch":
+                    ref = outputs
+                elif ref is not None:
+                    row["vs_torch"] = compare(outputs, ref)
+                report["rows"].append(row)
+                print("\n".join(lines(row)), flush=True)
+                if a.json:
+                    Path(a.json).write_text(json.dumps(report, indent=1))
     return 0
 
 

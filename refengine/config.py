@@ -15,23 +15,30 @@ from probes.adaptive_policy import AdaptiveConfigError
 from probes.names import (ADAPTIVE_CONFIG, DRAFT_TOKENS, PINNED_STEPS, PLACEMENT, PLACEMENTS, SHARDED, STEPS, TOPK,
                           tree_pool)
 
-# The fused kernels of refengine.models.fused_ops, switched on for a whole engine (ranks included)
-# through the environment: off until measured, so a benchmark can run with and without them.
+# The fused kernels of refengine.models.fused_ops. All on by default (measured faster in the engine's
+# forward on an H200: benchmarks/results/fused_kernels_h200.md); the environment picks them for a
+# whole engine (ranks included), so a benchmark can run it with and without them side by side.
 FUSED_KERNELS = ("silu_mul", "add_rms_norm", "rope_store")
 FUSED_KERNELS_ENV = "SPECDECODE_FUSED_KERNELS"
-# refengine.models.triton_attend.SKIP_HIDDEN for a whole engine: "1" on, "0" or unset off.
+# refengine.models.triton_attend.SKIP_HIDDEN for a whole engine: "1" on, "0" or unset off (measured
+# slower in the engine's forward, so off).
 ATTEND_SKIP_HIDDEN_ENV = "SPECDECODE_ATTEND_SKIP_HIDDEN"
 
 
-def fused_kernels_from(text: str) -> set[str]:
-    """`silu_mul,rope_store`, `all` or empty: the kernels named; ValueError (one line) for others."""
+def fused_kernels_from(text: str | None) -> set[str]:
+    """`silu_mul,rope_store`, `all`, or `none` / empty: the kernels named; None (the variable unset):
+    all of them; ValueError (one line) for other names."""
+    if text is None:
+        return set(FUSED_KERNELS)
     names = {n.strip() for n in text.split(",") if n.strip()}
     if names == {"all"}:
         return set(FUSED_KERNELS)
+    if names == {"none"}:
+        return set()
     unknown = sorted(names - set(FUSED_KERNELS))
     if unknown:
         raise ValueError(f"${FUSED_KERNELS_ENV}: unknown kernel(s) {', '.join(unknown)}; "
-                         f"known: {', '.join(FUSED_KERNELS)}, or all")
+                         f"known: {', '.join(FUSED_KERNELS)}, all or none")
     return names
 
 

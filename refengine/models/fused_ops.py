@@ -10,10 +10,11 @@ rows × 4 tokens SiLU·mul alone took 757 µs of a 10.2-ms verify, and at batch 
 form (any device, the CPU path, autograd, and what torch.compile traces: Inductor fuses these
 itself), and Triton kernels on CUDA (refengine.models.triton_fused).
 
-The kernels run only where `ENABLED` names them. It stays empty until an H200 run of
-benchmarks/forward_breakdown.py --variants measures them against the torch form in the engine's own
-forward. `SPECDECODE_FUSED_KERNELS` (names, comma-separated, or `all`) switches them on in a whole
-engine, ranks included, so a benchmark can run the engine with and without them side by side.
+The kernels run only where `ENABLED` names them: all three by default, since an H200 run measured
+them in the engine's own forward (benchmarks/results/fused_kernels_h200.md: a batch-64 verify
+10 % faster, batch-1 decode 13 %). `SPECDECODE_FUSED_KERNELS` (names, comma-separated, `all` or
+`none`) picks them for a whole engine, ranks included, so a benchmark can run the engine with and
+without them side by side. Off CUDA, under torch.compile or with autograd the torch form runs.
 Must not know about requests, graphs or TP.
 """
 
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 from refengine.config import FUSED_KERNELS as KERNELS
 from refengine.config import FUSED_KERNELS_ENV, fused_kernels_from
 
-ENABLED: set[str] = fused_kernels_from(os.environ.get(FUSED_KERNELS_ENV, ""))
+ENABLED: set[str] = fused_kernels_from(os.environ.get(FUSED_KERNELS_ENV))
 _TRITON: object | None = None     # refengine.models.triton_fused once it imported, False if it cannot
 
 

@@ -150,9 +150,10 @@ def plan(b: int, t: int, hq: int, hk: int, c: int, d: int, sms: int) -> tuple[in
 
 
 _SMS: dict[int, int] = {}
-# Off until an H200 run measures it in the engine's forward (benchmarks/forward_breakdown.py
-# --variants): skipping makes each K/V load wait for the mask's, which may cost more than it saves.
-# SPECDECODE_ATTEND_SKIP_HIDDEN=1 turns it on in a whole engine (a benchmark's side-by-side run).
+# Off: on an H200 it made the engine's attention slower (1127 -> 1300 µs a forward at 64 rows × 1
+# token, benchmarks/results/fused_kernels_h200.md): each K/V load waits for the mask's, which cost
+# more than the skipped bytes saved. SPECDECODE_ATTEND_SKIP_HIDDEN=1 turns it on in a whole engine
+# (a benchmark's side-by-side run, after a change to the kernel).
 SKIP_HIDDEN = os.environ.get(ATTEND_SKIP_HIDDEN_ENV, "") == "1"
 
 

@@ -315,7 +315,7 @@ def parse_options(argv: list[str]) -> ServerOptions:
         _validate_latency(a.emulate_comm_latency)
     from refengine.config import ATTEND_SKIP_HIDDEN_ENV, FUSED_KERNELS_ENV, fused_kernels_from
     try:                       # checked here, so a bad value is one line, not a rank's traceback
-        fused_kernels_from(os.environ.get(FUSED_KERNELS_ENV, ""))
+        fused_kernels_from(os.environ.get(FUSED_KERNELS_ENV))
     except ValueError as e:
         raise OptionsError(str(e)) from None
     if os.environ.get(ATTEND_SKIP_HIDDEN_ENV, "") not in ("", "0", "1"):

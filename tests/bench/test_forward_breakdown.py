@@ -49,7 +49,7 @@ def test_a_cpu_profile_of_the_tiny_preset_names_the_attention_op_and_the_matmuls
 def test_an_unknown_variant_is_refused_in_one_line_before_any_model_is_built(capsys):
     assert fb.main(["--device", "cpu", "--variants", "base,fast"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "forward_breakdown: unknown variant(s) fast; known: base, silu, norm, rope, skip, all"
+    assert err == "forward_breakdown: unknown variant(s) fast; known: base, torch, silu, norm, rope, skip, all"
 
 
 def test_a_wider_mask_is_a_graphs_context_bucket_around_the_same_rows():
@@ -63,3 +63,25 @@ def test_a_wider_mask_is_a_graphs_context_bucket_around_the_same_rows():
         row = fb.breakdown(model, batch=2, t=1, ctx=10, device="cpu", dtype=torch.float32, forwards=1, width=64)
     assert (row["ctx"], row["width"]) == (10, 64)
     assert "in a mask of 64" in fb.lines(row)[0]
+
+
+def test_each_variant_is_checked_against_the_torch_forms_on_the_same_seeded_inputs(capsys, tmp_path):
+    """On CPU every variant runs the torch forms, so the check must read exactly zero; a changed
+    logit or K/V entry shows in the relative difference and the greedy agreement."""
+    import json
+
+    import torch
+
+    out = tmp_path / "fb.json"
+    assert fb.main(["--device", "cpu", "--model-path", "tiny", "--batch", "2", "--t", "2", "--ctx", "8",
+                    "--variants", "base,torch", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["variant"] for r in rows] == ["torch", "base"]          # the reference runs first
+    assert rows[1]["vs_torch"] == {"logits_rel": 0.0, "kv_rel": 0.0, "argmax_agree": 1.0}
+    assert "against the torch forms: logits max |diff| 0.00e+00" in capsys.readouterr().out
+
+    ref = {"logits": torch.tensor([[[1.0, 3.0], [2.0, -4.0]]]), "kv": torch.ones(2, 1, 2)}
+    got = {"logits": torch.tensor([[[1.0, 3.0], [2.0, 5.0]]]), "kv": torch.ones(2, 1, 2) * 1.5}
+    c = fb.compare(got, ref)
+    assert c["logits_rel"] == pytest.approx(9.0 / 4.0) and c["kv_rel"] == pytest.approx(0.5)
+    assert c["argmax_agree"] == 0.5

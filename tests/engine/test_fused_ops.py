@@ -50,8 +50,7 @@ def test_a_decoder_layer_computes_add_then_norm_as_before():
     torch.testing.assert_close(out, want_out)
 
 
-def test_the_kernels_are_off_until_measured_and_cpu_always_runs_the_torch_form():
-    assert fused_ops.ENABLED == set()
+def test_cpu_always_runs_the_torch_form_with_every_kernel_switched_on():
     x, d, w = torch.randn(3, 8), torch.randn(3, 8), torch.randn(8)
     old, fused_ops.ENABLED = fused_ops.ENABLED, set(fused_ops.KERNELS)
     try:
@@ -168,10 +167,15 @@ def test_a_whole_forward_with_every_kernel_on_matches_the_torch_forward_under_th
     assert "forward ok" in out
 
 
-def test_the_environment_switches_the_kernels_on_for_a_whole_process():
+@pytest.mark.parametrize("value, want", [(None, "['add_rms_norm', 'rope_store', 'silu_mul']"),
+                                         ("rope_store,silu_mul", "['rope_store', 'silu_mul']"),
+                                         ("none", "[]")])
+def test_the_environment_picks_the_kernels_for_a_whole_process(value, want):
+    """Unset: all three (measured faster on an H200); named: those; none: the torch forms."""
     code = "from refengine.models import fused_ops; print(sorted(fused_ops.ENABLED))"
-    env = {"SPECDECODE_FUSED_KERNELS": "rope_store,silu_mul", "PATH": "/usr/bin:/bin",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    if value is not None:
+        env["SPECDECODE_FUSED_KERNELS"] = value
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-1000:]
-    assert out.stdout.strip() == "['rope_store', 'silu_mul']"
+    assert out.stdout.strip() == want

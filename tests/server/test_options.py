@@ -93,7 +93,9 @@ def test_the_shipped_model_is_reported_without_machine_directories(tmp_path):
 def test_the_kernel_switches_in_the_environment_are_checked_before_any_rank_starts(monkeypatch):
     from refengine.config import fused_kernels_from
 
-    assert fused_kernels_from("") == set() and fused_kernels_from("all") == {"silu_mul", "add_rms_norm", "rope_store"}
+    every = {"silu_mul", "add_rms_norm", "rope_store"}
+    assert fused_kernels_from(None) == every and fused_kernels_from("all") == every    # unset: all, as measured
+    assert fused_kernels_from("") == set() and fused_kernels_from("none") == set()
     assert fused_kernels_from(" silu_mul, rope_store ") == {"silu_mul", "rope_store"}
     monkeypatch.setenv("SPECDECODE_FUSED_KERNELS", "silu,rope_store")
     with pytest.raises(OptionsError, match=r"^\$SPECDECODE_FUSED_KERNELS: unknown kernel\(s\) silu; known: "):
