@@ -18,7 +18,7 @@ GPU (one H200, about 1 minute):
 Each fused kernel and the attention skip against the torch forms, rows of 320 in a graph's context
 bucket of 472, every variant's first forward checked against the torch forms' on the same seeded
 inputs (about 2 minutes):
-    python benchmarks/forward_breakdown.py --width 472 --variants torch,base,silu,norm,rope,skip,all --json OUT.json
+    python benchmarks/forward_breakdown.py --width 472 --variants torch,base,silu,norm,rope,skip,nolimit,all --json OUT.json
 CPU check of the script (tiny preset, no graphs):
     python benchmarks/forward_breakdown.py --device cpu --model-path tiny --batch 4 --t 1,2 --ctx 64
 
@@ -43,11 +43,13 @@ from attention_variants import matmul_floor  # noqa: E402
 from cuda_timing import graph_us  # noqa: E402
 
 
-# variant: the fused_ops kernels it switches on, and whether attention skips hidden columns; None
-# for either: as the engine runs by default (fused_ops.ENABLED, triton_attend.SKIP_HIDDEN at import)
-VARIANTS = {"base": (None, None), "torch": (set(), False), "silu": ({"silu_mul"}, False),
-            "norm": ({"add_rms_norm"}, False), "rope": ({"rope_store"}, False), "skip": (None, True),
-            "all": ({"silu_mul", "add_rms_norm", "rope_store"}, True)}
+# variant: the fused_ops kernels it switches on, whether attention skips hidden columns, and whether
+# it stops at the visible limit; None for any: as the engine runs by default (fused_ops.ENABLED,
+# triton_attend.SKIP_HIDDEN, attend.USE_LIMIT at import)
+VARIANTS = {"base": (None, None, None), "torch": (set(), False, None), "silu": ({"silu_mul"}, False, None),
+            "norm": ({"add_rms_norm"}, False, None), "rope": ({"rope_store"}, False, None),
+            "skip": (None, True, None), "nolimit": (None, None, False),
+            "all": ({"silu_mul", "add_rms_norm", "rope_store"}, True, None)}
 
 
 def _ints(text: str) -> list[int]:
@@ -159,7 +161,8 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="base", help="comma-separated: base (as the engine runs), torch "
                     "(no fused kernel: the torch forms; every other variant is checked against it), silu "
                     "(only the fused SiLU·mul kernel), norm (only the fused add + RMSNorm), rope (only RoPE "
-                    "with the KV write), skip (as the engine runs, attention skipping hidden columns), all "
+                    "with the KV write), skip (as the engine runs, attention skipping hidden columns), nolimit "
+                    "(as the engine runs, attention reading the whole context bucket), all "
                     "(the three kernels and the skip)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
@@ -181,17 +184,19 @@ def main(argv=None) -> int:
     from refengine.models import fused_ops
     from refengine.models.attend import triton_kernel
     ta = triton_kernel()
-    default = (set(fused_ops.ENABLED), ta.SKIP_HIDDEN if ta is not None else False)
+    from refengine.models import attend as attend_mod
+    default = (set(fused_ops.ENABLED), ta.SKIP_HIDDEN if ta is not None else False, attend_mod.USE_LIMIT)
     # The torch forms run first for each shape, so every other variant is checked against them.
     variants.sort(key=lambda v: v != "torch")
     with torch.no_grad():
         for b, t in ((b, t) for b in a.batch for t in a.t):
             ref: dict | None = None
             for v in variants:
-                kernels, skip = VARIANTS[v]
+                kernels, skip, limit = VARIANTS[v]
                 fused_ops.ENABLED = set(default[0] if kernels is None else kernels)
                 if ta is not None:
                     ta.SKIP_HIDDEN = default[1] if skip is None else skip
+                attend_mod.USE_LIMIT = default[2] if limit is None else limit
                 outputs: dict = {}
                 try:
                     row = breakdown(model, b, t, a.ctx, a.device, dtype, width=a.width, outputs=outputs)
@@ -199,6 +204,7 @@ def main(argv=None) -> int:
                     fused_ops.ENABLED = set(default[0])
                     if ta is not None:
                         ta.SKIP_HIDDEN = default[1]
+                    attend_mod.USE_LIMIT = default[2]
                 row["variant"] = v
                 if v == "torch":
                     ref = outputs

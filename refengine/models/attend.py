@@ -1,10 +1,13 @@
 """Attention over the KV pool as one custom op, `refengine::attend`: the GQA attention of every
 forward (target layers and draft head), prefill, verify, trees and padded graph rows alike.
 
-    out = attend(q [B, T, Hq, D], k_cache [R, S, Hkv, D], v_cache, rows [B], mask [B, T, C], scale)
+    out = attend(q [B, T, Hq, D], k_cache [R, S, Hkv, D], v_cache, rows [B], mask [B, T, C], scale,
+                 limit [B] or None)
 
 Query row b attends to slots 0..C-1 of KV-pool row rows[b] where mask[b, t, c] is true (every query
-sees at least its own slot, so no row is empty). The output is a new contiguous tensor. Why an op and not torch code in the layer:
+sees at least its own slot, so no row is empty). `limit` (visible_limit(mask), once per forward)
+promises that no query of request b sees a column at or past limit[b]: the kernel then reads only
+the live part of a graph's context bucket, as FlashInfer reads a request's seq_len and no more. The output is a new contiguous tensor. Why an op and not torch code in the layer:
   * one implementation per device behind one name: the torch reference below (any device, and
     the CPU path), and a Triton kernel on CUDA (refengine.models.triton_attend) that reads the
     pool rows in place — the torch form gathers K/V rows, then runs ~8 kernels per layer;
@@ -15,15 +18,29 @@ Must not know about requests, graphs or TP (heads are whatever the sharded weigh
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 _TRITON: object | None = None     # refengine.models.triton_attend once it imported, False if it cannot
 
 
+# The layers pass visible_limit(mask) to the op; False makes them pass None (the kernel then reads
+# the whole context bucket): a switch for benchmarks/forward_breakdown.py's side-by-side variant.
+USE_LIMIT = True
+
+
+def visible_limit(mask: torch.Tensor) -> torch.Tensor:
+    """[B] int32: one past the last column any query of request b sees (mask [B, T, C])."""
+    cols = torch.arange(1, mask.shape[-1] + 1, device=mask.device, dtype=torch.int32)
+    return (mask.any(1) * cols).amax(-1)
+
+
 def attend_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
-                     mask: torch.Tensor, scale: float) -> torch.Tensor:
+                     mask: torch.Tensor, scale: float, limit: torch.Tensor | None = None) -> torch.Tensor:
     """The torch form (and the check for every kernel): two matmuls over query heads grouped by
-    their KV head, no repeat of K/V; softmax accumulates in float32 for half types."""
+    their KV head, no repeat of K/V; softmax accumulates in float32 for half types. `limit` is
+    only a promise about the mask, which this form reads whole."""
     b, t, hq, hd = q.shape
     c = mask.shape[-1]
     keys, values = k_cache[rows, :c], v_cache[rows, :c]               # [B, C, Hkv, D]
@@ -41,21 +58,21 @@ def attend_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 @torch.library.custom_op("refengine::attend", mutates_args=())
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
-           mask: torch.Tensor, scale: float) -> torch.Tensor:
+           mask: torch.Tensor, scale: float, limit: Optional[torch.Tensor] = None) -> torch.Tensor:
     return attend_reference(q, k_cache, v_cache, rows, mask, scale)
 
 
 @attend.register_fake
-def _(q, k_cache, v_cache, rows, mask, scale):
+def _(q, k_cache, v_cache, rows, mask, scale, limit=None):
     return q.new_empty(q.shape)            # contiguous, as both implementations return it
 
 
 @attend.register_kernel("cuda")
-def _(q, k_cache, v_cache, rows, mask, scale):
+def _(q, k_cache, v_cache, rows, mask, scale, limit=None):
     kernel = triton_kernel()
     if kernel is None or not kernel.supports(q, k_cache):
         return attend_reference(q, k_cache, v_cache, rows, mask, scale)
-    return kernel.attend(q, k_cache, v_cache, rows, mask, scale)
+    return kernel.attend(q, k_cache, v_cache, rows, mask, scale, limit=limit)
 
 
 def triton_kernel():

@@ -27,8 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from refengine.models.attend import attend, attend_reference
+from refengine.models import attend as attend_mod
 from refengine.models import fused_ops
+from refengine.models.attend import attend, attend_reference, visible_limit
 
 
 @dataclass
@@ -216,9 +217,21 @@ class Attention(nn.Module):
             k_cache[r, meta.slots] = k
             v_cache[r, meta.slots] = v
         # The op is inference-only (no autograd formula); training differentiates the torch form.
-        op = attend_reference if torch.is_grad_enabled() else attend
-        out = op(q, k_cache, v_cache, meta.rows, meta.mask, self.head_dim ** -0.5)
+        if torch.is_grad_enabled():
+            out = attend_reference(q, k_cache, v_cache, meta.rows, meta.mask, self.head_dim ** -0.5)
+        else:
+            out = attend(q, k_cache, v_cache, meta.rows, meta.mask, self.head_dim ** -0.5, _limit(meta, q))
         return self.o_proj(out.reshape(b, t, -1))
+
+
+def _limit(meta: AttnMeta, q: torch.Tensor) -> torch.Tensor | None:
+    """The mask's visible limit, once per forward and shared by every layer; None off CUDA (the
+    torch form reads the mask whole) or when attend.USE_LIMIT is off."""
+    if not (q.is_cuda and attend_mod.USE_LIMIT):
+        return None
+    if "limit" not in meta.cache:
+        meta.cache["limit"] = visible_limit(meta.mask)
+    return meta.cache["limit"]
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

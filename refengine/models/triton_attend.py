@@ -33,11 +33,12 @@ def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
 
 
 @triton.jit
-def _attend_part(Q, K, V, Rows, Mask, Out, Part, PartML,
+def _attend_part(Q, K, V, Rows, Mask, Limit, Out, Part, PartML,
                  sqb, sqt, sqh, skr, sks, skh, svr, svs, svh, smb, smt, sob, sot, soh,
                  T, C, MB, scale,
                  G: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, IEEE: tl.constexpr, SKIP: tl.constexpr):
+                 BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, IEEE: tl.constexpr, SKIP: tl.constexpr,
+                 LIMIT: tl.constexpr):
     pid = tl.program_id(0)                 # request * HKV + kv head
     split = tl.program_id(1)
     mblk = tl.program_id(2)
@@ -50,9 +51,14 @@ def _attend_part(Q, K, V, Rows, Mask, Out, Part, PartML,
     d = tl.arange(0, D)
     q = tl.load(Q + b * sqb + t[:, None] * sqt + head[:, None] * sqh + d[None, :], mask=valid_m[:, None], other=0.0)
     row = tl.load(Rows + b)
-    per = tl.cdiv(tl.cdiv(C, SPLITS), BLOCK_N) * BLOCK_N
+    # The columns to walk: the whole context bucket, or only up to the request's limit (no query
+    # of it sees further), shared out between the splits so none of them idles.
+    live = C
+    if LIMIT:
+        live = tl.minimum(tl.load(Limit + b), C)
+    per = tl.cdiv(tl.cdiv(live, SPLITS), BLOCK_N) * BLOCK_N
     lo = split * per
-    hi = tl.minimum(lo + per, C)
+    hi = tl.minimum(lo + per, live)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -159,10 +165,13 @@ SKIP_HIDDEN = os.environ.get(ATTEND_SKIP_HIDDEN_ENV, "") == "1"
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
            mask: torch.Tensor, scale: float, *, block_n: int | None = None, splits: int | None = None,
-           num_warps: int = 4, num_stages: int | None = None, skip_hidden: bool | None = None) -> torch.Tensor:
-    """The op's CUDA implementation. The keyword arguments override plan()'s choice (for
-    benchmarks/attend_sweep.py, which measures the alternatives); the engine passes none.
-    skip_hidden: read no K/V for columns that no query row of a block sees; None: SKIP_HIDDEN."""
+           num_warps: int = 4, num_stages: int | None = None, skip_hidden: bool | None = None,
+           limit: torch.Tensor | None = None) -> torch.Tensor:
+    """The op's CUDA implementation. limit: [B] int32, attend.visible_limit(mask) (columns at or
+    past limit[b] are not read), or None (the whole bucket). The other keyword arguments override
+    plan()'s choice (for benchmarks/attend_sweep.py, which measures the alternatives); the engine
+    passes none. skip_hidden: read no K/V for columns that no query row of a block sees; None:
+    SKIP_HIDDEN."""
     skip_hidden = SKIP_HIDDEN if skip_hidden is None else skip_hidden
     b, t, hq, d = q.shape
     hk = k_cache.shape[2]
@@ -182,12 +191,12 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: 
     else:
         part = ml = out
     _attend_part[(b * hk, splits, mb)](
-        q, k_cache, v_cache, rows, m8, out, part, ml,
+        q, k_cache, v_cache, rows, m8, rows if limit is None else limit, out, part, ml,
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), m8.stride(0), m8.stride(1),
         out.stride(0), out.stride(1), out.stride(2), t, c, mb, scale,
         G=hq // hk, HKV=hk, D=d, BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits,
-        IEEE=q.dtype == torch.float32, SKIP=skip_hidden, num_warps=num_warps, **stages)
+        IEEE=q.dtype == torch.float32, SKIP=skip_hidden, LIMIT=limit is not None, num_warps=num_warps, **stages)
     if splits > 1:
         _attend_combine[(b * hk, mb)](part, ml, out, out.stride(0), out.stride(1), out.stride(2), t, mb,
                                       G=hq // hk, HKV=hk, D=d, BLOCK_M=block_m, SPLITS=splits, num_warps=4)

@@ -49,7 +49,7 @@ def test_a_cpu_profile_of_the_tiny_preset_names_the_attention_op_and_the_matmuls
 def test_an_unknown_variant_is_refused_in_one_line_before_any_model_is_built(capsys):
     assert fb.main(["--device", "cpu", "--variants", "base,fast"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "forward_breakdown: unknown variant(s) fast; known: base, torch, silu, norm, rope, skip, all"
+    assert err == "forward_breakdown: unknown variant(s) fast; known: base, torch, silu, norm, rope, skip, nolimit, all"
 
 
 def test_a_wider_mask_is_a_graphs_context_bucket_around_the_same_rows():

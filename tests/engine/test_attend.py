@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from harness import run_under_triton_interpreter
-from refengine.models.attend import attend, attend_reference, attention_backend
+from refengine.models.attend import attend, attend_reference, attention_backend, visible_limit
 
 
 def _naive(q, kc, vc, rows, mask, scale):
@@ -52,6 +52,22 @@ def test_reference_is_attention_token_by_token(tree):
     assert torch.equal(got, attend_reference(q, kc, vc, rows, mask, 0.3))
 
 
+def test_the_visible_limit_is_one_past_the_last_column_any_query_of_a_request_sees():
+    mask = torch.zeros(3, 2, 10, dtype=torch.bool)
+    mask[0, 0, :4] = True                       # a chain: the later query sees further
+    mask[0, 1, :5] = True
+    mask[1, :, 0] = True                        # a graph's pad row: slot 0 only
+    mask[2, 0, :3] = True                       # a tree: a branch's column past a gap
+    mask[2, 1, [0, 1, 2, 7]] = True
+    assert visible_limit(mask).tolist() == [5, 1, 8]
+    assert visible_limit(mask).dtype == torch.int32
+
+
+def test_the_limit_is_a_promise_the_torch_form_does_not_need():
+    q, kc, vc, rows, mask = _case(2, 3, 4, 2, 8, 20, tree=True)
+    assert torch.equal(attend(q, kc, vc, rows, mask, 0.3, visible_limit(mask)), attend(q, kc, vc, rows, mask, 0.3))
+
+
 def test_cpu_runs_the_reference():
     assert attention_backend("cpu", 128, torch.bfloat16) == "torch"
 
@@ -62,7 +78,7 @@ def test_triton_kernel_matches_the_reference_under_the_interpreter():
     script = textwrap.dedent("""
         import torch
         from refengine.models import triton_attend as ta
-        from refengine.models.attend import attend_reference
+        from refengine.models.attend import attend_reference, visible_limit
         torch.cuda.current_device = lambda: 0       # the interpreter runs on CPU tensors
         cases = [  # (b, t, hq, hk, d, c, tree, SMs): one split, several splits, several query blocks
             (1, 1, 8, 2, 32, 70, False, 1), (1, 1, 8, 2, 32, 300, False, 132), (2, 4, 8, 2, 32, 130, True, 132),
@@ -80,9 +96,10 @@ def test_triton_kernel_matches_the_reference_under_the_interpreter():
                 mask.scatter_(2, pos[:, :, None], True)
             plan = ta.plan(b, t, hq, hk, c, d, sms)
             want = attend_reference(q, kc, vc, rows, mask, d ** -0.5)
-            for skip in (False, True):      # skipping hidden columns' K/V changes nothing computed
-                err = (ta.attend(q, kc, vc, rows, mask, d ** -0.5, skip_hidden=skip) - want).abs().max()
-                assert err < 1e-5, (b, t, c, plan, skip, float(err))
+            # Skipping hidden columns' K/V, or stopping at the visible limit, changes nothing computed.
+            for skip, limit in ((False, None), (True, None), (False, visible_limit(mask))):
+                err = (ta.attend(q, kc, vc, rows, mask, d ** -0.5, skip_hidden=skip, limit=limit) - want).abs().max()
+                assert err < 1e-5, (b, t, c, plan, skip, limit, float(err))
             print("ok", plan)
         # Hidden columns poisoned with NaN: skipping them leaves the output clean, reading them
         # does not (0 * NaN), which shows the skipping launch never loads them.
@@ -96,10 +113,18 @@ def test_triton_kernel_matches_the_reference_under_the_interpreter():
         assert (ta.attend(q, kc, vc, rows, mask, 0.2, skip_hidden=True) - want).abs().max() < 1e-5
         assert ta.attend(q, kc, vc, rows, mask, 0.2).isnan().any()
         print("skip ok")
+        # The same poison past the visible limit (40 for both requests): the limit never loads it,
+        # with one split and with several (the splits share out the live columns only).
+        lim = visible_limit(mask)
+        assert lim.tolist() == [40, 40] and lim.dtype == torch.int32
+        for sms in (1, 132):
+            ta._SMS[0] = sms
+            assert (ta.attend(q, kc, vc, rows, mask, 0.2, limit=lim) - want).abs().max() < 1e-5
+        print("limit ok")
     """)
     out = run_under_triton_interpreter(script)
     plans = [eval(line[3:]) for line in out.splitlines() if line.startswith("ok ")]
-    assert len(plans) == 4 and "skip ok" in out
+    assert len(plans) == 4 and "skip ok" in out and "limit ok" in out
     # (BLOCK_M, row blocks, BLOCK_N, splits): the cases reach one split and several (the combine
     # kernel), one block of query rows and several.
     assert plans[0][3] == 1 and plans[1][3] > 1 and plans[3][1] > 1

@@ -35,21 +35,21 @@ def _compile(fn, signature: dict[str, str], constants: dict[str, object]):
 
 
 def _attend_signature() -> dict[str, str]:
-    sig = {"Q": BF16, "K": BF16, "V": BF16, "Rows": "*i64", "Mask": "*u8", "Out": BF16, "Part": "*fp32",
-           "PartML": "*fp32"}
+    sig = {"Q": BF16, "K": BF16, "V": BF16, "Rows": "*i64", "Mask": "*u8", "Limit": "*i32", "Out": BF16,
+           "Part": "*fp32", "PartML": "*fp32"}
     sig.update(dict.fromkeys(("sqb", "sqt", "sqh", "skr", "sks", "skh", "svr", "svs", "svh", "smb", "smt", "sob",
                               "sot", "soh", "T", "C", "MB"), I32))
     return {**sig, "scale": "fp32"}
 
 
-@pytest.mark.parametrize("skip", [False, True])
+@pytest.mark.parametrize("skip,limit", [(False, True), (False, False), (True, False)])
 @pytest.mark.parametrize("block_n,splits", [(32, 1), (64, 6)])   # plan() at 64 rows, and at batch 1
-def test_the_attention_kernel_compiles_for_hopper(skip, block_n, splits):
+def test_the_attention_kernel_compiles_for_hopper(skip, limit, block_n, splits):
     from refengine.models import triton_attend as ta
 
     k = _compile(ta._attend_part, _attend_signature(),
                  {"G": 4, "HKV": 8, "D": 128, "BLOCK_M": 16, "BLOCK_N": block_n, "SPLITS": splits,
-                  "IEEE": False, "SKIP": skip})
+                  "IEEE": False, "SKIP": skip, "LIMIT": limit})
     assert k.metadata.shared <= 228 * 1024          # an H100/H200 SM's shared memory
 
 
