@@ -170,10 +170,10 @@ def row_buckets(max_rows: int) -> tuple[int, ...]:
 
 def ctx_bucket(ctx: int, row_len: int, floor: int = 256) -> int:
     """Context width for a graph: the next power of two >= ctx (at least `floor`), capped at
-    row_len. Coarse on purpose: few captures. The masked extra columns are not free: the attention
-    kernel reads their K/V unless it skips hidden columns (triton_attend.SKIP_HIDDEN, off:
-    measured slower): rows of 320 in a bucket of 472 read about 1.5× the K/V bytes they need
-    (benchmarks/results/attend_sweep_h200.md)."""
+    row_len. Coarse on purpose: few captures. The masked extra columns cost little: the attention
+    kernel stops at each request's visible limit (attend.visible_limit), so rows of 320 in a bucket
+    of 472 read their own K/V, not 1.5× it (benchmarks/results/fused_kernels_h200.md, section 4);
+    what is left is the mask itself, [B, T, bucket] booleans."""
     b = floor
     while b < ctx:
         b *= 2
