@@ -7,7 +7,9 @@ forward (target layers and draft head), prefill, verify, trees and padded graph 
 Query row b attends to slots 0..C-1 of KV-pool row rows[b] where mask[b, t, c] is true (every query
 sees at least its own slot, so no row is empty). `limit` (visible_limit(mask), once per forward)
 promises that no query of request b sees a column at or past limit[b]: the kernel then reads only
-the live part of a graph's context bucket, as FlashInfer reads a request's seq_len and no more. The output is a new contiguous tensor. Why an op and not torch code in the layer:
+the live part of a graph's context bucket, as FlashInfer reads a request's seq_len and no more (the
+torch form reads the mask whole). The output is a new contiguous tensor. Why an op and not torch
+code in the layer:
   * one implementation per device behind one name: the torch reference below (any device, and
     the CPU path), and a Triton kernel on CUDA (refengine.models.triton_attend) that reads the
     pool rows in place — the torch form gathers K/V rows, then runs ~8 kernels per layer;
@@ -37,10 +39,9 @@ def visible_limit(mask: torch.Tensor) -> torch.Tensor:
 
 
 def attend_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
-                     mask: torch.Tensor, scale: float, limit: torch.Tensor | None = None) -> torch.Tensor:
+                     mask: torch.Tensor, scale: float) -> torch.Tensor:
     """The torch form (and the check for every kernel): two matmuls over query heads grouped by
-    their KV head, no repeat of K/V; softmax accumulates in float32 for half types. `limit` is
-    only a promise about the mask, which this form reads whole."""
+    their KV head, no repeat of K/V; softmax accumulates in float32 for half types."""
     b, t, hq, hd = q.shape
     c = mask.shape[-1]
     keys, values = k_cache[rows, :c], v_cache[rows, :c]               # [B, C, Hkv, D]

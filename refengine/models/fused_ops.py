@@ -12,7 +12,7 @@ itself), and Triton kernels on CUDA (refengine.models.triton_fused).
 
 The kernels run only where `ENABLED` names them: all three by default, since an H200 run measured
 them in the engine's own forward (benchmarks/results/fused_kernels_h200.md: a batch-64 verify
-10 % faster, batch-1 decode 13 %). `SPECDECODE_FUSED_KERNELS` (names, comma-separated, `all` or
+11–14 % faster, a batch-1 forward 16–19 %). `SPECDECODE_FUSED_KERNELS` (names, comma-separated, `all` or
 `none`) picks them for a whole engine, ranks included, so a benchmark can run the engine with and
 without them side by side. Off CUDA, under torch.compile or with autograd the torch form runs.
 Must not know about requests, graphs or TP.

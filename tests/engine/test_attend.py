@@ -63,9 +63,31 @@ def test_the_visible_limit_is_one_past_the_last_column_any_query_of_a_request_se
     assert visible_limit(mask).dtype == torch.int32
 
 
-def test_the_limit_is_a_promise_the_torch_form_does_not_need():
+def test_the_op_takes_a_limit_and_its_cpu_form_answers_the_same():
     q, kc, vc, rows, mask = _case(2, 3, 4, 2, 8, 20, tree=True)
+    assert "Tensor? limit=None" in str(attend._opoverload._schema)      # what the layers pass on CUDA
     assert torch.equal(attend(q, kc, vc, rows, mask, 0.3, visible_limit(mask)), attend(q, kc, vc, rows, mask, 0.3))
+
+
+def test_the_layers_compute_the_limit_once_per_forward_and_only_for_the_kernel(monkeypatch):
+    """On CUDA every layer of a forward shares one visible_limit (a graph replays it once); off
+    CUDA, or with attend.USE_LIMIT off, the layers pass None and compute nothing."""
+    from types import SimpleNamespace
+
+    from refengine.models import attend as attend_mod
+    from refengine.models import layers
+
+    calls = []
+    monkeypatch.setattr(layers, "visible_limit", lambda m: calls.append(m) or visible_limit(m))
+    mask = torch.arange(6)[None, None] <= torch.tensor([[2], [4]])[:, :, None]       # [2, 1, 6]
+    meta = layers.causal_meta(torch.arange(2), torch.tensor([[2], [4]]), 6)
+    cuda_q = SimpleNamespace(is_cuda=True)
+    first, again = layers._limit(meta, cuda_q), layers._limit(meta, cuda_q)
+    assert first is again and first.tolist() == [3, 5] and torch.equal(meta.mask, mask) and len(calls) == 1
+    fresh = layers.causal_meta(torch.arange(2), torch.tensor([[2], [4]]), 6)
+    assert layers._limit(fresh, SimpleNamespace(is_cuda=False)) is None
+    monkeypatch.setattr(attend_mod, "USE_LIMIT", False)
+    assert layers._limit(fresh, cuda_q) is None and len(calls) == 1
 
 
 def test_cpu_runs_the_reference():
