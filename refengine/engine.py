@@ -88,6 +88,8 @@ class Req:
     """The prefill's token while the host has not read it: (its host copy, the clock mark after
     which that copy is valid, the launch count when it was queued). Committed before any later
     token of the request (_take_firsts)."""
+    forward_entry: float | None = None
+    """When its first prefill forward began (epoch seconds), sent with its first token."""
 
     def coins(self, n: int) -> torch.Tensor:
         return torch.rand(n, generator=self.gen, dtype=torch.float64)
@@ -285,9 +287,14 @@ class Engine:
         """Queue one request's prefill; returns a refusal, or None: the first token stays on the
         device (row_root) and reaches the host with the next read (_take_firsts), so an admission
         never waits for the GPU, as SGLang's overlapped prefill does not."""
-        budget = len(req.input_ids) + req.max_new_tokens + self.max_draft_tokens + 2
         if not req.input_ids:
             return GenUpdate(req.rid, [], True, "error", error="empty prompt")
+        # Parameters a tensor or generator cannot hold fail this request alone (raised below,
+        # they would end every rank); the check is pure, so every rank refuses alike.
+        bad = req.problem(self.target.config.vocab_size)
+        if bad is not None:
+            return GenUpdate(req.rid, [], True, "error", error=bad)
+        budget = len(req.input_ids) + req.max_new_tokens + self.max_draft_tokens + 2
         if budget > self.row_len or len(req.input_ids) + req.max_new_tokens > self.opts.context_length:
             return GenUpdate(req.rid, [], True, "error", prompt_tokens=len(req.input_ids),
                              error=f"prompt ({len(req.input_ids)}) + max_new_tokens ({req.max_new_tokens}) "
@@ -304,16 +311,19 @@ class Engine:
         r.gen = torch.Generator().manual_seed(seed)
         r.draft_gen = torch.Generator().manual_seed(seed + 1)
         self._since = self._since or time.perf_counter()
+        r.forward_entry = time.time()
         with self.timer.phase(PREFILL, "specdecode.prefill"):
             n = len(r.tokens)
             hidden, aux = self._prefill_forward(r)
             last = self.target.logits(hidden[:, -1:])
-            if req.temperature > 0:
-                probs = spec.sampling_probs(last, self._h2d([req.temperature], torch.float32),
-                                            self._h2d([req.top_k], torch.long), self._h2d([req.top_p], torch.float64))
-                first = spec.sample_from(probs[:, 0], self._to_dev(r.coins(1)))
-            else:
-                first = last[0, 0].argmax(-1, keepdim=True)
+            try:
+                first = self._first_token(req, r, last)
+            except (RuntimeError, ValueError, OverflowError) as e:
+                # Sampling runs on the gathered logits, identical on every rank, so every rank
+                # fails this request alike; nothing holds its row yet but this request.
+                self.free_rows.append(r.row)
+                return GenUpdate(req.rid, [], True, "error", prompt_tokens=n,
+                                 error=f"sampling the first token failed: {type(e).__name__}: {e}")
             r.seq_len = n
             # fill_, not `row_seq[row] = n`: that copies a pageable CPU scalar into the device
             # tensor, which waits for the whole stream (on the H200, 11 ms an admission).
@@ -328,6 +338,14 @@ class Engine:
         # on the device), and one with max_new_tokens 1 is never launched (_runnable).
         r.first, r.ahead = (self._d2h(first), self.comm.clock.mark(), self._launches), 1
         return None
+
+    def _first_token(self, req: GenRequest, r: Req, last: torch.Tensor) -> torch.Tensor:
+        """The prefill's first output token [1], left on the device."""
+        if req.temperature > 0:
+            probs = spec.sampling_probs(last, self._h2d([req.temperature], torch.float32),
+                                        self._h2d([req.top_k], torch.long), self._h2d([req.top_p], torch.float64))
+            return spec.sample_from(probs[:, 0], self._to_dev(r.coins(1)))
+        return last[0, 0].argmax(-1, keepdim=True)
 
     def _take_firsts(self, force: bool = False) -> list[GenUpdate]:
         """Commit the prefill tokens the host has not read yet, before any later token of those
@@ -344,6 +362,7 @@ class Engine:
                 r.ahead = 0
             u = self._commit_tokens(r, [int(host[0])])
             if u is not None:
+                u.forward_entry = r.forward_entry
                 updates.append(u)
             if r.finished and r.launched < 0:
                 # Never launched: nothing on the GPU uses its row. (A launched one is freed by the

@@ -7,8 +7,11 @@ Python scalars, lists and dicts. Must not import torch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
+
+_INT64_MAX = 2**63 - 1
 
 
 @dataclass
@@ -27,6 +30,35 @@ class GenRequest:
     ignore_eos: bool = False
     seed: int | None = None
     """Seed of this request's sampling coins (None = derived from the engine seed and rid)."""
+
+    def problem(self, vocab_size: int) -> str | None:
+        """Why a rank cannot pack this request's parameters into its tensors and generators, or None.
+
+        The HTTP server bounds every field at parse time; this is the rank's own check, so a
+        request from any other caller fails alone (an error update) instead of raising inside the
+        rank, which would end the whole group. Pure and cheap: the same answer on every rank."""
+        def is_int(v: Any, lo: int, hi: int) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+        def is_num(v: Any) -> bool:
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+        if not all(is_int(i, 0, vocab_size - 1) for i in self.input_ids):
+            return f"input_ids: expected token ids in 0..{vocab_size - 1}"
+        if not is_int(self.max_new_tokens, 0, _INT64_MAX):
+            return f"max_new_tokens: expected an integer in 0..{_INT64_MAX}"
+        if not is_num(self.temperature) or self.temperature < 0:
+            return "temperature: expected a finite number >= 0"
+        if not is_num(self.top_p) or not 0 < self.top_p <= 1:
+            return "top_p: expected a number in (0, 1]"
+        if not is_int(self.top_k, -1, _INT64_MAX):
+            return f"top_k: expected -1 (off) or an integer in 0..{_INT64_MAX}"
+        if not all(is_int(i, -_INT64_MAX - 1, _INT64_MAX) for i in self.stop_token_ids):
+            return "stop_token_ids: expected integers within int64"
+        # The draft's generator takes seed + 1: both must fit a generator's unsigned 64 bits.
+        if self.seed is not None and not is_int(self.seed, 0, 2**64 - 2):
+            return "seed: expected an integer in 0..2^64-2"
+        return None
 
 
 @dataclass
@@ -58,6 +90,9 @@ class GenUpdate:
     spec: SpecStats | None = None
     """The request's statistics so far, on every update (None without a draft model)."""
     error: str | None = None
+    forward_entry: float | None = None
+    """On the update with the first token: when its first prefill forward began (epoch seconds;
+    the server's queue time is this minus the request's arrival)."""
 
 
 # -- the queues between the client (HTTP process) and the ranks -------------------------------------
