@@ -342,14 +342,16 @@ class ServerApp:
         def finished(out: RequestOutput) -> None:
             if count:
                 e2e = (out.finished_at or time.time()) - out.created
-                ttft = out.first_token_at - out.created if out.first_token_at else None
                 verify = out.spec.spec_verify_ct if out.spec else 0
-                self.metrics.request_finished(out.prompt_tokens, len(out.output_ids), verify, e2e, ttft,
-                                              streaming=streaming)
+                self.metrics.request_finished(out.prompt_tokens, len(out.output_ids), verify, e2e,
+                                              out.time_per_output_token(), streaming=streaming)
 
         assert self.admission is not None
-        return Generation(self.admission, self.tokenizer, item, speculative=self.opts.speculative,
-                          context_length=self.context_length(), on_finish=finished)
+        gen = Generation(self.admission, self.tokenizer, item, speculative=self.opts.speculative,
+                         context_length=self.context_length(), on_finish=finished)
+        if count:
+            gen.out.latency = self.metrics.observer(streaming)   # TTFT and ITL as outputs arrive
+        return gen
 
     def slots(self) -> dict[str, Any]:
         """The slot invariant for tests and operators: what is held, and `problems` (empty when

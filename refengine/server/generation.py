@@ -205,7 +205,7 @@ class Generation:
             self.cancel("the engine sent nothing for too long")
             return True
         stopped = self.out.add(list(u.token_ids), finished=u.finished, reason=u.finish_reason,
-                               matched=u.matched, spec=u.spec, message=u.error)
+                               matched=u.matched, spec=u.spec, message=u.error, forward_entry=u.forward_entry)
         if stopped and not u.finished:
             self._abort_in_engine()  # a stop string ended it: free the batch slot now
         if self.out.finished:

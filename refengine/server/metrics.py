@@ -1,8 +1,13 @@
 """/metrics in Prometheus text format: SGLang's `sglang:*` names and labels plus ours under `specdecode:`.
 
-Request-level series are real prometheus_client instruments updated as requests finish; engine-level
-series are rendered at scrape time from one snapshot dict (see `Snapshot keys` below) by a custom
-collector. Must not call the engine itself: the app passes a function that builds the snapshot.
+Request-level series are real prometheus_client instruments updated as each request's outputs arrive
+(SGLang's tokenizer_manager.collect_metrics: time to first token on the first output, inter-token
+latency on each later one, the rest when it finishes); engine-level series are rendered at scrape
+time from one snapshot dict (see `Snapshot keys` below) by a custom collector. The latency
+histograms have SGLang 0.5.23's names, labels and bucket bounds (metrics_collector.py, cited at each
+list), and no `*_created` series: SGLang serves /metrics from prometheus_client's multiprocess
+collector, which has none. Must not call the engine itself: the app passes a function that builds
+the snapshot.
 
 Snapshot keys (all optional; a missing key leaves its series out rather than inventing a value):
   num_running_reqs, num_queue_reqs, token_usage, num_used_tokens, spec_num_steps, spec_eagle_topk,
@@ -25,16 +30,39 @@ from refengine.server.options import PLACEMENTS
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 ENGINE_TYPE = "unified"  # SGLang's engine_type label for a non-disaggregated server
 
-# SGLang's tokenizer-side latency buckets are long-tailed; these cover a CPU engine too.
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300)
+# SGLang 0.5.23's default bucket bounds (sglang/srt/observability/metrics_collector.py).
+TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)    # :1966-1985
+E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400,     # :1988-2011
+               600, 1200, 1800, 2400)
+ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040,  # :2014-2038
+               0.060, 0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000)
+"""Inter-token latency and request_time_per_output_token share these (:2054, :2064)."""
+QUEUE_BUCKETS = (0.000, 0.001, 0.005, 0.010, 0.050, 0.100, 0.200, 0.500, 1, 2, 3, 4, 5, 10,   # :841-882
+                 15, 20, 30, 40, 50, 60, 70, 80, 90, 100, 200, 300, 400, 500, 600, 700, 800, 900,
+                 1000, 1200, 1400, 1600, 1800, 2000, 2500, 3000)
+SCHED_LABELS = ["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"]
+"""SGLang's scheduler labels (metrics_collector.py:1383-1389): only the stats rank (TP0) reports."""
+
+
+class _NoCreated:
+    """The registry's families without their `*_created` samples: SGLang's multiprocess
+    collector emits none (and PROMETHEUS_DISABLE_CREATED_SERIES would switch them off for every
+    registry of the process, tests' included)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for fam in self.registry.collect():
+            fam.samples = [s for s in fam.samples if not s.name.endswith("_created")]
+            yield fam
 
 
 class _EngineCollector(Collector):
     def __init__(self, model_name: str, snapshot: Callable[[], dict[str, Any]]) -> None:
         self.model_name = model_name
         self.snapshot = snapshot
-        # SGLang's scheduler labels (metrics_collector.py): only the stats rank (TP0) reports.
-        self.sched_names = ["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"]
+        self.sched_names = SCHED_LABELS
         self.sched_values = [model_name, ENGINE_TYPE, "0", "0", "0"]
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -125,14 +153,14 @@ class Metrics:
         names = list(self.labels)
         # SGLang splits the tokenizer-side request series by "is_streaming" ("true"/"false";
         # metrics_collector.py:1855-1864, 1941-1945, 2041-2072, filled at 2105-2108); the verify
-        # counter keeps the plain labels (:1865-1869).
+        # counter and the inter-token latency keep the plain labels (:1865-1869, :2053).
         streamed = names + ["is_streaming"]
 
         def counter(name: str, doc: str, labelnames: list[str]) -> Counter:
             return Counter(name, doc, labelnames, registry=self.registry)
 
-        def histogram(name: str, doc: str) -> Histogram:
-            return Histogram(name, doc, streamed, buckets=LATENCY_BUCKETS, registry=self.registry)
+        def histogram(name: str, doc: str, labelnames: list[str], buckets: tuple) -> Histogram:
+            return Histogram(name, doc, labelnames, buckets=buckets, registry=self.registry)
 
         self.prompt_tokens = counter("sglang:prompt_tokens_total", "Number of prefill tokens processed.", streamed)
         self.generation_tokens = counter("sglang:generation_tokens_total", "Number of generation tokens processed.",
@@ -140,19 +168,73 @@ class Metrics:
         self.num_requests = counter("sglang:num_requests_total", "Number of requests processed.", streamed)
         self.spec_verify_calls = counter("sglang:spec_verify_calls_total", "Verify rounds of finished requests.",
                                          names).labels(**self.labels)
-        self.e2e_latency = histogram("sglang:e2e_request_latency_seconds", "End-to-end request latency.")
-        self.ttft = histogram("sglang:time_to_first_token_seconds", "Time to first token.")
+        self.e2e_latency = histogram("sglang:e2e_request_latency_seconds",
+                                     "Histogram of End-to-end request latency in seconds", streamed, E2E_BUCKETS)
+        self.ttft = histogram("sglang:time_to_first_token_seconds",
+                              "Histogram of time to first token in seconds.", streamed, TTFT_BUCKETS)
+        self.itl = histogram("sglang:inter_token_latency_seconds",
+                             "Histogram of inter-token latency in seconds.", names, ITL_BUCKETS).labels(**self.labels)
+        self.tpot = histogram("sglang:request_time_per_output_token_seconds",
+                              "Per-request TPOT in seconds: (finished_time - first_token_time) / "
+                              "(completion_tokens - 1).", streamed, ITL_BUCKETS)
+        # Scheduler-side (metrics_collector.py:837-883), with the scheduler's labels.
+        self.queue_time = histogram("sglang:queue_time_seconds", "Histogram of queueing time in seconds.",
+                                    SCHED_LABELS, QUEUE_BUCKETS).labels(model_name, ENGINE_TYPE, "0", "0", "0")
+
+    def _stream(self, streaming: bool) -> dict[str, str]:
+        return {**self.labels, "is_streaming": "true" if streaming else "false"}
+
+    def first_token(self, ttft_s: float, streaming: bool) -> None:
+        """A request's first output (not an abort): SGLang observes TTFT then, not at the end
+        (tokenizer_manager.py:3235-3247)."""
+        self.ttft.labels(**self._stream(streaming)).observe(ttft_s)
+
+    def tokens(self, interval_s: float, new_tokens: int) -> None:
+        """A later output of `new_tokens` tokens, `interval_s` after the previous one: SGLang
+        observes interval / new_tokens once per token, and the sum grows by the whole interval
+        (tokenizer_manager.py:3248-3256, metrics_collector.py:2161-2178)."""
+        if new_tokens <= 0:
+            return
+        each = interval_s / new_tokens
+        for _ in range(new_tokens):
+            self.itl.observe(each)
+
+    def queued(self, queue_s: float) -> None:
+        """One request's wait before its first forward (req_time_stats.py:802-813)."""
+        self.queue_time.observe(max(0.0, queue_s))
 
     def request_finished(self, prompt_tokens: int, completion_tokens: int, verify_ct: int,
-                         e2e_s: float, ttft_s: float | None, streaming: bool = False) -> None:
-        lab = {**self.labels, "is_streaming": "true" if streaming else "false"}
+                         e2e_s: float, tpot_s: float | None = None, streaming: bool = False) -> None:
+        """SGLang's observe_one_finished_request (metrics_collector.py:2092-2152); `tpot_s` only
+        for a request that finished by stop or length with more than one token (:3277-3284)."""
+        lab = self._stream(streaming)
         self.num_requests.labels(**lab).inc()
         self.prompt_tokens.labels(**lab).inc(prompt_tokens)
         self.generation_tokens.labels(**lab).inc(completion_tokens)
         self.spec_verify_calls.inc(verify_ct)
         self.e2e_latency.labels(**lab).observe(e2e_s)
-        if ttft_s is not None:
-            self.ttft.labels(**lab).observe(ttft_s)
+        if tpot_s is not None:
+            self.tpot.labels(**lab).observe(tpot_s)
+
+    def observer(self, streaming: bool) -> "RequestLatency":
+        """What one counted request tells its latencies to (RequestOutput.latency)."""
+        return RequestLatency(self, streaming)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(_NoCreated(self.registry))
+
+
+class RequestLatency:
+    """One request's latency facts into the server's histograms, with its is_streaming."""
+
+    def __init__(self, metrics: Metrics, streaming: bool) -> None:
+        self.metrics, self.streaming = metrics, streaming
+
+    def first_token(self, ttft_s: float) -> None:
+        self.metrics.first_token(ttft_s, self.streaming)
+
+    def tokens(self, interval_s: float, new_tokens: int) -> None:
+        self.metrics.tokens(interval_s, new_tokens)
+
+    def queued(self, queue_s: float) -> None:
+        self.metrics.queued(queue_s)

@@ -10,10 +10,19 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from refengine.messages import SpecStats
 from refengine.server.inputs import Sampling
+
+
+class LatencyObserver(Protocol):
+    """Where a request's latency facts go as they happen (the server's Metrics, bound to the
+    request's is_streaming)."""
+
+    def first_token(self, ttft_s: float) -> None: ...
+    def tokens(self, interval_s: float, new_tokens: int) -> None: ...
+    def queued(self, queue_s: float) -> None: ...
 
 
 @dataclass
@@ -33,14 +42,22 @@ class RequestOutput:
     finished_at: float | None = None
     error: str | None = None
     """Set when the engine failed the request (e.g. a rank died), not when it was merely aborted."""
+    latency: LatencyObserver | None = None
+    """Told the request's latencies as its outputs arrive; None = not counted (warm-up)."""
+    last_output_at: float | None = None
+    """When the last output with tokens arrived (SGLang's time_stats.last_time)."""
 
     def add(self, new_ids: list[int], finished: bool = False, reason: str | None = None,
-            matched: int | None = None, spec: SpecStats | None = None, message: str | None = None) -> bool:
-        """Append the engine's new ids; return True if a stop string/id ended the request here."""
+            matched: int | None = None, spec: SpecStats | None = None, message: str | None = None,
+            forward_entry: float | None = None) -> bool:
+        """Append the engine's new ids; return True if a stop string/id ended the request here.
+        `forward_entry`: when the engine began the request's first forward (its first update)."""
         if self.finished:
             return False
-        if new_ids and self.first_token_at is None:
-            self.first_token_at = time.time()
+        now = time.time()
+        if forward_entry is not None and self.latency is not None:
+            self.latency.queued(forward_entry - self.created)
+        n_before = len(self.output_ids)
         stopped_here = False
         for tok in new_ids:
             self.output_ids.append(tok)
@@ -48,6 +65,7 @@ class RequestOutput:
             if self.sampling.stop and self._stop_string_hit():
                 stopped_here = True
                 break
+        self._time_output(now, len(self.output_ids) - n_before, reason)
         if spec is not None:
             self.spec = spec
         if not self.finished:
@@ -55,6 +73,32 @@ class RequestOutput:
             if finished:
                 self._finish(self._engine_reason(reason, matched, message))
         return stopped_here
+
+    def _time_output(self, now: float, new: int, reason: str | None) -> None:
+        """SGLang's collect_metrics (tokenizer_manager.py:3235-3259): the first output that is not
+        an abort gives the time to first token; each later one its interval, spread over its new
+        tokens. An output without tokens moves nothing."""
+        if new <= 0:
+            return
+        if self.first_token_at is None:
+            self.first_token_at = self.last_output_at = now
+            if self.latency is not None and reason not in ("abort", "error"):
+                self.latency.first_token(now - self.created)
+            return
+        if self.latency is not None:
+            self.latency.tokens(now - (self.last_output_at or now), new)
+        self.last_output_at = now
+
+    def time_per_output_token(self) -> float | None:
+        """SGLang's TPOT of a finished request (req_time_stats.py:492-498; only for stop and
+        length, tokenizer_manager.py:3277-3284): decode time / (completion tokens - 1)."""
+        if not self.finished or (self.finish_reason or {}).get("type") not in ("stop", "length"):
+            return None
+        n = len(self.output_ids)
+        if self.first_token_at is None or self.finished_at is None or n <= 1:
+            return None
+        decode = self.finished_at - self.first_token_at
+        return decode / (n - 1) if decode > 0 else None
 
     def _stop_string_hit(self) -> bool:
         text = self.decode(self.output_ids)

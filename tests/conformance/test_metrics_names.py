@@ -34,8 +34,12 @@ ROWS = [
     ("sglang:generation_tokens", "counter", STREAM, ":1860-1864"),
     ("sglang:spec_verify_calls", "counter", TOK, ":1865-1869"),
     ("sglang:num_requests", "counter", STREAM, ":1941-1945"),
-    ("sglang:time_to_first_token_seconds", "histogram", STREAM, ":2041-2048"),
+    ("sglang:time_to_first_token_seconds", "histogram", STREAM, ":2040-2048"),
+    ("sglang:inter_token_latency_seconds", "histogram", TOK, ":2050-2055"),
+    ("sglang:request_time_per_output_token_seconds", "histogram", STREAM, ":2057-2065"),
     ("sglang:e2e_request_latency_seconds", "histogram", STREAM, ":2067-2072"),
+    ("sglang:queue_time_seconds", "histogram", SCHED, ":837-883"),
+    # Bucket bounds: tests/conformance/test_latency_histograms.py.
     # Ours (docs/ARCHITECTURE.md "Names and contracts").
     ("specdecode:phase_seconds", "counter", {"phase", "rank"}, "-"),
     ("specdecode:accept_position", "counter", {"k"}, "-"),
@@ -54,8 +58,11 @@ SNAP = {
 @pytest.fixture(scope="module")
 def families():
     m = Metrics("tiny", lambda: SNAP)
-    m.request_finished(prompt_tokens=5, completion_tokens=9, verify_ct=4, e2e_s=0.3, ttft_s=0.1, streaming=True)
-    m.request_finished(prompt_tokens=3, completion_tokens=2, verify_ct=1, e2e_s=0.2, ttft_s=0.1, streaming=False)
+    m.first_token(0.1, streaming=True)
+    m.tokens(0.02, 2)
+    m.queued(0.01)
+    m.request_finished(prompt_tokens=5, completion_tokens=9, verify_ct=4, e2e_s=0.3, tpot_s=0.02, streaming=True)
+    m.request_finished(prompt_tokens=3, completion_tokens=2, verify_ct=1, e2e_s=0.2, tpot_s=0.1, streaming=False)
     return {f.name: f for f in text_string_to_metric_families(m.render().decode())}
 
 

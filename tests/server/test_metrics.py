@@ -28,7 +28,7 @@ SNAP = {
 
 def test_engine_series_names_and_labels():
     m = Metrics("tiny", lambda: SNAP)
-    m.request_finished(prompt_tokens=5, completion_tokens=9, verify_ct=4, e2e_s=0.3, ttft_s=0.1)
+    m.request_finished(prompt_tokens=5, completion_tokens=9, verify_ct=4, e2e_s=0.3, tpot_s=0.01)
     fams = families(m.render().decode())
     (_, labels, v), = samples(fams, "sglang:spec_accept_length")
     assert v == 2.5 and labels == {"model_name": "tiny", "engine_type": "unified", "tp_rank": "0",
