@@ -43,6 +43,9 @@ PLACEMENT = "speculative_draft_placement"
 KNOBS: tuple[str, ...] = (STEPS, TOPK, DRAFT_TOKENS, PLACEMENT)
 PINNED_STEPS = "specdecode_num_steps"
 """The SGLang plugin's name for steps (it pins the adaptive tier; -1 unpins)."""
+PINNABLE_STEPS = "specdecode_pinnable_steps"
+"""What the SGLang plugin publishes in `internal_states[i]`: the tiers it can pin and the batch
+sizes where each holds (probes/inserver/sglang_steps.pinnable_info)."""
 ADAPTIVE = "speculative_adaptive"
 ADAPTIVE_CONFIG = "speculative_adaptive_config"
 """SGLang's adaptive switch and its config (a file at launch; the config in force in internal_states)."""
@@ -73,6 +76,9 @@ With the overlap scheduler the iteration's host spans start here, not at `t - wa
 iteration is launched before this one is read. What a trace is matched on."""
 R_ADAPTIVE = "adaptive"
 """Whether an adaptive schedule chose this record's steps (they are what actually ran either way)."""
+R_PINNED = "pinned"
+"""SGLang plugin: a step pin is set and held at this batch size (false: the pin is set but this
+batch size's slot has no graphs for the tier, so SGLang's policy ran). Absent without a pin."""
 R_SIMULATED = "simulated"
 R_EMULATED_COMM = "emulated_comm"
 R_GRAPH_MODE = "graph_mode"
@@ -80,7 +86,8 @@ R_CAPTURE = "capture"
 R_CAPTURES = "captures"
 RECORD_KEYS: frozenset[str] = frozenset({
     R_SEQ, R_T, R_RANK, R_EPOCH, R_STEPS, R_TOPK, R_DRAFT_TOKENS, R_PLACEMENT, R_BS, R_COMMITTED,
-    R_WALL_MS, R_PHASE_MS, R_COMM_MS, R_COMM_CALLS, R_COMM_CALLS_IN_GRAPH, R_ACCEPTED, R_CTX, R_ADAPTIVE, R_SIMULATED,
+    R_WALL_MS, R_PHASE_MS, R_COMM_MS, R_COMM_CALLS, R_COMM_CALLS_IN_GRAPH, R_ACCEPTED, R_CTX, R_ADAPTIVE, R_PINNED,
+    R_SIMULATED,
     R_T_LAUNCH,
     R_EMULATED_COMM, R_GRAPH_MODE, R_CAPTURE, R_CAPTURES,
 })

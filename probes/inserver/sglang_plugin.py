@@ -14,7 +14,10 @@ scheduler (TP rank) processes
   EagleDraftWorker._draft_extend_for_decode  phase `draft_extend`
   EAGLEWorkerV2.on_verify_complete_cpu     accepted drafts per request (already on the host)
   SchedulerInternalStateController._update_handlers   adds `specdecode_num_steps`, `specdecode_timers`
-  AdaptiveSpeculativeParams.get_steps_for_batch / .on_verify_complete   obey the pin
+  SchedulerInternalStateController.get_internal_state adds `specdecode_pinnable_steps` (what can be
+                                           pinned, at which batch sizes: sglang_steps.pinnable_info)
+  AdaptiveSpeculativeParams.get_steps_for_batch / .on_verify_complete   obey the pin where the
+                                           batch size's slot has graphs for its tier
 main (HTTP) process
   http_server.launch_server                before SGLang starts its schedulers: picks the phase-stream
                                            directory (SPECDECODE_STREAM_DIR, inherited by every
@@ -57,14 +60,15 @@ from typing import Any, Callable
 
 from probes.names import SHARDED
 from probes.inserver.sglang_steps import (
-    PIN_KEY, TIMERS_KEY, Lease, Refused, StepPin, adaptive_view, check_lease, check_pin,
+    PIN_KEY, PINNABLE_KEY, TIMERS_KEY, Lease, Refused, StepPin, adaptive_view, check_lease, check_pin,
+    coverage_of, pinnable_info,
 )
 from probes.inserver.sglang_stream import (
     MAX_LIMIT, STREAM_ENV, RingWriter, choose_stream_dir, list_streams, read_records, stream_dir,
 )
 from probes.inserver.sglang_timing import HostEvent, PhaseTimeline
 
-PLUGIN_VERSION = "1"
+PLUGIN_VERSION = "2"          # 2: publishes the pinnable steps; the pin yields where a tier has no graphs
 log = logging.getLogger("specdecode.sglang_plugin")
 
 _EW = "sglang.srt.speculative.eagle_worker_v2"
@@ -78,6 +82,8 @@ TARGETS = {
     "accepted": f"{_EW}.EAGLEWorkerV2.on_verify_complete_cpu",
     "update_handlers": "sglang.srt.managers.scheduler_components.internal_state."
                        "SchedulerInternalStateController._update_handlers",
+    "internal_state": "sglang.srt.managers.scheduler_components.internal_state."
+                      "SchedulerInternalStateController.get_internal_state",
     "policy_steps": "sglang.srt.speculative.adaptive_spec_params."
                     "AdaptiveSpeculativeParams.get_steps_for_batch",
     "policy_feedback": "sglang.srt.speculative.adaptive_spec_params."
@@ -90,7 +96,7 @@ SGLANG_APP = f"{HTTP_SERVER_MODULE}:app"            # its default (checked by th
 WORKER_APP = "probes.inserver.sglang_app:app"       # the same app with our routes
 HTTP_LAUNCH_AT = "sglang/srt/entrypoints/http_server.py:3125"   # checked by the contract tests
 SCHEDULER_HOOKS = ("iteration", "draft", "verify", "target_forward", "draft_extend", "accepted",
-                   "update_handlers", "policy_steps", "policy_feedback")
+                   "update_handlers", "internal_state", "policy_steps", "policy_feedback")
 MAIN_HOOKS = ("http_launch",)
 INTERNAL_STATE_MODULE = "sglang.srt.managers.scheduler_components.internal_state"
 FLUSH_EVERY_S = 0.2                          # stream/counter latency vs per-iteration cost
@@ -116,6 +122,7 @@ class _Probe:
         self.sample_span: Any = None         # open specdecode.verify_sample record_function
         self.profiler_enabled: Callable[[], bool] = _profiler_enabled_lazy
         self.capturing: Callable[[], bool] = lambda: False
+        self.pinnable: tuple[Any, Any] = (None, None)    # (controller id, max bs) -> published info
 
     def open_sample_span(self) -> None:
         import torch
@@ -250,7 +257,9 @@ def around_iteration(original: Callable, self: Any, batch: Any, *args: Any, **kw
                          topk=int(self.topk), num_draft_tokens=int(self.speculative_num_draft_tokens),
                          placement=_placement(self), ctx=_contexts(batch),
                          controller=(ctrl := getattr(self, "adaptive_controller", None)) is not None,
+                         # the policy hook, called inside the original, says what this batch ran
                          adaptive=ctrl is not None and not p.pin.pinned,
+                         pinned=p.pin.pinned if ctrl is not None and p.pin.pinned else None,
                          simulated=bool(os.environ.get("SGLANG_SIMULATE_ACC_LEN")))
     except Exception as e:
         p.fail("iteration start", e)
@@ -344,7 +353,21 @@ def around_accepted(original: Callable, self: Any, num_correct_drafts_per_req: A
 
 
 def around_policy_steps(original: Callable, self: Any, batch_size: int) -> int:
-    return _probe.pin.steps_for_batch(original(self, batch_size))
+    # Called by activate_step_by_batch at the start of each decode iteration (eagle_worker_v2.py:
+    # 1445), inside around_iteration: the record takes the tier this batch really runs (the tier
+    # read before the switch would be the previous batch's).
+    policy = original(self, batch_size)
+    p = _probe
+    try:
+        cands = self._route(batch_size).candidate_steps if p.pin.pinned else ()
+    except Exception:
+        cands = ()
+    steps = p.pin.steps_for_batch(policy, cands)
+    tl = p.timeline
+    if tl is not None and tl.active:
+        pinned = p.pin.held if p.pin.pinned else None
+        tl.update(steps=int(steps), num_draft_tokens=int(steps) + 1, adaptive=not p.pin.held, pinned=pinned)
+    return steps
 
 
 def around_policy_feedback(original: Callable, self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -361,24 +384,29 @@ def around_update_handlers(original: Callable, self: Any, *args: Any, **kwargs: 
     rejected, handler = mod.UpdateRejected, mod._UpdateHandler
     scheduler = self.scheduler
 
-    def controller() -> Any:
-        return getattr(getattr(scheduler, "draft_worker", None), "adaptive_controller", None)
-
     def validate_pin(key: str, value: Any) -> None:
         try:
-            check_pin(value, adaptive_view(controller()))
+            check_pin(value, *_pin_context(scheduler)[1:])
         except Refused as e:
             raise rejected(str(e)) from None
 
     def apply_pin(key: str, value: Any) -> None:
-        ctrl = controller()
-        n = check_pin(value, adaptive_view(ctrl))
-        _probe.pin.steps = n
+        ctrl, view, cover = _pin_context(scheduler)
+        n = check_pin(value, view, cover)
+        pin = _probe.pin
+        pin.steps = n
+        if view is not None:
+            pin.launch, pin.graphs = view.launch, view.graph_bs is not None
         if n is not None:
-            ctrl._activate(n)            # swap now; get_steps_for_batch keeps it there
+            ctrl._activate(n)            # swap now; get_steps_for_batch keeps it where it holds
         if _probe.timeline is not None:
             _probe.timeline.operator_change()   # a pin is the operator's change: a new epoch
-        log.info("specdecode plugin: %s", f"steps pinned to {n}" if n is not None
+        where = ""
+        if n is not None and cover is not None and view is not None:
+            from probes.sglang_tiers import everywhere, ranges_text
+            if not everywhere(cover[n], _max_bs(scheduler)):
+                where = f" at {ranges_text(cover[n])} only (SGLang's policy elsewhere: no graphs there)"
+        log.info("specdecode plugin: %s", f"steps pinned to {n}{where}" if n is not None
                  else "step pin released to SGLang's adaptive policy")
 
     def validate_timers(key: str, value: Any) -> None:
@@ -396,6 +424,42 @@ def around_update_handlers(original: Callable, self: Any, *args: Any, **kwargs: 
     handlers[PIN_KEY] = handler(validate_pin, apply_pin)
     handlers[TIMERS_KEY] = handler(validate_timers, apply_timers)
     return handlers
+
+
+def _controller(scheduler: Any) -> Any:
+    return getattr(getattr(scheduler, "draft_worker", None), "adaptive_controller", None)
+
+
+def _max_bs(scheduler: Any) -> int:
+    # Slots above the scheduler's request cap never run (internal_state.py:73 publishes the same).
+    return int(getattr(scheduler, "max_running_requests", 0) or 0)
+
+
+def _pin_context(scheduler: Any) -> tuple[Any, Any, Any]:
+    """(controller, its view, tier coverage over the batch sizes this scheduler runs)."""
+    ctrl = _controller(scheduler)
+    view = adaptive_view(ctrl)
+    max_bs = _max_bs(scheduler)
+    if view is None or max_bs < 1:
+        return ctrl, view, None
+    return ctrl, view, coverage_of(view, max_bs, lambda bs: ctrl.params._route(bs).candidate_steps)
+
+
+def around_get_internal_state(original: Callable, self: Any, *args: Any, **kwargs: Any) -> Any:
+    out = original(self, *args, **kwargs)
+    try:
+        scheduler = self.scheduler
+        ctrl = _controller(scheduler)
+        key = (id(ctrl), _max_bs(scheduler))
+        if _probe.pinnable[0] != key:       # slots never change after startup: compute once
+            info = pinnable_info(adaptive_view(ctrl), key[1],
+                                 lambda bs: ctrl.params._route(bs).candidate_steps) if key[1] > 0 else None
+            _probe.pinnable = (key, info)
+        if _probe.pinnable[1] is not None:
+            out.internal_state[PINNABLE_KEY] = _probe.pinnable[1]
+    except Exception as e:                  # never break SGLang's /server_info
+        log.warning("specdecode plugin: no %s in /server_info (%s: %s)", PINNABLE_KEY, type(e).__name__, e)
+    return out
 
 
 # --- HTTP process: the stream route -------------------------------------------------------------
@@ -487,6 +551,7 @@ HOOKS: dict[str, Callable] = {
     "draft_extend": around_draft_extend,
     "accepted": around_accepted,
     "update_handlers": around_update_handlers,
+    "internal_state": around_get_internal_state,
     "policy_steps": around_policy_steps,
     "policy_feedback": around_policy_feedback,
     "http_launch": around_launch_server,

@@ -153,6 +153,11 @@ class PhaseTimeline:
         self.seq += 1
         self._current = _Iteration(self.seq, {**meta, "epoch": self.epoch}, self.pool.recorded())
 
+    def update(self, **meta: Any) -> None:
+        """Correct the current iteration's meta once the worker has chosen its tier (same epoch)."""
+        if self._current is not None:
+            self._current.meta.update(meta)
+
     def operator_change(self) -> None:
         """Someone changed the configuration (not the controller): later records get a new epoch."""
         self.epoch += 1
@@ -238,6 +243,8 @@ class PhaseTimeline:
             "simulated": bool(meta.get("simulated", False)), "emulated_comm": False,
             "adaptive": bool(meta.get("adaptive", False)),
         }
+        if meta.get("pinned") is not None:
+            rec["pinned"] = bool(meta["pinned"])
         # Unknown fields are left out, never null: readers use .get(key, default).
         ctx = meta.get("ctx")
         if ctx is not None and len(ctx) == meta.get("bs"):

@@ -4,18 +4,14 @@ What is real: SGLang's hook registry (imported from the wheel), SGLang's adaptiv
 and controller (AdaptiveStepSlot, AdaptiveSpeculativeParams, AdaptiveController) and its
 /set_internal_state dispatcher (SchedulerInternalStateController.set_internal_state with
 UpdateRejected/_UpdateHandler) and http_server.launch_server (sglang_http_launch), compiled from
-the wheel's source; torch's profiler; the stream files. What is a stand-in (SGLang's worker needs CUDA kernels that cannot load here): the
-EAGLE worker, draft worker and target worker classes, registered under SGLang's module names with
-the method names and call order of eagle_worker_v2.py (the contract tests pin those), doing
-small CPU matmuls.
+the wheel's source; torch's profiler; the stream files. What is a stand-in: see
+sglang_scheduler.py (the worker classes and the scheduler object).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import sys
-import types
 from types import SimpleNamespace
 
 import pytest
@@ -23,149 +19,14 @@ import torch
 
 from probes.inserver import sglang_plugin
 from probes.inserver.sglang_stream import read_records
-from sglang_http_launch import build as build_http_launch
-from sglang_wheel_code import load_definitions
+from sglang_scheduler import internal_state, scheduler_env, server as _server_of
 
 torch.set_num_threads(1)
 
-EW = "sglang.srt.speculative.eagle_worker_v2"
-ASP = "sglang.srt.speculative.adaptive_spec_params"
-ART = "sglang.srt.speculative.adaptive_runtime_state"
-IST = "sglang.srt.managers.scheduler_components.internal_state"
-TPW = "sglang.srt.managers.tp_worker"
-
-
-def _standin_modules(art: types.ModuleType) -> dict[str, types.ModuleType]:
-    """Stand-ins for SGLang's worker classes (see the module docstring)."""
-    ew = types.ModuleType(EW)
-
-    class EagleDraftWorker:
-        def __init__(self):
-            self.speculative_num_steps = 3
-            self.w = torch.randn(32, 32)
-
-        def draft(self, batch):
-            x = batch.x
-            for _ in range(max(self.speculative_num_steps - 1, 1)):
-                x = torch.tanh(x @ self.w)
-            return x
-
-        def _draft_extend_for_decode(self, batch, batch_output, kv_loc_plan=None):
-            return torch.tanh(batch.x @ self.w)
-
-    class EAGLEWorkerV2:
-        def __init__(self, target, adaptive_cfg=None):
-            self.topk = 1
-            self.speculative_num_steps = 3
-            self.speculative_num_draft_tokens = 4
-            self.device = "cpu"
-            self.draft_worker = EagleDraftWorker()
-            self.target_worker = target
-            self.adaptive_controller = None
-            if adaptive_cfg is not None:
-                params = sys.modules[ASP].AdaptiveSpeculativeParams(
-                    initial_steps=self.speculative_num_steps, cfg_path=adaptive_cfg)
-                self.adaptive_controller = art.AdaptiveController(self, params)
-                self.adaptive_controller.register(self.build_adaptive_runtime_state(3, 4))
-                self.adaptive_controller.init_states(cuda_graph_bs=None)
-
-        # the decode branch of SGLang's forward_batch_generation, in the same call order
-        def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None,
-                                     pp_proxy_tensors=None):
-            if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
-                return self.target_worker.forward_batch_generation(batch)
-            self.activate_step_by_batch(batch.seq_lens.shape[0])
-            with torch.profiler.record_function("draft"):          # SGLang's spec_stage_span
-                verify_input = self.draft_worker.draft(batch)
-            out = self.verify(batch)
-            with torch.profiler.record_function("draft_extend"):
-                self.draft_worker._draft_extend_for_decode(batch, out, kv_loc_plan=verify_input)
-            return out
-
-        def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
-            logits = self.target_worker.forward_batch_generation(
-                batch=None, forward_batch=batch, is_verify=True)
-            probs = torch.softmax(logits, -1)                     # acceptance stand-in
-            return torch.multinomial(probs, 1).squeeze(-1) + probs.argmax(-1)
-
-        def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size=0):
-            if self.adaptive_controller is not None:
-                self.adaptive_controller.on_verify_complete(num_correct_drafts_per_req,
-                                                            batch_size=batch_size)
-
-        def activate_step_by_batch(self, batch_size):
-            if self.adaptive_controller is not None:
-                self.adaptive_controller.activate_step_by_batch(batch_size)
-
-        def build_adaptive_runtime_state(self, speculative_num_steps, speculative_num_draft_tokens,
-                                         cuda_graph_bs=None):
-            return art.SpecRuntimeState(speculative_num_steps, speculative_num_draft_tokens,
-                                        None, None, None, None, None, None)
-
-        def apply_runtime_state(self, state):
-            self.speculative_num_steps = state.speculative_num_steps
-            self.speculative_num_draft_tokens = state.speculative_num_draft_tokens
-            self.draft_worker.speculative_num_steps = state.speculative_num_steps
-
-    ew.EagleDraftWorker, ew.EAGLEWorkerV2 = EagleDraftWorker, EAGLEWorkerV2
-    tpw = types.ModuleType(TPW)
-
-    class TpModelWorker:
-        def __init__(self):
-            self.w = torch.randn(32, 64)
-            self.calls = []
-
-        def forward_batch_generation(self, batch=None, forward_batch=None, pp_proxy_tensors=None,
-                                     is_verify=False, **kw):
-            self.calls.append(is_verify)
-            x = (forward_batch if forward_batch is not None else batch).x
-            name = f"step[VERIFY bs={x.shape[0]}]" if is_verify else "step[EXTEND]"
-            with torch.profiler.record_function(name):             # ModelRunner.forward's span
-                return torch.tanh(x @ self.w) @ self.w.T @ self.w
-
-    tpw.TpModelWorker = TpModelWorker
-    return {EW: ew, TPW: tpw}
-
-
 @pytest.fixture
 def sglang(sglang_target, monkeypatch, tmp_path):
-    saved = dict(sys.modules)
-    pkg = types.ModuleType("sglang")
-    pkg.__path__ = [str(sglang_target / "sglang")]
-    sys.modules["sglang"] = pkg
-    from sglang.srt.plugins.hook_registry import HookRegistry
-
-    HookRegistry.reset()
-    log_rank0 = lambda logger, msg: logger.info(msg)      # SGLang's log_info_on_rank0, one process
-    asp = load_definitions(sglang_target / "sglang", ASP,
-                           ["DEFAULT_ADAPTIVE_CONFIG", "_load_adaptive_config", "AdaptiveStepSlot",
-                            "AdaptiveSpeculativeParams"], {"log_info_on_rank0": log_rank0},
-                           register_as=ASP)
-    art = load_definitions(sglang_target / "sglang", ART, ["SpecRuntimeState", "AdaptiveController"],
-                           {}, register_as=ART)
-    # set_internal_state only reaches get_context() for server-arg overrides, which our keys
-    # never return; the reply struct is a msgspec type in io_struct.
-    ist = load_definitions(sglang_target / "sglang", IST,
-                           ["UpdateRejected", "SchedulerInternalStateController", "_UpdateHandler",
-                            "_override"],
-                           {"SetInternalStateReqOutput": lambda updated: updated,
-                            "get_context": None}, register_as=IST)
-    sys.modules.update(_standin_modules(art))
-    served = []
-    http = build_http_launch(sglang_target / "sglang", lambda: None, served.append)
-    monkeypatch.setenv("SPECDECODE_PLUGIN_ROLE", "all")
-    monkeypatch.setenv("SPECDECODE_STREAM_DIR", str(tmp_path))
-    monkeypatch.delenv("SPECDECODE_TIMERS", raising=False)
-    monkeypatch.setattr(sglang_plugin, "_probe", sglang_plugin._Probe())
-    sglang_plugin.register()
-    HookRegistry.apply_hooks()
-    ns = SimpleNamespace(registry=HookRegistry, asp=asp, art=art, ist=ist, dir=tmp_path,
-                         ew=sys.modules[EW], tpw=sys.modules[TPW], http=http, served=served)
-    yield ns
-    HookRegistry.reset()
-    for name in [n for n in sys.modules if n not in saved]:
-        del sys.modules[name]
-    sys.modules.update(saved)
+    with scheduler_env(sglang_target, tmp_path, monkeypatch) as ns:
+        yield ns
 
 
 class _Mode:
@@ -183,10 +44,8 @@ def _batch(bs=2, extend=False, ctx=None):
                            seq_lens=torch.zeros(bs), x=torch.randn(bs, 32), reqs=reqs)
 
 
-def _server(ns, adaptive_cfg=None):
-    worker = ns.ew.EAGLEWorkerV2(ns.tpw.TpModelWorker(), adaptive_cfg)
-    ctl = ns.ist.SchedulerInternalStateController(SimpleNamespace(draft_worker=worker), False)
-    return worker, ctl
+def _server(ns, adaptive_cfg=None, **kw):
+    return _server_of(ns, adaptive_cfg, **kw)
 
 
 def _read(directory, **kw):
@@ -320,15 +179,56 @@ def test_pin_drives_sglangs_adaptive_controller(sglang, tmp_path_factory):
     assert worker.speculative_num_steps > 1
 
 
-def test_pin_refused_for_a_step_some_batch_sizes_lack(sglang, tmp_path_factory, caplog):
-    cfg = tmp_path_factory.mktemp("cfg") / "adaptive.json"
-    cfg.write_text('{"1": {"candidate_steps": [1, 3]}, "8": {"candidate_steps": [0, 1]}}')
-    worker, ctl = _server(sglang, str(cfg))
-    with caplog.at_level(logging.WARNING):
-        assert _set(ctl, specdecode_num_steps=3) is False
-    assert "not a candidate for batch sizes >= 8" in caplog.text
-    assert _set(ctl, specdecode_num_steps=1) is True
+# SGLang's default tiers {1:[1,3,5,7], 8:[0,1,3], 32:[0,1], 64:[0]}, launched at steps 3 with the
+# spec-decode graph sizes up to 48 and 48 requests at most: what each tier covers, by SGLang's _route.
+DEFAULT_COVER = {"0": [[8, 48]], "1": [[1, 48]], "3": [[1, 48]], "5": [[1, 7]], "7": [[1, 7]]}
 
+
+def _graph_bs(max_bs=48):
+    from probes.sglang_tiers import decode_graph_bs
+    return decode_graph_bs(max_bs)
+
+
+def test_the_default_launch_publishes_what_each_tier_covers(sglang):
+    _, ctl = _server(sglang, None, adaptive=True, graph_bs=_graph_bs(), launch_steps=3)
+    st = internal_state(ctl)
+    pin = st["specdecode_pinnable_steps"]
+    assert st["effective_max_running_requests_per_dp"] == 48          # SGLang's own key, same call
+    assert pin["max_bs"] == 48 and pin["launch"] == 3 and pin["graph_bs"] == _graph_bs()
+    # every size 1..8 is a graph size, so 5 and 7 stop at bs 7; 3 (the launch's) runs everywhere;
+    # slot 64 never runs with 48 requests at most
+    assert pin["steps"] == DEFAULT_COVER
+    assert [sl["bs"] for sl in pin["slots"]] == [1, 8, 32, 64]
+    assert pin["slots"][0]["candidate_steps"] == [1, 3, 5, 7] and pin["slots"][0]["down_hysteresis"] == -0.25
+
+
+def test_a_pin_holds_only_where_its_tier_has_graphs_and_records_say_so(sglang, caplog):
+    worker, ctl = _server(sglang, None, adaptive=True, graph_bs=_graph_bs(), launch_steps=3)
+    _set(ctl, specdecode_timers=60)
+    with caplog.at_level(logging.INFO):
+        assert _set(ctl, specdecode_num_steps=5) is True
+    assert "steps pinned to 5 at bs 1-7 only" in caplog.text
+    for bs in (2, 2, 16, 16, 2):
+        worker.forward_batch_generation(_batch(bs))
+        worker.on_verify_complete_cpu([1] * bs, batch_size=bs)
+    worker.forward_batch_generation(_batch(2))
+    recs = [r for r in _read(sglang.dir, limit=100)["records"] if "pinned" in r]
+    by_bs = {(r["bs"], r["steps"], r["pinned"], r["adaptive"]) for r in recs}
+    # bs 16 routes to slot 8 ([0, 1, 3]): SGLang's policy runs its tier there, read after the switch
+    assert (2, 5, True, False) in by_bs and (16, 3, False, True) in by_bs
+    assert not any(r["bs"] == 16 and r["steps"] == 5 for r in recs)
+
+
+def test_pins_with_no_batch_size_or_no_graphs_are_refused_with_the_fix(sglang, caplog):
+    _, ctl = _server(sglang, None, adaptive=True, graph_bs=_graph_bs(), launch_steps=3,
+                     max_running_requests=4)
+    with caplog.at_level(logging.WARNING):
+        assert _set(ctl, specdecode_num_steps=0) is False       # slots 8+ only; 4 requests at most
+        assert _set(ctl, specdecode_num_steps=2) is False       # never captured
+    assert "specdecode_num_steps=0 never runs here: only slots bs >= 8, bs >= 32, bs >= 64 list it" in caplog.text
+    assert "specdecode_num_steps=2 has no CUDA graphs" in caplog.text
+    assert "specdecode-tune sglang-flags" in caplog.text
+    assert _set(ctl, specdecode_num_steps=7) is True
 
 def test_verify_spans_in_a_real_torch_profiler_trace(sglang, tmp_path):
     """Profiling needs no timer lease; the trace gets an explicit verify range, and the
