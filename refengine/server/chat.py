@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from refengine.server.inputs import BadRequest, Sampling, parse_sampling, stream_options
+from refengine.server.inputs import INT64_MAX, BadRequest, Sampling, parse_sampling, short_value, stream_options
 
 # protocol.py:1062-1068 _DEFAULT_SAMPLING_PARAMS, used when a field is absent or null.
 SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
@@ -110,8 +110,8 @@ def _max_tokens(body: dict) -> int | None:
     for name in ("max_completion_tokens", "max_tokens"):
         v = body.get(name)
         if v is not None:
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise BadRequest(f"{name}: expected an integer >= 0, got {v!r}")
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= INT64_MAX:
+                raise BadRequest(f"{name}: expected an integer in 0..{INT64_MAX}, got {short_value(v)}")
             if v:
                 return v
     return None
@@ -131,13 +131,13 @@ def parse_chat(body: Any) -> ChatRequest:
     sampling = parse_sampling(sp, seed_name="seed")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
-        raise BadRequest(f"stream: expected true or false, got {stream!r}")
+        raise BadRequest(f"stream: expected true or false, got {short_value(stream)}")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("model: expected a string")
     details = body.get("return_spec_tokens_details", False)
     if not isinstance(details, bool):
-        raise BadRequest(f"return_spec_tokens_details: expected true or false, got {details!r}")
+        raise BadRequest(f"return_spec_tokens_details: expected true or false, got {short_value(details)}")
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise BadRequest("chat_template_kwargs: expected an object")

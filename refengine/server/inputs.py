@@ -18,6 +18,11 @@ from probes.names import ADAPTIVE_CONFIG, KNOBS, PINNED_STEPS, PLACEMENT, PLACEM
 DEFAULT_MAX_NEW_TOKENS = 128
 OPENAI_DEFAULT_MAX_TOKENS = 16
 MAX_BODY_BYTES = 16 << 20
+# Bounds of the integers that end up in the ranks' tensors (torch.long / a generator's seed): a
+# value past them is a 400 naming the field here, never an overflow inside a rank.
+INT64_MAX = 2**63 - 1
+# top_k beyond any vocabulary means "off"; SGLang's samplers hold it in an int32 tensor.
+MAX_TOP_K = 2**31 - 1
 CONFIG_KEYS = KNOBS
 # What /set_internal_state takes: the knobs, SGLang's adaptive config (null removes it) and the
 # SGLang plugin's tier pin.
@@ -123,7 +128,9 @@ def parse_json(raw: bytes) -> Any:
         raise BadRequest(f"malformed JSON body: nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         obj = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except ValueError as e:
+        # JSONDecodeError, UnicodeDecodeError, and an integer literal past Python's 4300-digit
+        # limit: every one is the client's body, so a 400.
         raise BadRequest(f"malformed JSON body: {e}") from None
     except RecursionError:
         raise BadRequest(f"malformed JSON body: nested deeper than {MAX_JSON_DEPTH} levels") from None
@@ -146,7 +153,7 @@ def stream_options(body: dict) -> bool:
     if v is None:
         return False
     if not isinstance(v, bool):
-        raise BadRequest(f"stream_options.include_usage: expected true or false, got {v!r}")
+        raise BadRequest(f"stream_options.include_usage: expected true or false, got {short_value(v)}")
     return v
 
 
@@ -156,6 +163,12 @@ def _is_int(v: Any) -> bool:
 
 def _is_num(v: Any) -> bool:
     return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def short_value(v: Any) -> str:
+    """A client's value for an error message, cut: a 4000-digit integer must not come back whole."""
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _ids(v: Any, name: str, vocab_size: int | None) -> tuple[int, ...]:
@@ -176,20 +189,20 @@ def parse_sampling(sp: Any, *, default_max: int = DEFAULT_MAX_NEW_TOKENS, max_na
     mx = sp.get(max_name, default_max)
     if mx is None:
         mx = default_max
-    if not _is_int(mx) or mx < 0:
-        raise BadRequest(f"{max_name}: expected an integer >= 0, got {mx!r}")
+    if not _is_int(mx) or not 0 <= mx <= INT64_MAX:
+        raise BadRequest(f"{max_name}: expected an integer in 0..{INT64_MAX}, got {short_value(mx)}")
     temp = sp.get("temperature", 1.0)
     if not _is_num(temp) or temp < 0:
-        raise BadRequest(f"temperature: expected a number >= 0, got {temp!r}")
+        raise BadRequest(f"temperature: expected a number >= 0, got {short_value(temp)}")
     top_p = sp.get("top_p", 1.0)
     if not _is_num(top_p) or not 0 < top_p <= 1:
-        raise BadRequest(f"top_p: expected a number in (0, 1], got {top_p!r}")
+        raise BadRequest(f"top_p: expected a number in (0, 1], got {short_value(top_p)}")
     top_k = sp.get("top_k", -1)
-    if not _is_int(top_k) or (top_k < 1 and top_k not in (-1, 0)):
-        raise BadRequest(f"top_k: expected -1 (off) or an integer >= 1, got {top_k!r}")
+    if not _is_int(top_k) or not (top_k in (-1, 0) or 1 <= top_k <= MAX_TOP_K):
+        raise BadRequest(f"top_k: expected -1 (off) or an integer in 1..{MAX_TOP_K}, got {short_value(top_k)}")
     ignore_eos = sp.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
-        raise BadRequest(f"ignore_eos: expected true or false, got {ignore_eos!r}")
+        raise BadRequest(f"ignore_eos: expected true or false, got {short_value(ignore_eos)}")
     stop = sp.get("stop") or ()
     if isinstance(stop, str):
         stop = (stop,)
@@ -198,9 +211,11 @@ def parse_sampling(sp: Any, *, default_max: int = DEFAULT_MAX_NEW_TOKENS, max_na
     stop_ids = sp.get("stop_token_ids") or ()
     if not isinstance(stop_ids, (list, tuple)) or not all(_is_int(i) for i in stop_ids):
         raise BadRequest("stop_token_ids: expected a list of integers")
+    if any(not -INT64_MAX - 1 <= i <= INT64_MAX for i in stop_ids):
+        raise BadRequest("stop_token_ids: expected integers within int64 (±2^63)")
     seed = sp.get(seed_name)
-    if seed is not None and (not _is_int(seed) or not 0 <= seed < 2**63):
-        raise BadRequest(f"{seed_name}: expected an integer >= 0, got {seed!r}")
+    if seed is not None and (not _is_int(seed) or not 0 <= seed <= INT64_MAX):
+        raise BadRequest(f"{seed_name}: expected an integer in 0..{INT64_MAX}, got {short_value(seed)}")
     return Sampling(max_new_tokens=mx, temperature=float(temp), top_p=float(top_p),
                     top_k=-1 if top_k == 0 else top_k, ignore_eos=ignore_eos,
                     stop=tuple(stop), stop_token_ids=tuple(stop_ids), sampling_seed=seed)
@@ -211,7 +226,7 @@ def _bool(body: dict, name: str, default: bool = False) -> bool:
     if v is None:
         return default
     if not isinstance(v, bool):
-        raise BadRequest(f"{name}: expected true or false, got {v!r}")
+        raise BadRequest(f"{name}: expected true or false, got {short_value(v)}")
     return v
 
 
@@ -307,13 +322,13 @@ def parse_internal_state(body: Any) -> dict[str, Any]:
     for k, v in args.items():
         if k == PLACEMENT:
             if not isinstance(v, str):
-                raise BadRequest(f"{k}: expected one of {', '.join(PLACEMENTS)}, got {v!r}")
+                raise BadRequest(f"{k}: expected one of {', '.join(PLACEMENTS)}, got {short_value(v)}")
         elif k == ADAPTIVE_CONFIG:
             if v is not None and not isinstance(v, dict):
                 raise BadRequest(f'{k}: expected a config object ({{"1": {{"candidate_steps": [...]}}, ...}}) '
-                                 f"or null, got {v!r}")
+                                 f"or null, got {short_value(v)}")
         elif not (_is_int(v) or (isinstance(v, float) and v.is_integer())):
-            raise BadRequest(f"{k}: expected an integer, got {v!r}")
+            raise BadRequest(f"{k}: expected an integer, got {short_value(v)}")
     return {k: (v if k in (PLACEMENT, ADAPTIVE_CONFIG) else int(v)) for k, v in args.items()}
 
 
@@ -324,7 +339,7 @@ def parse_int_query(query: dict[str, list[str]], name: str, default: int, lo: in
     try:
         v = int(vals[-1])
     except ValueError:
-        raise BadRequest(f"{name}: expected an integer, got {vals[-1]!r}") from None
+        raise BadRequest(f"{name}: expected an integer, got {short_value(vals[-1])}") from None
     if not lo <= v <= hi:
         raise BadRequest(f"{name}: expected {lo}..{hi}, got {v}")
     return v
