@@ -55,3 +55,8 @@ async def wait_for(pilot, what: Callable[[], object], timeout: float = 60.0, ste
             return value
         await pilot.pause(step)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {why or what}")
+
+
+def screen_lines(app) -> list[str]:
+    """The terminal as the operator sees it now, one string per row (what the compositor draws)."""
+    return [strip.text for strip in app.screen._compositor.render_strips()]

@@ -1,8 +1,11 @@
 """The event log panel: setting changes, refusals, captures, disconnects, one line each.
 
 Lines are appended as the app hands over events it has not shown yet. The newest line stays in view
-unless the operator scrolled up to read older ones. Times are relative to the session start so a
-replayed log reads the same as the live one.
+until the operator scrolls up to read older ones, and again once they scroll back to the bottom: an
+explicit follow flag that only the operator's own scrolling changes. (Inferring "scrolled up" from
+the geometry at each append broke when a neighbouring panel grew: the log shrank, its last line fell
+below the view, and the log stopped following for good.) Times are relative to the session start so
+a replayed log reads the same as the live one.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
@@ -47,6 +51,8 @@ class EventLog(VerticalScroll):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.lines: list[LogLine] = []
+        self.follow = True
+        """Keep the newest line in view; only the operator's scrolling clears or sets it."""
 
     def compose(self) -> ComposeResult:
         yield Static()
@@ -54,14 +60,38 @@ class EventLog(VerticalScroll):
     def add(self, lines: list[LogLine]) -> None:
         if not lines:
             return
-        follow = self.scroll_y >= self.max_scroll_y - 1
         self.lines = (self.lines + lines)[-MAX_LINES:]
         self._show()
-        if follow:
-            self.call_after_refresh(self.scroll_end, animate=False)
+        self._keep_newest()
+
+    def _keep_newest(self) -> None:
+        if self.follow:
+            self.call_after_refresh(self.scroll_end, animate=False, immediate=True)
+
+    def on_resize(self, event: events.Resize) -> None:
+        # A neighbour grew or shrank: the newest line must stay in view whatever the new height.
+        self._keep_newest()
+
+    # The operator's scrolling (the mouse wheel and the scrollbar; the log takes no focus, so no
+    # keys): up leaves the newest line, back down to the end follows again.
+    def on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
+        if self.max_scroll_y > 0:
+            self.follow = False
+
+    def on_mouse_scroll_down(self, event: events.MouseScrollDown) -> None:
+        self.call_after_refresh(self._follow_if_at_end)
+
+    def on_scroll_to(self, message) -> None:
+        self.call_after_refresh(self._follow_if_at_end)
+
+    on_scroll_up = on_scroll_down = on_scroll_to
+
+    def _follow_if_at_end(self) -> None:
+        self.follow = self.scroll_target_y >= self.max_scroll_y - 1
 
     def clear(self) -> None:
         self.lines = []
+        self.follow = True
         self._show()
 
     def plain(self) -> str:
