@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from refengine.messages import GenUpdate
-from refengine.server import auth, openai_shapes, sse
+from refengine.server import auth, openai_shapes, sse, wire
 from refengine.server.chat import parse_chat
 from refengine.server.generation import reply_dicts, run_all
 from refengine.server.inputs import (MAX_BODY_BYTES, BadRequest, GenerateInput, parse_completion,
@@ -512,35 +512,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def _read_body(self) -> bytes:
         if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
-            return self._read_chunked()
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            raise BadRequest("bad Content-Length") from None
-        if length < 0:
-            raise BadRequest(f"bad Content-Length: {length} is negative")
-        if length > MAX_BODY_BYTES:
-            raise BadRequest(f"body too large (limit {MAX_BODY_BYTES} bytes)", 413)
-        return self.rfile.read(length) if length else b""
-
-    def _read_chunked(self) -> bytes:
-        parts: list[bytes] = []
-        total = 0
-        while True:
-            line = self.rfile.readline(1024)
-            try:
-                size = int(line.split(b";")[0].strip(), 16)
-            except ValueError:
-                raise BadRequest("malformed chunked body") from None
-            if size == 0:
-                while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
-                    pass  # trailers
-                return b"".join(parts)
-            total += size
-            if total > MAX_BODY_BYTES:
-                raise BadRequest(f"body too large (limit {MAX_BODY_BYTES} bytes)", 413)
-            parts.append(self.rfile.read(size))
-            self.rfile.readline(1024)
+            return wire.read_chunked(self.rfile, MAX_BODY_BYTES)
+        return wire.read_length(self.rfile, self.headers.get("Content-Length"), MAX_BODY_BYTES)
 
     def _client_gone(self) -> bool:
         """The peer closed or reset the connection: readable with nothing to read (or an error).
