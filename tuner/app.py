@@ -50,9 +50,11 @@ def knob_bindings() -> list[Binding]:
     unless the row says otherwise)."""
     out = []
     for k in vocab.knobs():
+        # A knob with both keys in the footer shows them as one hint ("+ - steps"): a narrow footer.
+        group = Binding.Group(k.word) if k.footer_less and len(k.moves()) > 1 else None
         for i, (key, shown, delta, label) in enumerate(k.moves()):
             out.append(Binding(key, knob_action(k, delta), label, key_display=shown,
-                               show=i == 0 or k.footer_less))
+                               show=i == 0 or k.footer_less, group=group))
     return out
 
 
@@ -236,11 +238,41 @@ class TunerApp(App[None]):
         k = vocab.knob(name)
         if k is None:
             return
-        nxt = k.bumped(self.session.active_config().get(k.arg), delta)
+        current = self.session.active_config().get(k.arg)
+        allowed = self._allowed(k.arg)
+        nxt = k.bumped(current, delta, allowed)
         if nxt is None:
             self.notify(f"the server has not reported {k.word} yet", severity="warning")
             return
+        if allowed is not None and nxt == current:
+            edge = "deepest" if delta > 0 else "shallowest"
+            self.notify(f"{k.word} {current} is the {edge} this server can set live "
+                        f"({', '.join(map(str, allowed))})", severity="warning")
+            return
         self.request_change(k.arg, nxt)
+
+    def _allowed(self, key: str) -> tuple | None:
+        backend = self.session.backend
+        return None if backend is None else backend.capabilities.allowed_values(key)
+
+    def knob_notes(self, active: dict) -> dict[str, str]:
+        """Knob -> what limits its live values (SGLang: the tiers the plugin can pin, and where the
+        active one holds when only at some batch sizes)."""
+        backend = self.session.backend
+        if backend is None or self.read_only:
+            return {}
+        caps = backend.capabilities
+        out: dict[str, str] = {}
+        for key, allowed in caps.live_values.items():
+            if not caps.can_set(key):
+                continue
+            text = f"tiers {' '.join(map(str, allowed))}"
+            cur = active.get(key)
+            note = caps.value_notes.get(key, {}).get(cur)
+            if note:
+                text += f" · {vocab.word(key)} {cur} {note}"
+            out[key] = text
+        return out
 
     def request_change(self, key: str, value: Any) -> None:
         """Send one change, unless the backend cannot do it (then offer a relaunch in managed mode,
@@ -472,7 +504,8 @@ class TunerApp(App[None]):
         from tuner.tuning.settings import tune_space
 
         return tune_space(lambda arg: not self.capability(arg), self.tune_max_steps, self.tune_topks,
-                          self.tune_draft_tokens, self.tune_placements, include_off=True)
+                          self.tune_draft_tokens, self.tune_placements, include_off=True,
+                          steps_allowed=self._allowed(vocab.STEPS))
 
     def _new_tuner(self) -> tuple[Any, str]:
         """A Tuner over the session, or None and why not (one line)."""

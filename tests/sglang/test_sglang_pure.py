@@ -9,7 +9,7 @@ import pytest
 
 from probes.inserver.sglang_plugin import phases_reply, streams_reply
 from probes.inserver.sglang_steps import (
-    AdaptiveView, Lease, Refused, StepPin, check_lease, check_pin,
+    AdaptiveView, Lease, Refused, StepPin, check_lease, check_pin, coverage_of,
 )
 from probes.inserver.sglang_stream import (
     RingWriter, choose_stream_dir, list_streams, read_records, stream_dir,
@@ -190,11 +190,20 @@ def test_pin_accepts(value, expected):
     ("3", VIEW, "must be a number"),
     (True, VIEW, "must be a number"),
     (float("nan"), VIEW, "whole number"),
-    (3, AdaptiveView(frozenset({0, 1, 3}), ((1, (1, 3)), (8, (0, 1)))), "batch sizes >= 8"),
 ])
 def test_pin_refusals_say_why(value, view, words):
     with pytest.raises(Refused, match=words):
         check_pin(value, view)
+
+
+def test_a_pin_that_holds_at_some_batch_sizes_is_taken_and_one_at_none_is_refused():
+    view = AdaptiveView(frozenset({0, 1, 3}), ((1, (1, 3)), (8, (0, 1))), launch=1, graph_bs=(1, 2, 4, 8))
+    slots = dict(view.slots)
+    cands = lambda bs: slots[8 if bs > 4 else 1]     # bs 5.. pad to graph size 8
+    assert check_pin(3, view, coverage_of(view, 16, cands)) == 3          # bs 1-4 only
+    with pytest.raises(Refused, match=r"specdecode_num_steps=0 never runs here: only slots bs >= 8"):
+        check_pin(0, view, coverage_of(view, 4, cands))                    # 4 requests at most
+    assert coverage_of(view, 16, cands) == {0: [[5, 16]], 1: [[1, 16]], 3: [[1, 4]]}
 
 
 def test_release_needs_no_adaptive_controller():
@@ -214,9 +223,14 @@ def test_lease_and_pin_state():
     assert not lease.on(111.0)
     assert Lease(always=True).on(0.0)
     pin = StepPin()
-    assert pin.steps_for_batch(5) == 5
-    pin.steps = 2
-    assert pin.steps_for_batch(5) == 2 and pin.pinned
+    assert pin.steps_for_batch(5) == 5 and not pin.held
+    pin.steps, pin.launch = 2, 3
+    assert pin.steps_for_batch(5, candidates=(1, 2)) == 2 and pin.pinned and pin.held
+    assert pin.steps_for_batch(5, candidates=(0, 1)) == 5 and pin.pinned and not pin.held   # no graphs
+    pin.steps = 3                                    # the launch's tier has graphs everywhere
+    assert pin.steps_for_batch(5, candidates=(0, 1)) == 3 and pin.held
+    pin.steps, pin.graphs = 2, False                 # graphs off: every tier runs anywhere
+    assert pin.steps_for_batch(5, candidates=(0, 1)) == 2 and pin.held
 
 
 def _recs(a, b):

@@ -12,7 +12,7 @@ import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from tuner.core import setting as vocab
 from tuner.core.bus import Bus
@@ -44,9 +44,17 @@ class Capabilities:
     READ_ONLY: bool = False            # a recording: nothing can be changed
     reasons: Mapping[str, str] = field(default_factory=dict)
     restart_keys: frozenset[str] = frozenset()   # knobs a managed relaunch could change
+    # A knob settable live at some values only (SGLang: the step tiers the plugin can pin): those
+    # values, notes on values that hold partly ("bs 1-7"), and the reason for any other value.
+    live_values: Mapping[str, tuple] = field(default_factory=dict)
+    value_notes: Mapping[str, Mapping[Any, str]] = field(default_factory=dict)
+    value_refusal: Callable[[str, Any], str] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reasons", MappingProxyType(dict(self.reasons)))
+        object.__setattr__(self, "live_values", MappingProxyType(dict(self.live_values)))
+        object.__setattr__(self, "value_notes", MappingProxyType({k: MappingProxyType(dict(v))
+                                                                  for k, v in self.value_notes.items()}))
 
     def can_set(self, key: str) -> bool:
         """Whether `key` (a server-arg name) can be changed live: its knob-table row's flag."""
@@ -61,6 +69,22 @@ class Capabilities:
             return "a recording cannot be changed"
         return self.reasons.get(key, f"this server cannot change {key} live")
 
+    def why_not_value(self, key: str, value: Any) -> str | None:
+        """None when `key` can be set to `value` live, else the reason (and what would work)."""
+        reason = self.why_not(key)
+        if reason is not None:
+            return reason
+        allowed = self.live_values.get(key)
+        if allowed is None or value in allowed:
+            return None
+        if self.value_refusal is not None:
+            return self.value_refusal(key, value)
+        return f"{vocab.word(key)} {value} is not settable live here (these are: {', '.join(map(str, allowed))})"
+
+    def allowed_values(self, key: str) -> tuple | None:
+        """The only values `key` takes live, when the server restricts them (None: its bounds)."""
+        return self.live_values.get(key)
+
     def needs_restart_for(self, key: str) -> str | None:
         """The reason when only a relaunch of the server can change `key`, else None."""
         if key in self.restart_keys and not self.can_set(key):
@@ -71,6 +95,9 @@ class Capabilities:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k.isupper()}
         d["reasons"] = dict(self.reasons)
         d["restart_keys"] = sorted(self.restart_keys)
+        if self.live_values:
+            d["live_values"] = {k: list(v) for k, v in self.live_values.items()}
+            d["value_notes"] = {k: {str(x): t for x, t in v.items()} for k, v in self.value_notes.items()}
         return d
 
 
@@ -233,6 +260,22 @@ class Backend(ABC):
         if key == PLACEMENT and self.info.get("tp_size") == 1 and self.capabilities.can_set(key):
             return TP1_PLACEMENT
         return self.capabilities.why_not(key)
+
+    def why_not_value(self, key: str, value: Any) -> str | None:
+        """None when `key` can be set to `value` live, else the reason (and what would work)."""
+        reason = self.why_not(key)
+        if reason is not None:
+            return reason
+        allowed = self.live_values.get(key)
+        if allowed is None or value in allowed:
+            return None
+        if self.value_refusal is not None:
+            return self.value_refusal(key, value)
+        return f"{vocab.word(key)} {value} is not settable live here (these are: {', '.join(map(str, allowed))})"
+
+    def allowed_values(self, key: str) -> tuple | None:
+        """The only values `key` takes live, when the server restricts them (None: its bounds)."""
+        return self.live_values.get(key)
 
     def needs_restart_for(self, key: str) -> str | None:
         """capabilities.needs_restart_for(key)."""

@@ -342,8 +342,8 @@ class LiveBackend(Backend):
         unknown = [k for k in changes if k not in known]
         if unknown:
             return refuse(f"unknown setting {unknown[0]!r} (known: {', '.join(known)})")
-        cannot = [caps.why_not(k) for k in changes if not caps.can_set(k)]
-        if cannot:
+        cannot = [caps.why_not_value(k, v) for k, v in changes.items()]
+        if any(cannot):
             return refuse("; ".join(r for r in cannot if r))
         try:
             status, body = self._http["control"].post_json("/set_internal_state",

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tuner.commands.duration import parse_duration
 from tuner.core.driver import Driver
+from tuner.core import setting as vocab
 from tuner.core.event_text import event_text
 from tuner.core.records import Event, thaw
 from tuner.core.text import terminal_safe
@@ -165,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
         from probes.names import SHARDED
         placements = [SHARDED]
     space = tune_space(lambda arg: backend.why_not(arg) is None, args.max_steps, args.topk, args.draft_tokens,
-                       placements, include_off=not args.no_off)
+                       placements, include_off=not args.no_off,
+                       steps_allowed=backend.capabilities.allowed_values(vocab.STEPS))
     try:
         if args.schedule:
             from tuner.commands.tune_schedule import run_schedule

@@ -12,7 +12,7 @@ no measuring, no widgets.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from probes.names import (DRAFT_TOKENS, PINNED_STEPS, PLACEMENT, PLACEMENTS, R_DRAFT_TOKENS, R_PLACEMENT,
                           R_STEPS, R_TOPK, SHARDED, STEPS, TOPK, tree_pool)
@@ -77,8 +77,17 @@ class Knob:
             return ((self.keys[0], self.shown[0], 1, self.word),)
         return ((self.keys[0], self.shown[0], 1, f"{self.word}+"), (self.keys[1], self.shown[1], -1, f"{self.word}-"))
 
-    def bumped(self, current: Any, delta: int) -> Any:
-        """The value one key press away from `current` (None when the current value is unknown)."""
+    def bumped(self, current: Any, delta: int, allowed: Sequence[Any] | None = None) -> Any:
+        """The value one key press away from `current` (None when the current value is unknown).
+        `allowed`: the only values the server takes live (the next one that way, or `current` at the
+        end)."""
+        if allowed is not None and not self.cycled:
+            if isinstance(current, bool) or not isinstance(current, (int, float)):
+                return None
+            ahead = sorted(v for v in allowed if (v > current if delta > 0 else v < current))
+            if not ahead:
+                return current
+            return ahead[0] if delta > 0 else ahead[-1]
         if self.cycled:
             vals = self.values
             return vals[(vals.index(current) + delta) % len(vals)] if current in vals else vals[0]

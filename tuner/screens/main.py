@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from probes.names import STEPS
 from tuner.core import setting as vocab
@@ -23,6 +23,7 @@ from tuner.widgets.ab import ABReadout, ABView, Metric
 from tuner.widgets.acceptance import PositionBars
 from tuner.widgets.charts import TimeChart
 from tuner.widgets.event_log import EventLog
+from tuner.widgets.footer import KeyFooter
 from tuner.widgets.gpus import GpuTable
 from tuner.widgets.header import HeaderView, ServerHeader, replay_detail
 from tuner.widgets.knobs import KnobsPanel, KnobView
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from tuner.app import TunerApp
 
 CHART_WINDOW_S = 60.0
+SHORT_BELOW = 36
+"""Terminal rows under which the main screen draws its short layout (see on_resize)."""
 PHASE_WINDOW_S = 10.0
 TITLES = {"throughput-panel": "tok/s", "acceptance-panel": "acceptance", "gpus-panel": "GPUs",
           "phases-panel": "decode iteration", "knobs-panel": "knobs", "ab-panel": "A/B",
@@ -61,18 +64,20 @@ class MainScreen(Screen[None]):
                     yield PositionBars(id="positions")
                 with Vertical(id="gpus-panel", classes="panel"):
                     yield GpuTable(id="gpus")
+                # The controls sit under the charts so the right column keeps the answers (where the
+                # time goes, the A/B, the events) on screen down to 100x30.
+                with Vertical(id="knobs-panel", classes="panel"):
+                    yield KnobsPanel(id="knobs")
             with VerticalScroll(id="right", can_focus=False):
                 with Vertical(id="phases-panel", classes="panel"):
                     yield PhaseSplit(id="phases")
                     yield WhatIfLine(id="what-if")
-                with Vertical(id="knobs-panel", classes="panel"):
-                    yield KnobsPanel(id="knobs")
                 with Vertical(id="ab-panel", classes="panel"):
                     yield ABReadout(id="ab")
                 with Vertical(id="events-panel", classes="panel"):
                     yield EventLog(id="events")
         yield Static(id="capture-bar")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         for wid, title in TITLES.items():
@@ -86,9 +91,14 @@ class MainScreen(Screen[None]):
         return self.app.session
 
     def on_resize(self) -> None:
-        # A short terminal drops the accept-length chart (the per-position bars stay) and lets each
-        # column scroll, so every panel stays reachable at 80x24.
-        self.set_class(self.size.height < 36, "-short")
+        # A short terminal drops the accept-length chart (the per-position bars stay) and draws the
+        # phase split with each phase's collectives on its own line, so at 100x30 the phase split,
+        # the A/B and the newest events stay on screen; each column still scrolls, so every panel
+        # stays reachable at 80x24. A narrow one shortens the footer (tuner.widgets.footer).
+        short = self.size.height < SHORT_BELOW
+        self.set_class(short, "-short")
+        self.query_one("#phases", PhaseSplit).compact = short
+        self.query_one(KeyFooter).fit(self.size.width)
 
     def clear_log(self) -> None:
         """Forget what the event log showed (a replay seek refills the store from the start)."""
@@ -180,7 +190,7 @@ class MainScreen(Screen[None]):
         return KnobView(
             values=vocab.by_arg(active), unavailable=unavailable, pending=self.app.pending,
             refused=self.app.refused, load=self._load_text(), read_only=self.app.read_only,
-            relaunch=relaunch)
+            relaunch=relaunch, notes=self.app.knob_notes(active))
 
     def _load_text(self) -> str:
         if self.app.read_only:

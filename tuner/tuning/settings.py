@@ -40,17 +40,23 @@ def settings_space(max_steps: int = 7, topks: Iterable[int] = (1,),
 
 def tune_space(can_set: Callable[[str], bool], max_steps: int, topks: Iterable[int] = (1,),
                draft_tokens: Iterable[int] = (), placements: Iterable[str] | None = None,
-               include_off: bool = True) -> list[Setting]:
+               include_off: bool = True, steps_allowed: Iterable[int] | None = None) -> list[Setting]:
     """The tuner's space for a server that can change the knobs `can_set` says (server-arg names).
 
     placements: the ones to consider (None: every one the server can set live; sharded always).
     Trees need both topk and the draft-token count settable live; an extra knob is swept over its
-    `tune` values only when settable live, else the server keeps its value.
+    `tune` values only when settable live, else the server keeps its value. steps_allowed: the only
+    step counts the server takes live (SGLang: the tiers its plugin can pin), None for any.
     """
     chosen = [p for p in (placements or PLACEMENTS) if p == SHARDED or can_set(PLACEMENT)]
     trees = can_set(TOPK) and can_set(DRAFT_TOKENS) and bool(list(draft_tokens))
+    allowed = None if steps_allowed is None else set(steps_allowed)
+    if allowed is not None:
+        max_steps = max([s for s in allowed if s <= max_steps] or [0])
     space = settings_space(max_steps, sorted(set(topks) | {1}) if trees else [1],
                            list(draft_tokens) if trees else [], chosen, include_off)
+    if allowed is not None:
+        space = [x for x in space if x.steps in allowed]
     extras = {k.key: k.tune for k in vocab.extra_knobs() if k.tune and can_set(k.arg)}
     return sorted(vocab.with_extras(space, extras),
                   key=lambda x: (PLACEMENTS.index(x.placement), x.topk, x.steps, x.num_draft_tokens, x.extra))

@@ -33,6 +33,8 @@ class KnobView:
     """Replay: show the setting, no controls."""
     relaunch: frozenset[str] = frozenset()
     """Knobs whose keys offer a relaunch (managed mode: the server cannot change them live)."""
+    notes: Mapping[str, str] = field(default_factory=dict)
+    """knob server-arg name -> what limits its live values, e.g. "tiers 1 3 5 7 · 5 pinned at bs 1-7 only"."""
 
 
 def knob_action(k: vocab.Knob, delta: int) -> str:
@@ -86,6 +88,8 @@ class KnobsPanel(Static):
                 line += f"  {_controls(k)}"
                 if k.arg in view.relaunch:
                     line += "  [dim i]by relaunch[/]"
+                if k.arg in view.notes:
+                    line += f"  [dim i]{escape(view.notes[k.arg])}[/]"
             lines.append(line)
         if view.load:
             load = f"{'load':<13}{escape(view.load)}"

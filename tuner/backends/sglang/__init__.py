@@ -5,7 +5,9 @@ takes only accept thresholds and a few others). With the plugin (`specdecode` en
 change live through `specdecode_num_steps` when the server runs --speculative-adaptive, and a phase
 stream and phase timers exist while a timer lease is held; this backend renews that lease while
 attached. topk, num_draft_tokens and the draft's placement always need a relaunch. SGLang answers a
-refused change with 200 [false] and says why only in its log.
+refused change with 200 [false] and says why only in its log, so the steps the plugin can pin (it
+publishes them in internal_states, tuner.backends.sglang.pinnable) are checked here first: only
+those are offered, a partial one says where it holds, and any other names the slots and the fix.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from tuner.backends.base import PLACEMENT, STEPS, Capabilities
 from tuner.backends.common_info import common_info, internal_state, shown
 from tuner.backends.http import ServerError
 from tuner.backends.live import LiveBackend
+from tuner.backends.sglang.pinnable import FLAGS_FIX, Pinnable, parse as parse_pinnable
 from tuner.core import setting as vocab
 
 PIN_KEY = "specdecode_num_steps"
@@ -34,12 +37,14 @@ class SGLangBackend(LiveBackend):
         self._plugin_checked = False
         self._lease_at = float("-inf")
         self._started: Any = None                    # the server's startup_time, to see a relaunch
+        self.pinnable: Pinnable | None = None        # what the plugin can pin (plugin 2 and later)
 
     def normalize_info(self, raw: dict[str, Any]) -> dict[str, Any]:
         info = common_info(self.kind, raw)
         st = internal_state(raw)
         info["adaptive"] = bool(st.get("speculative_adaptive", raw.get("speculative_adaptive", False)))
         info["plugin"] = self.plugin
+        self.pinnable = parse_pinnable(st)
         return info
 
     def check_plugin(self) -> bool:
@@ -93,9 +98,25 @@ class SGLangBackend(LiveBackend):
         elif not adaptive:
             reasons[STEPS] = ("the specdecode plugin changes steps only on a server launched with "
                               "--speculative-adaptive --speculative-eagle-topk 1; or relaunch with "
-                              "--speculative-num-steps N")
+                              "--speculative-num-steps N; " + FLAGS_FIX.format(steps="1,2,3"))
+        pin = self.pinnable if plugin and adaptive else None
+        live_values: dict[str, tuple] = {}
+        notes: dict[str, dict] = {}
+        steps_live = plugin and adaptive
+        if pin is not None:
+            live_values[STEPS] = pin.allowed
+            notes[STEPS] = {s: f"pinned at {where} only" for s, where in pin.partial().items()}
+            if not pin.allowed:
+                steps_live = False
+                reasons[STEPS] = (f"no step tier of this adaptive launch runs at the batch sizes it serves "
+                                  f"(slots {pin.slots_text()}); fix: " + FLAGS_FIX.format(steps="1,2,3"))
+
+        def refusal(key: str, value: Any) -> str:
+            return pin.refusal(value) if pin is not None and key == STEPS else f"{key} {value} is not settable live"
+
         return Capabilities(
-            CAN_SET_STEPS=plugin and adaptive, CAN_CAPTURE_TRACE=True, CAN_FETCH_TRACE=False,
+            CAN_SET_STEPS=steps_live, CAN_CAPTURE_TRACE=True, CAN_FETCH_TRACE=False,
+            live_values=live_values, value_notes=notes, value_refusal=refusal,
             HAS_PHASE_TIMERS=plugin and self.phase_stream is not False,
             HAS_PHASE_STREAM=bool(self.phase_stream),
             LOCAL_GPUS=self.local_gpus(), reasons=reasons,
