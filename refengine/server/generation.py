@@ -23,6 +23,7 @@ UPDATE_TIMEOUT_S = 600.0
 class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: list[int]) -> str: ...
+    def fewest_tokens(self, text: str) -> int: ...
 
 
 class Engine(Protocol):
@@ -124,6 +125,14 @@ def slot_problems(held: dict[str, Any], engine_requests: int) -> list[str]:
     return problems
 
 
+def check_fits(prompt_tokens: int, max_new: int, context_length: int, bound: str = "") -> None:
+    """A 400 when the prompt and max_new_tokens cannot fit the context (`bound`: "at least " when
+    the prompt's count is the cheap lower bound taken before tokenizing)."""
+    if prompt_tokens + max_new > context_length:
+        raise BadRequest(f"prompt ({bound}{prompt_tokens} tokens) + max_new_tokens ({max_new}) exceeds the "
+                         f"context length {context_length}")
+
+
 class Generation:
     """One prompt in flight: its engine request and its SGLang-shaped output so far."""
 
@@ -131,14 +140,14 @@ class Generation:
                  speculative: bool, context_length: int | None, on_finish: Callable[[RequestOutput], None]):
         self.admission = admission
         self.updates: queue.Queue[GenUpdate] = queue.Queue()
+        sp = item.sampling
+        if item.input_ids is None and context_length is not None:
+            check_fits(tokenizer.fewest_tokens(item.text or ""), sp.max_new_tokens, context_length, "at least ")
         ids = list(item.input_ids) if item.input_ids is not None else tokenizer.encode(item.text or "")
         if not ids:
             raise BadRequest("the prompt is empty after tokenization")
-        sp = item.sampling
-        if context_length is not None and len(ids) + sp.max_new_tokens > context_length:
-            raise BadRequest(
-                f"prompt ({len(ids)} tokens) + max_new_tokens ({sp.max_new_tokens}) exceeds the "
-                f"context length {context_length}")
+        if context_length is not None:
+            check_fits(len(ids), sp.max_new_tokens, context_length)
         self.out = RequestOutput(rid=item.rid if item.rid is not None else new_rid(), prompt_tokens=len(ids),
                                  sampling=sp, decode=tokenizer.decode, speculative=speculative)
         self.rid = self.out.rid

@@ -46,7 +46,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from refengine.messages import GenUpdate
 from refengine.server import auth, openai_shapes, sse, wire
 from refengine.server.chat import parse_chat
-from refengine.server.generation import reply_dicts, run_all
+from refengine.server.generation import check_fits, reply_dicts, run_all
 from refengine.server.inputs import (MAX_BODY_BYTES, BadRequest, GenerateInput, parse_completion,
                                      parse_generate, parse_int_query, parse_internal_state, parse_json)
 from refengine.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -222,7 +222,16 @@ def chat_completions(app: ServerApp, req: Request, stream: Callable[[], Any]) ->
     creq = parse_chat(parse_json(req.body))
     if app.chat_template is None:
         raise BadRequest(f"this model has no usable chat template: {app.chat_template_error}")
+    ctx = app.context_length()
+    if ctx is not None:
+        # Cheap bounds first: the messages' text, then the rendered prompt, each counted without
+        # tokenizing (a 10 MB prompt took 12 s of the HTTP process's CPU to tokenize, and stalled
+        # /metrics behind it).
+        text = "".join(m["content"] for m in creq.messages if isinstance(m.get("content"), str))
+        check_fits(app.tokenizer.fewest_tokens(text), creq.max_tokens or 0, ctx, "at least ")
     prompt = app.chat_template.render(creq.messages, add_generation_prompt=True, extra=creq.template_kwargs)
+    if ctx is not None:
+        check_fits(app.tokenizer.fewest_tokens(prompt), creq.max_tokens or 0, ctx, "at least ")
     ids = app.tokenizer.encode(prompt)
     if not ids:
         raise BadRequest("the rendered chat prompt is empty")

@@ -13,10 +13,20 @@ from pathlib import Path
 from refengine.server.inputs import BadRequest
 
 
+def fewest_tokens(text: str, longest: int) -> int:
+    """A lower bound on how many tokens `text` encodes to, when no token covers more than
+    `longest` characters: counted without tokenizing, so a prompt far past the context is refused
+    before the tokenizer spends seconds of the HTTP process's GIL on it."""
+    return -(-len(text) // max(1, longest))
+
+
 class ByteTokenizer:
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
         self.limit = min(vocab_size, 256)
+
+    def fewest_tokens(self, text: str) -> int:
+        return len(text)      # one id per UTF-8 byte, and a character is at least one byte
 
     def encode(self, text: str) -> list[int]:
         ids = list(text.encode("utf-8"))
@@ -35,6 +45,13 @@ class HFTokenizer:
         from tokenizers import Tokenizer
 
         self._tok = Tokenizer.from_file(str(path))
+        # The longest token in characters, doubled: a normalizer may fold two characters into one
+        # (NFC composes "e" + U+0301) before the model's tokens are matched.
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        self._longest = 2 * max((len(t) for t in vocab), default=1)
+
+    def fewest_tokens(self, text: str) -> int:
+        return fewest_tokens(text, self._longest)
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
@@ -45,6 +62,9 @@ class HFTokenizer:
 
 class IdsOnlyTokenizer:
     """A real checkpoint's tokenizer without the `tokenizers` package: input_ids in, ids out."""
+
+    def fewest_tokens(self, text: str) -> int:
+        return 0
 
     def encode(self, text: str) -> list[int]:
         raise BadRequest("this server cannot tokenize text (the `tokenizers` package is missing); "

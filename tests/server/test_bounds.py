@@ -162,3 +162,49 @@ def test_fuzz_sampling_fields_through_every_route(tp2_server):
         assert http.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}}).status_code == 200
         slots = http.get("/specdecode/slots").json()
         assert slots["engine_requests"] == 0 or slots["problems"] == [], slots
+
+
+# ----- cheap checks before expensive work (the red team's N4) -----------------------------------
+
+def test_tokenizer_lower_bound_never_exceeds_the_count():
+    from refengine.server.tokenizer import ByteTokenizer
+
+    t = ByteTokenizer(256)
+    for text in ["", "a", "héllo", "👩‍👩‍👧", "x" * 1000]:
+        assert t.fewest_tokens(text) <= len(t.encode(text))
+
+
+def test_ten_megabyte_prompts_are_refused_before_tokenizing_and_never_stall_metrics(base):
+    """Three 10 MB prompts at once (completions, generate, chat): each is a 400 counted without
+    the tokenizer ("at least"), and /metrics and /health answer meanwhile. Before, each prompt was
+    tokenized first (12 s of CPU) and /metrics stalled 23 s behind three of them."""
+    import threading
+    import time
+
+    text = "a" * (10 << 20)
+    bodies = [("/v1/completions", {"prompt": text, "max_tokens": 1}),
+              ("/generate", {"text": text, "sampling_params": {"max_new_tokens": 1}}),
+              ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}], "max_tokens": 1})]
+    replies: dict[str, httpx.Response] = {}
+
+    def post(route: str, body: dict) -> None:
+        with httpx.Client(base_url=base, timeout=120) as c:
+            replies[route] = c.post(route, content=json.dumps(body))
+
+    threads = [threading.Thread(target=post, args=rb) for rb in bodies]
+    for t in threads:
+        t.start()
+    slowest = 0.0
+    with httpx.Client(base_url=base, timeout=120) as c:
+        while any(t.is_alive() for t in threads):
+            for path in ("/metrics", "/health"):
+                t0 = time.monotonic()
+                assert c.get(path).status_code == 200
+                slowest = max(slowest, time.monotonic() - t0)
+    for t in threads:
+        t.join()
+    for route, r in replies.items():
+        assert r.status_code == 400, (route, r.text[:200])
+        assert "at least" in r.text and "exceeds the context length" in r.text, (route, r.text[:200])
+    # Generous for a busy 2-core host: the defect was 23 s.
+    assert slowest < 5.0, f"/metrics or /health took {slowest:.1f} s while the prompts were parsed"
