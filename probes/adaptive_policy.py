@@ -113,18 +113,24 @@ def tier_for(bs: int, tiers: Mapping[int, dict]) -> int:
 # -- configs ---------------------------------------------------------------------------------------
 def _number(where: str, key: str, value: Any) -> float | int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise AdaptiveConfigError(f"{where}{key} must be a number, got {value!r}")
+        raise AdaptiveConfigError(f"{where}{key} must be a number, got {value!r:.80}")
     if key in _INT_KNOBS:
         if int(value) != value or value < (1 if key == "update_interval" else 0):
             raise AdaptiveConfigError(f"{where}{key} must be a whole number >= "
-                                      f"{1 if key == 'update_interval' else 0}, got {value!r}")
+                                      f"{1 if key == 'update_interval' else 0}, got {value!r:.80}")
         return int(value)
     if key == "ema_alpha" and not 0 < value <= 1:
-        raise AdaptiveConfigError(f"{where}ema_alpha must be in (0, 1], got {value!r}")
+        raise AdaptiveConfigError(f"{where}ema_alpha must be in (0, 1], got {value!r:.80}")
     if key == "ceiling_coeff" and value != 0:
         # Its semantics are not in our reference notes; running it wrongly would be worse than saying so.
-        raise AdaptiveConfigError(f"{where}ceiling_coeff other than 0 is not supported here, got {value!r}")
+        raise AdaptiveConfigError(f"{where}ceiling_coeff other than 0 is not supported here, got {value!r:.80}")
     return float(value)
+
+
+# Far more than any schedule needs (SGLang's default has 4 tiers of 2-3 candidates); past them a
+# config is refused, live or from a file: 300 000 tiers made every /metrics scrape take 15 s.
+MAX_TIERS = 64
+MAX_CANDIDATES = 32
 
 
 def parse_config(raw: Any) -> dict[int, dict]:
@@ -138,6 +144,8 @@ def parse_config(raw: Any) -> dict[int, dict]:
     if not isinstance(raw, dict):
         raise AdaptiveConfigError(
             'expected a JSON object of batch-size thresholds, e.g. {"1": {"candidate_steps": [1, 3]}}')
+    if len(raw) > MAX_TIERS + len(KNOB_DEFAULTS):      # before the walk: a refusal costs nothing
+        raise AdaptiveConfigError(f"{len(raw)} keys: at most {MAX_TIERS} batch-size thresholds are taken")
     top: dict[str, Any] = {}
     entries: dict[int, dict] = {}
     for key, value in raw.items():
@@ -148,29 +156,33 @@ def parse_config(raw: Any) -> dict[int, dict]:
             bs = int(key)
         except (TypeError, ValueError):
             raise AdaptiveConfigError(
-                f"unknown key {key!r}: keys are batch-size thresholds (\"1\", \"8\", ...) or "
+                f"unknown key {key!r:.80}: keys are batch-size thresholds (\"1\", \"8\", ...) or "
                 f"{', '.join(KNOB_DEFAULTS)}") from None
         if str(bs) != str(key).strip() or bs < 1:
-            raise AdaptiveConfigError(f"batch-size threshold {key!r} must be a whole number >= 1")
+            raise AdaptiveConfigError(f"batch-size threshold {key!r:.80} must be a whole number >= 1")
         if not isinstance(value, dict):
-            raise AdaptiveConfigError(f'threshold {key}: expected {{"candidate_steps": [...]}}, got {value!r}')
+            raise AdaptiveConfigError(f'threshold {key}: expected {{"candidate_steps": [...]}}, got {value!r:.80}')
         where = f"threshold {key}: "
         entry: dict[str, Any] = {}
         for k, v in value.items():
             if k == "candidate_steps":
+                if isinstance(v, list) and len(v) > MAX_CANDIDATES:
+                    raise AdaptiveConfigError(f"{where}{len(v)} candidate_steps: at most {MAX_CANDIDATES} are taken")
                 if (not isinstance(v, list) or not v
                         or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in v)):
                     raise AdaptiveConfigError(f"{where}candidate_steps must be a non-empty list of "
-                                              f"whole numbers >= 0, got {v!r}")
+                                              f"whole numbers >= 0, got {v!r:.80}")
                 entry[k] = sorted(set(v))
             elif k in KNOB_DEFAULTS:
                 entry[k] = _number(where, k, v)
             else:
-                raise AdaptiveConfigError(f"{where}unknown key {k!r}; a tier takes candidate_steps and "
+                raise AdaptiveConfigError(f"{where}unknown key {k!r:.80}; a tier takes candidate_steps and "
                                           f"{', '.join(KNOB_DEFAULTS)}")
         if "candidate_steps" not in entry:
             raise AdaptiveConfigError(f"{where}candidate_steps is missing")
         entries[bs] = entry
+    if len(entries) > MAX_TIERS:
+        raise AdaptiveConfigError(f"{len(entries)} batch-size thresholds: at most {MAX_TIERS} are taken")
     if not entries:
         raise AdaptiveConfigError('no batch-size thresholds: expected e.g. {"1": {"candidate_steps": [1, 3]}}')
     return {bs: {**KNOB_DEFAULTS, **top, **e} for bs, e in sorted(entries.items())}
@@ -320,3 +332,19 @@ def _draw(acc: Acceptance, steps: int, rng: random.Random) -> int:
             break
         j += 1
     return j
+
+
+# -- the one writer of SGLang's config --------------------------------------------------------------
+def write_config(slots: Mapping[int, Sequence[int]], knobs: Mapping[int, Mapping[str, float]] | None = None,
+                 top: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """SGLang's `--speculative-adaptive-config` JSON: top-level knobs (every slot's default), then one
+    entry per batch-size threshold with its candidate steps and its own knobs. Every config this
+    project writes goes through here (`launch --pin-steps`, the schedule export, `sglang-flags`), and
+    is checked by parse_config before it leaves (AdaptiveConfigError in one line)."""
+    out: dict[str, Any] = {k: v for k, v in (top or {}).items()}
+    for bs, cands in sorted(slots.items()):
+        entry: dict[str, Any] = {"candidate_steps": sorted({int(c) for c in cands})}
+        entry.update((knobs or {}).get(bs, {}))
+        out[str(int(bs))] = entry
+    parse_config(out)
+    return out

@@ -45,14 +45,15 @@ def adaptive_config(per_bs: Mapping[int, Setting]) -> dict:
     """
     if not per_bs:
         raise ValueError("no recommendation to export")
-    cfg: dict[str, dict] = {}
+    from probes.adaptive_policy import write_config
+
+    slots: dict[int, list[int]] = {}
     for i, (bs, s) in enumerate(sorted(per_bs.items())):
         if s.topk != 1:
             raise ValueError(f"bs={bs}: the best setting is a tree (topk={s.topk}); SGLang's adaptive "
                              "config can only pin chain steps")
-        key = 1 if i == 0 else bs
-        cfg[str(key)] = {"candidate_steps": [s.steps]}
-    return cfg
+        slots[1 if i == 0 else bs] = [s.steps]
+    return write_config(slots)
 
 
 def adaptive_flags(per_bs: Mapping[int, Setting], config_path: str) -> list[str]:

@@ -283,10 +283,13 @@ def pinning_config(candidates: list[int]) -> dict[str, Any]:
     """An adaptive config for live step pinning: one batch-size slot holding every candidate, so
     every step has graphs at every batch size, and a warm-up so long that SGLang's own policy never
     moves the tier (the plugin's pin decides; reference §6.4)."""
+    from probes.adaptive_policy import write_config
+    from probes.sglang_tiers import FREEZE_WARMUP
+
     steps = sorted({int(s) for s in candidates})
     if not steps or steps[0] < 0:
         raise ArgsError(f"candidate steps must be whole numbers >= 0, got {candidates!r}")
-    return {"warmup_batches": 1_000_000_000, "1": {"candidate_steps": steps}}
+    return write_config({1: steps}, top={"warmup_batches": FREEZE_WARMUP})
 
 
 def with_pinning(launch: Launch, candidates: list[int], config_path: Path) -> tuple[Launch, dict]:
