@@ -245,6 +245,13 @@ class EngineOptions:
     emulate_comm_latency: str | None = None
     """"A_us[,B_us_per_KB]": sleep this long after every collective (labelled as emulation)."""
     max_running_requests: int = 8
+    chunked_prefill_size: int | None = None
+    """Most prompt tokens in one prefill batch; a longer prompt is prefilled in chunks. -1 = no
+    chunking; None = SGLang 0.5.23's default for the device (arg_groups/memory_hook.py: 8192 on
+    an H200, :147-153; 4096 without a GPU, :172-177)."""
+    max_prefill_tokens: int = 16384
+    """Most prompt tokens in one prefill batch besides the chunk size (SGLang's default,
+    arg_groups/fields/schedule.py:71-81)."""
     context_length: int = 1024
     """Per-request KV capacity in tokens (prompt + output + one verify window)."""
     random_seed: int = 0
@@ -288,6 +295,12 @@ class EngineOptions:
         if self.speculative_num_draft_tokens is not None:
             changes[DRAFT_TOKENS] = self.speculative_num_draft_tokens
         return changes
+
+    def chunk_size(self) -> int:
+        """chunked_prefill_size resolved as SGLang does (-1: no chunking)."""
+        if self.chunked_prefill_size is not None:
+            return self.chunked_prefill_size
+        return 8192 if self.device.startswith("cuda") else 4096
 
 
 def parse_latency(spec: str | None) -> tuple[float, float] | None:

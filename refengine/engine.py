@@ -90,6 +90,9 @@ class Req:
     token of the request (_take_firsts)."""
     forward_entry: float | None = None
     """When its first prefill forward began (epoch seconds), sent with its first token."""
+    prefilled: int = 0
+    """Prompt tokens whose K/V is in the caches; below prompt_len it waits in the prefill queue
+    (a chunked prompt between its chunks) and no iteration runs it."""
 
     def coins(self, n: int) -> torch.Tensor:
         return torch.rand(n, generator=self.gen, dtype=torch.float64)
@@ -226,6 +229,9 @@ class Engine:
         self.adaptive: Schedule | None = None
         """The adaptive controller (config.adaptive set): consulted at each launch, fed at each read."""
         self.reqs: dict[str, Req] = {}
+        self.waiting: list[Req] = []
+        """SGLang's waiting queue: requests (in self.reqs, with a row) whose prompt is not all
+        prefilled, in arrival order; a chunked prompt stays at its head between its chunks."""
         self.free_rows = list(range(self.rows))[::-1]
         self.iteration = 0
         self.timer = PhaseTimer(comm)
@@ -284,9 +290,20 @@ class Engine:
 
     # -- requests --------------------------------------------------------------------------------
     def add_request(self, req: GenRequest) -> GenUpdate | None:
-        """Queue one request's prefill; returns a refusal, or None: the first token stays on the
-        device (row_root) and reaches the host with the next read (_take_firsts), so an admission
-        never waits for the GPU, as SGLang's overlapped prefill does not."""
+        """add_requests of one request: its refusal or failure, or None."""
+        ups = self.add_requests([req])
+        return ups[0] if ups else None
+
+    def add_requests(self, reqs: list[GenRequest]) -> list[GenUpdate]:
+        """Queue requests for prefill, then run one prefill batch over the waiting ones
+        (_prefill_waiting); returns the refusals and failures. A prefilled request's first token
+        stays on the device (row_root) and reaches the host with the next read (_take_firsts),
+        so an admission never waits for the GPU, as SGLang's overlapped prefill does not."""
+        refused = [u for u in (self._queue(req) for req in reqs) if u is not None]
+        return refused + self._prefill_waiting()
+
+    def _queue(self, req: GenRequest) -> GenUpdate | None:
+        """Check one request and put it at the end of the prefill queue with its row; or its refusal."""
         if not req.input_ids:
             return GenUpdate(req.rid, [], True, "error", error="empty prompt")
         # Parameters a tensor or generator cannot hold fail this request alone (raised below,
@@ -310,34 +327,102 @@ class Engine:
         seed = req.seed if req.seed is not None else zlib.crc32(req.rid.encode()) ^ self.opts.random_seed
         r.gen = torch.Generator().manual_seed(seed)
         r.draft_gen = torch.Generator().manual_seed(seed + 1)
-        self._since = self._since or time.perf_counter()
-        r.forward_entry = time.time()
-        with self.timer.phase(PREFILL, "specdecode.prefill"):
-            n = len(r.tokens)
-            hidden, aux = self._prefill_forward(r)
-            last = self.target.logits(hidden[:, -1:])
-            try:
-                first = self._first_token(req, r, last)
-            except (RuntimeError, ValueError, OverflowError) as e:
-                # Sampling runs on the gathered logits, identical on every rank, so every rank
-                # fails this request alike; nothing holds its row yet but this request.
-                self.free_rows.append(r.row)
-                return GenUpdate(req.rid, [], True, "error", prompt_tokens=n,
-                                 error=f"sampling the first token failed: {type(e).__name__}: {e}")
-            r.seq_len = n
-            # fill_, not `row_seq[row] = n`: that copies a pageable CPU scalar into the device
-            # tensor, which waits for the whole stream (on the H200, 11 ms an admission).
-            self.row_seq[r.row : r.row + 1].fill_(n)
-            self.row_root[r.row : r.row + 1] = first
         self.reqs[r.rid] = r
+        self.waiting.append(r)
+        return None
+
+    def _schedule_prefill(self) -> list[tuple[Req, int]]:
+        """The next prefill batch as SGLang 0.5.23's PrefillAdder builds it
+        (managers/schedule_policy.py; scheduler.py:4157-4327): the chunked request's next chunk
+        first, then the waiting requests in arrival order (FCFS), each charged to the chunk
+        budget (--chunked-prefill-size) and the input budget (--max-prefill-tokens). A request
+        that does not fit the chunk budget whole takes what is left of it and stays the one
+        chunked request (:1646-1676); the batch ends there or when a budget is spent
+        (budget_state, :874-893). Without chunking the first request may exceed the input budget
+        (:1627-1633). -> [(request, tokens to prefill now)]."""
+        chunk = self.opts.chunk_size()
+        rem_chunk = chunk if chunk > 0 else None
+        rem_input = self.opts.max_prefill_tokens
+        batch: list[tuple[Req, int]] = []
+        for r in self.waiting:
+            if rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
+                break
+            left = r.prompt_len - r.prefilled
+            if rem_chunk is None and batch and left >= rem_input:
+                break
+            take = left if rem_chunk is None else min(left, rem_chunk)
+            batch.append((r, take))
+            rem_input -= take
+            if rem_chunk is not None:
+                rem_chunk -= take
+            if take < left:
+                break
+        return batch
+
+    def _prefill_waiting(self) -> list[GenUpdate]:
+        """One prefill batch (_schedule_prefill): the target over every chunk in one forward,
+        the first token of each request whose prompt it completes, and the draft's
+        prefill-extend over the same chunks in one forward; -> failures (a sampled first token
+        that cannot be drawn fails its request alone)."""
+        batch = self._schedule_prefill()
+        if not batch:
+            return []
+        self._since = self._since or time.perf_counter()
+        now = time.time()
+        for r, _ in batch:
+            if r.forward_entry is None:
+                r.forward_entry = now
+        reqs = [r for r, _ in batch]
+        starts = [r.prefilled for r in reqs]
+        lens = [take for _, take in batch]
+        done = [i for i, r in enumerate(reqs) if r.prefilled + lens[i] == r.prompt_len]
+        rows = self._h2d([r.row for r in reqs], torch.long)
+        failed: list[GenUpdate] = []
+        with self.timer.phase(PREFILL, "specdecode.prefill"):
+            hidden, aux, meta = self._prefill_forward(reqs, starts, lens, rows)
+            for r, take in batch:
+                r.prefilled += take
+            firsts = None
+            if done:
+                sel = self._h2d(done, torch.long)
+                last = self.target.logits(hidden[sel, self._h2d([lens[i] - 1 for i in done], torch.long)][:, None])
+                firsts = last[:, 0].argmax(-1)
+                for j, i in enumerate(done):
+                    r = reqs[i]
+                    if r.params.temperature <= 0:
+                        continue
+                    try:
+                        firsts[j : j + 1] = self._first_token(r.params, r, last[j : j + 1])
+                    except (RuntimeError, ValueError, OverflowError) as e:
+                        # Sampling runs on the gathered logits, identical on every rank, so every
+                        # rank fails this request alike.
+                        failed.append(GenUpdate(r.rid, [], True, "error", prompt_tokens=r.prompt_len,
+                                                error=f"sampling the first token failed: {type(e).__name__}: {e}"))
+                # Index copies between device tensors: a pageable scalar copied into the device
+                # tensor waits for the whole stream (on the H200, 11 ms an admission).
+                done_rows = rows[sel]
+                self.row_seq[done_rows] = self._h2d([reqs[i].prompt_len for i in done], torch.long)
+                self.row_root[done_rows] = firsts
         if self.draft is not None:
             # SGLang's _draft_extend_for_prefill, whatever the steps: tier 0 keeps the draft warm.
             with self.timer.phase(PREFILL, "specdecode.prefill_draft_extend"):
-                self._prefill_extend(r, aux[0], first)
-        # Until it is read the request counts one token ahead: an iteration may run it (its root is
-        # on the device), and one with max_new_tokens 1 is never launched (_runnable).
-        r.first, r.ahead = (self._d2h(first), self.comm.clock.mark(), self._launches), 1
-        return None
+                self._prefill_extend(reqs, starts, lens, done, rows, meta, aux, firsts)
+        self.waiting = [r for r in self.waiting if r.prefilled < r.prompt_len]
+        gone = {u.rid for u in failed}
+        if done:
+            host = self._d2h(firsts)
+            mark = self.comm.clock.mark()
+            for j, i in enumerate(done):
+                r = reqs[i]
+                if r.rid in gone:
+                    self.reqs.pop(r.rid, None)
+                    self.free_rows.append(r.row)
+                    continue
+                r.seq_len = r.prompt_len
+                # Until it is read the request counts one token ahead: an iteration may run it (its
+                # root is on the device), and one with max_new_tokens 1 is never launched (_runnable).
+                r.first, r.ahead = (host[j : j + 1], mark, self._launches), 1
+        return failed
 
     def _first_token(self, req: GenRequest, r: Req, last: torch.Tensor) -> torch.Tensor:
         """The prefill's first output token [1], left on the device."""
@@ -372,8 +457,9 @@ class Engine:
         return updates
 
     def _prefill_width(self, n: int) -> int | None:
-        """The padded width a prompt of n tokens is prefilled at through the graph cache (powers of
-        two from 16, up to PREFILL_GRAPH_MAX), or None: eagerly (graphs off, a longer prompt)."""
+        """The padded width a prefill batch of at most n tokens per row is run at through the graph
+        cache (powers of two from 16, up to PREFILL_GRAPH_MAX), or None: eagerly (graphs off, a
+        longer chunk)."""
         if not self.graphs.enabled:
             return None
         t = 16
@@ -381,30 +467,40 @@ class Engine:
             t *= 2
         return t if t <= min(PREFILL_GRAPH_MAX, self.row_len) else None
 
-    def _prefill_forward(self, r: Req) -> tuple[torch.Tensor, torch.Tensor]:
-        """The target over the prompt -> (hidden [1, n, H], aux [1, n, 3H]); its K/V at slots 0..n-1.
+    def _prefill_forward(self, reqs: list[Req], starts: list[int], lens: list[int], rows: torch.Tensor):
+        """The target over each request's next chunk, tokens[start : start + len], at positions
+        start.. in one forward -> (hidden [B, W, H], aux [B, W, 3H], the attention meta); their K/V
+        at those slots.
 
-        Eagerly a prompt is one launch per op, 32 layers deep: on the H200 an 8B prefill took
-        56-62 ms of host time with the GPU mostly idle (benchmarks/results/overlap_h200.md). With
-        graphs the prompt is padded to its width bucket and replayed as one graph per bucket (never
-        compiled: graphs.UNCOMPILED_PHASES). The pad tokens come after the prompt, so causal
-        attention keeps them out of its rows; their K/V land in slots n.. that every later forward
-        writes before it reads them."""
-        n, t = len(r.tokens), self._prefill_width(len(r.tokens))
-        rows = self._h2d([r.row], torch.long)
-        if t is None:
-            meta = causal_meta(rows, torch.arange(n, device=self.device)[None], n)
-            return self.target(self._h2d([r.tokens], torch.long), meta, self.kv)
-        meta = causal_meta(rows, torch.arange(t, device=self.device)[None], t)
-        scope = GROUP if self.world > 1 else LOCAL
-        hidden, aux = graphed_forward(self.graphs, PREFILL, "-", scope, self._h2d([r.tokens + [0] * (t - n)], torch.long),
-                                      None, meta, self.pad_row, lambda ids, _h, m: self.target(ids, m, self.kv))
-        return hidden[:, :n], aux[:, :n]
+        Rows are right-padded to a common width W (the longest chunk; with graphs its width
+        bucket, replayed as one graph per (batch, width) bucket, never compiled:
+        graphs.UNCOMPILED_PHASES). Eagerly a prompt is one launch per op, 32 layers deep: on the
+        H200 an 8B prefill took 56-62 ms of host time with the GPU mostly idle
+        (benchmarks/results/overlap_h200.md). Pad tokens come after a row's chunk, so causal
+        attention keeps them out of its real rows; their K/V land past the chunk (positions
+        clamped inside the context), in slots every later forward writes before it reads them."""
+        longest = max(lens)
+        w = self._prefill_width(longest) or longest
+        ctx = self._bucket(max(s + w for s in starts) + 1)
+        ids = [r.tokens[s : s + n] + [0] * (w - n) for r, s, n in zip(reqs, starts, lens)]
+        positions = (self._h2d(starts, torch.long)[:, None] + torch.arange(w, device=self.device)[None]).clamp(
+            max=ctx - 1)
+        meta = causal_meta(rows, positions, ctx)
+        ids_dev = self._h2d(ids, torch.long)
+        if self._prefill_width(longest) is None:
+            hidden, aux = self.target(ids_dev, meta, self.kv)
+        else:
+            scope = GROUP if self.world > 1 else LOCAL
+            hidden, aux = graphed_forward(self.graphs, PREFILL, "-", scope, ids_dev, None, meta, self.pad_row,
+                                          lambda i, _h, m: self.target(i, m, self.kv))
+        return hidden, aux, meta
 
     def abort(self, rid: str) -> GenUpdate | None:
         r = self.reqs.pop(rid, None)
         if r is None:
             return None
+        if r in self.waiting:
+            self.waiting.remove(r)
         self.free_rows.append(r.row)
         return self._final(r, [], "abort")
 
@@ -430,8 +526,8 @@ class Engine:
     def _runnable(self) -> list[Req]:
         """The requests the next iteration runs: every running one, except those that the
         iteration in flight finishes by length for certain (it commits at least one token)."""
-        return [r for r in self.reqs.values()
-                if not r.finished and not (r.ahead and r.completion_tokens + 1 >= r.params.max_new_tokens)]
+        return [r for r in self.reqs.values() if not r.finished and r.prefilled >= r.prompt_len
+                and not (r.ahead and r.completion_tokens + 1 >= r.params.max_new_tokens)]
 
     @torch.no_grad()
     def step(self, admit: Callable[[], None] | None = None) -> tuple[list[GenUpdate], dict | None]:
@@ -452,21 +548,29 @@ class Engine:
     def _step(self, admit: Callable[[], None] | None = None) -> tuple[list[GenUpdate], dict | None]:
         reqs = self._runnable()
         nxt = self._launch(reqs) if reqs else None
-        if admit is not None:
+        failed: list[GenUpdate] = []
+        prefill = admit is not None or bool(self.waiting)
+        if prefill:
             since, t = self._since, time.perf_counter()
-            admit()
+            if admit is not None:
+                admit()                 # add_requests: queues and runs the next prefill batch
+            else:
+                failed = self._prefill_waiting()    # the next chunk, or what the budget left waiting
             # The admission's host time goes in the wall of the next launch, whose record holds
             # its prefill's phase times: from a start mark still pending (nothing was launched),
             # else added (the loop's next begin_command would overwrite add_request's mark).
             self._since = since
             if since is None:
                 self._admit_s += time.perf_counter() - t
-        # Nothing queued and nobody admitted: a first token still unread is all that is left.
-        idle = nxt is None and admit is None
+        # Nothing queued and no prefill: a first token still unread is all that is left.
+        idle = nxt is None and not prefill
         if not self.overlap:
-            return self._read(nxt) if nxt is not None else (self._take_firsts(idle), None)
-        prev, self.inflight = self.inflight, nxt
-        return self._read(prev) if prev is not None else (self._take_firsts(idle and self.inflight is None), None)
+            updates, record = self._read(nxt) if nxt is not None else (self._take_firsts(idle), None)
+        else:
+            prev, self.inflight = self.inflight, nxt
+            updates, record = (self._read(prev) if prev is not None
+                               else (self._take_firsts(idle and self.inflight is None), None))
+        return failed + updates, record
 
     def _counting_syncs(self, fn):
         """fn() with torch's sync debug mode on: every call that makes the host wait for the
@@ -709,26 +813,27 @@ class Engine:
             d.hidden[rows] = hid
             d.logits[rows] = logits.to(d.logits.dtype)
 
-    def _prefill_extend(self, r: Req, aux: torch.Tensor, first: torch.Tensor) -> None:
-        """The draft over the prompt (positions 0..n-1): ids x_{p+1} (the first output token
-        last) with the target's aux g_p at position p; its last row seeds the first cycle."""
+    def _prefill_extend(self, reqs: list[Req], starts: list[int], lens: list[int], done: list[int],
+                        rows: torch.Tensor, meta, aux: torch.Tensor, firsts: torch.Tensor | None) -> None:
+        """The draft over the same chunks as the target, in one forward: at position p the id
+        x_{p+1} (the first output token after a prompt's last position) with the target's aux g_p.
+        The last row of a completed prompt seeds its first cycle."""
         d = self.draft
         if not d.here:
             return
-        n = len(r.tokens)
-        t = self._prefill_width(n)
-        ids, head, ctx = r.tokens[1:] + [0], d.head, self._bucket(r.seq_len + 1)
-        if t is not None:   # padded like the target's prefill (see _prefill_forward), one graph per width
-            ids, head, ctx = ids + [0] * (t - n), self._head(PREFILL), self._bucket(t)
-            aux = torch.cat([aux, aux.new_zeros(t - n, aux.shape[-1])])
-        rows = self._h2d([r.row], torch.long)
-        start = torch.zeros(1, dtype=torch.long, device=self.device)
-        ids = self._h2d([ids], torch.long)
-        ids[0, n - 1 : n] = first        # the first output token, still on the device
-        hid, logits = spec.draft_extend(head, d.kv, rows, start, ids, aux[None],
-                                        self._h2d([n - 1], torch.long), ctx)
-        d.hidden[r.row] = hid[0]
-        d.logits[r.row] = logits[0].to(d.logits.dtype)
+        w = aux.shape[1]
+        ids = [r.tokens[s + 1 : s + n + 1] for r, s, n in zip(reqs, starts, lens)]
+        ids = self._h2d([x + [0] * (w - len(x)) for x in ids], torch.long)
+        head = self._head(PREFILL) if self._prefill_width(max(lens)) is not None else d.head
+        select = self._h2d([n - 1 for n in lens], torch.long)
+        if done:
+            sel = self._h2d(done, torch.long)
+            ids[sel, select[sel]] = firsts          # the first output tokens, still on the device
+        hid, logits = spec.draft_extend(head, d.kv, rows, None, ids, aux, select, meta.ctx,
+                                        positions=meta.positions)
+        if done:
+            d.hidden[rows[sel]] = hid[sel]
+            d.logits[rows[sel]] = logits[sel].to(d.logits.dtype)
 
     # -- commit and statistics -------------------------------------------------------------------
     def _count(self, r: Req, accepted: int, n_tokens: int) -> None:

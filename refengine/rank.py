@@ -208,8 +208,8 @@ class Follower:
             return True
 
         def admit() -> None:
-            for req in cmd.new:
-                self._emit(e.add_request(req))
+            for u in e.add_requests(cmd.new):    # one prefill batch (SGLang's PrefillAdder)
+                self._emit(u)
         if e.busy or cmd.new:
             # New requests are prefilled after the next iteration is launched (Engine.step).
             self._publish(*e.step(admit if cmd.new else None))

@@ -72,17 +72,18 @@ def draft_chain_sample(head: Eagle3Head, kv: KVPool, rows: torch.Tensor, seq_len
     return torch.stack(tokens, 1), torch.stack(qs, 1)
 
 
-def draft_extend(head: Eagle3Head, kv: KVPool, rows: torch.Tensor, start: torch.Tensor,
+def draft_extend(head: Eagle3Head, kv: KVPool, rows: torch.Tensor, start: torch.Tensor | None,
                  ids: torch.Tensor, aux: torch.Tensor, select: torch.Tensor,
-                 ctx: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the draft over [B, T] rows at positions start..start+T-1 and read row `select` [B].
+                 ctx: int, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the draft over [B, T] rows at positions start..start+T-1 (or the given [B, T]
+    `positions`: a prefill batch clamps its pad rows' inside the context) and read row `select` [B].
 
     Returns (pre-norm hidden [B, H], draft logits [B, draft_vocab]) at the selected row: the
     next cycle's first level (argmax for a chain, top-k for a tree, a sample under rejection
     sampling) and the hidden its next step is fed.
     """
-    t = ids.shape[1]
-    positions = start[:, None] + torch.arange(t, device=ids.device)[None]
+    if positions is None:
+        positions = start[:, None] + torch.arange(ids.shape[1], device=ids.device)[None]
     logits, out = head(ids, aux, causal_meta(rows, positions, ctx), kv)
     b = torch.arange(ids.shape[0], device=ids.device)
     return out[b, select], logits[b, select]

@@ -153,6 +153,9 @@ def engine_options(opts: ServerOptions) -> Any:
         kw["max_running_requests"] = opts.max_running_requests
     if opts.context_length is not None:
         kw["context_length"] = opts.context_length
+    for k in ("chunked_prefill_size", "max_prefill_tokens"):
+        if getattr(opts, k) is not None:
+            kw[k] = getattr(opts, k)
     if opts.speculative_algorithm == "NONE":
         kw[STEPS] = 0
         kw["speculative_algorithm"] = "NONE"   # no draft at all: the plain-decoding baseline
@@ -457,6 +460,8 @@ class ServerApp:
             d["port"] = self.httpd.server_address[1]  # the real port when --port 0 picked one
         d["max_running_requests"] = self.max_running_requests()
         d["context_length"] = self.context_length()
+        d["chunked_prefill_size"] = self.engine_opts.chunk_size()
+        d["max_prefill_tokens"] = self.engine_opts.max_prefill_tokens
         d["model_path"] = shown_path(self.engine_opts.model_path)
         d["speculative_draft_model_path"] = shown_path(self.engine_opts.speculative_draft_model_path)
         d["load_format"] = self.engine_opts.load_format

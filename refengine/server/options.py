@@ -52,6 +52,8 @@ class ServerOptions:
     port: int = 30000
     max_running_requests: int | None = None
     context_length: int | None = None
+    chunked_prefill_size: int | None = None
+    max_prefill_tokens: int | None = None
     api_key: str | None = None
     restrict_profiling: bool = False
     enable_metrics: bool = True
@@ -116,6 +118,13 @@ def _positive_int(text: str) -> int:
     v = int(text)
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _chunk_size(text: str) -> int:
+    v = int(text)
+    if v < 1 and v != -1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, or -1 for no chunking, got {v}")
     return v
 
 
@@ -198,6 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-running-requests", type=_positive_int, default=None)
     r.add_argument("--context-length", type=_positive_int, default=None,
                    help="per-request token capacity (prompt + output)")
+    r.add_argument("--chunked-prefill-size", type=_chunk_size, default=None,
+                   help="most prompt tokens in one prefill batch; longer prompts are prefilled in chunks "
+                        "(-1: no chunking; default as SGLang: 8192 on an H200, 4096 without a GPU)")
+    r.add_argument("--max-prefill-tokens", type=_positive_int, default=None,
+                   help="most prompt tokens in one prefill batch (default 16384, as SGLang)")
     r.add_argument("--emulate-comm-latency", default=None, metavar="A_us[,B_us_per_KB]",
                    help="add an emulated latency to every collective (labelled as emulation)")
     h = p.add_argument_group("http")
@@ -281,7 +295,7 @@ def _adaptive(a: argparse.Namespace, algo: str | None, steps: int | None, topk: 
         raise OptionsError(f"--speculative-adaptive needs --speculative-eagle-topk 1 (SGLang's adaptive steps "
                            f"run chains only), got {topk}")
     try:
-        tiers = (adaptive_policy.read_config(a.speculative_adaptive_config) if a.speculative_adaptive_config
+        tiers = (_read_adaptive_config(a.speculative_adaptive_config) if a.speculative_adaptive_config
                  else adaptive_policy.default_config())
         start = adaptive_policy.initial_steps(tiers, steps)
     except adaptive_policy.AdaptiveConfigError as e:
@@ -290,6 +304,20 @@ def _adaptive(a: argparse.Namespace, algo: str | None, steps: int | None, topk: 
     if ndt is not None and ndt != start + 1:
         raise OptionsError("--speculative-num-draft-tokens is chosen by --speculative-adaptive (steps + 1 per tier)")
     return adaptive_policy.config_json(tiers), start
+
+
+def _read_adaptive_config(path: str) -> dict[int, dict]:
+    """A config file, through the bounded JSON reader, parsed and resolved (AdaptiveConfigError in one line)."""
+    from probes import adaptive_policy
+    from probes.json_file import JsonFileError, read_json
+    try:
+        raw = read_json(path)
+    except JsonFileError as e:
+        raise adaptive_policy.AdaptiveConfigError(str(e)) from None
+    try:
+        return adaptive_policy.parse_config(raw)
+    except adaptive_policy.AdaptiveConfigError as e:
+        raise adaptive_policy.AdaptiveConfigError(f"{path}: {e}") from None
 
 
 def parse_options(argv: list[str]) -> ServerOptions:
@@ -339,6 +367,7 @@ def parse_options(argv: list[str]) -> ServerOptions:
         speculative_use_rejection_sampling=a.speculative_use_rejection_sampling,
         tp_size=a.tp_size, device=a.device, dtype=a.dtype, host=a.host, port=a.port,
         max_running_requests=a.max_running_requests, context_length=a.context_length, api_key=api_key,
+        chunked_prefill_size=a.chunked_prefill_size, max_prefill_tokens=a.max_prefill_tokens,
         restrict_profiling=a.restrict_profiling,
         enable_metrics=True, decode_log_interval=a.decode_log_interval,
         emulate_comm_latency=a.emulate_comm_latency, skip_server_warmup=a.skip_server_warmup,

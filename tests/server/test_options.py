@@ -106,3 +106,19 @@ def test_the_kernel_switches_in_the_environment_are_checked_before_any_rank_star
         parse_options([])
     monkeypatch.setenv("SPECDECODE_ATTEND_SKIP_HIDDEN", "1")
     parse_options([])
+
+
+def test_chunked_prefill_flags_map_to_the_engine():
+    """SGLang's --chunked-prefill-size (-1: no chunking; unset: 8192 on an H200, 4096 without a
+    GPU) and --max-prefill-tokens (16384)."""
+    from refengine.server.app import engine_options
+
+    e = engine_options(parse_options([]))
+    assert (e.chunk_size(), e.max_prefill_tokens) == (4096, 16384)
+    assert engine_options(parse_options(["--device", "cuda"])).chunk_size() == 8192
+    e = engine_options(parse_options(["--chunked-prefill-size", "-1", "--max-prefill-tokens", "512"]))
+    assert (e.chunk_size(), e.max_prefill_tokens) == (-1, 512)
+    assert engine_options(parse_options(["--chunked-prefill-size", "64"])).chunk_size() == 64
+    for bad in ("0", "-2"):
+        with pytest.raises(SystemExit):
+            parse_options(["--chunked-prefill-size", bad])
