@@ -8,7 +8,7 @@ tier keeps an EMA of the correct drafts per request and, after `warmup_batches`,
 it always probes upwards. It never looks at what a step costs.
 
 Standard library only (an import-linter contract checks it): it loads in the engine's ranks, its
-HTTP process and the tuner alike. Pure logic: no I/O beyond reading a config file the caller names.
+HTTP process and the tuner alike. Pure logic, no I/O: a config file is read by probes.json_file.
 """
 
 from __future__ import annotations
@@ -197,21 +197,6 @@ def config_json(tiers: Mapping[int, dict]) -> dict[str, dict]:
     """A resolved config in SGLang's JSON shape (string thresholds), as servers report it."""
     return {str(bs): {"candidate_steps": list(t["candidate_steps"]),
                       **{k: t[k] for k in KNOB_DEFAULTS if k in t}} for bs, t in sorted(tiers.items())}
-
-
-def read_config(path: str) -> dict[int, dict]:
-    """A config file, parsed and resolved. Raises AdaptiveConfigError in one line."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
-    except OSError as e:
-        raise AdaptiveConfigError(f"{path}: {e.strerror or e}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise AdaptiveConfigError(f"{path}: not JSON ({str(e).splitlines()[0]})") from None
-    try:
-        return parse_config(raw)
-    except AdaptiveConfigError as e:
-        raise AdaptiveConfigError(f"{path}: {e}") from None
 
 
 def all_candidates(tiers: Mapping[int, dict]) -> list[int]:

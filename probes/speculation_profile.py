@@ -15,12 +15,13 @@ I/O beyond `read`, and must not know about recordings or servers.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+
+from probes.json_file import JsonFileError, read_json
 
 SCHEMA_VERSION = "1.0"
 TOLERANCE = 0.02
@@ -191,16 +192,9 @@ def read(path: str | Path) -> dict[str, Any]:
         ProfileError: unreadable, not JSON, several profiles, or a profile `check` refuses."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
-    except OSError as e:
-        raise ProfileError(f"cannot read {path}: {e.strerror or e}") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise ProfileError(f"{path} is larger than {MAX_FILE_BYTES >> 20} MiB; not a profile")
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ProfileError(f"{path} is not JSON ({str(e).splitlines()[0]})") from None
+        doc = read_json(path, cap=MAX_FILE_BYTES)
+    except JsonFileError as e:
+        raise ProfileError(str(e)) from None
     if isinstance(doc, list):
         if len(doc) != 1:
             raise ProfileError(f"{path} holds {len(doc)} profiles; pick one (report --speculation-profile "

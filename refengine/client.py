@@ -62,6 +62,7 @@ class EngineClient:
         self._rank_stats: dict[int, dict] = {}
         self._errors: dict[int, str] = {}
         self._config = SpecConfig(epoch=-1)
+        self._config_dict: tuple[SpecConfig, dict] | None = None   # active_config's, per config
         self._limits = ModelLimits()
         # A profile simulator refuses settings it cannot drive, before they reach the ranks.
         self._simulator = simulator(opts)
@@ -244,9 +245,15 @@ class EngineClient:
 
     def active_config(self) -> dict:
         """steps, topk, num_draft_tokens, placement, epoch (plus the launch-time simulator flag)."""
-        d = self._config.as_dict()
-        d["simulate_accept"] = self.opts.speculative_simulate_accept
-        return d
+        cfg = self._config
+        cached = self._config_dict
+        if cached is None or cached[0] is not cfg:
+            # Built once per applied config (epoch), not per scrape: asdict deep-copies the
+            # adaptive schedule, and /metrics and /server_info read this on every request.
+            d = cfg.as_dict()
+            d["simulate_accept"] = self.opts.speculative_simulate_accept
+            cached = self._config_dict = (cfg, d)
+        return dict(cached[1])   # a caller may add keys; the schedule inside is shared, read-only
 
     # -- profiling -------------------------------------------------------------------------------
     def start_profile(self, output_dir: str, num_steps: int | None = None, activities: list[str] | None = None,
