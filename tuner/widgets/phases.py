@@ -46,6 +46,11 @@ SEGMENTS = (
 )
 
 
+COMPACT_LABELS = {"verify_sample": "accept", "draft_extend": "extend", "idle": "other/idle"}
+"""Shorter row labels of the compact split (its collectives share the line, so "draft extend"
+reads as "extend")."""
+
+
 @dataclass(frozen=True)
 class PhaseView:
     """Mean ms per decode iteration over the window the panel shows."""
@@ -106,6 +111,8 @@ def stacked_bar(parts: dict[str, float], width: int) -> Text:
         cells[s.key] += 1
     for s in SEGMENTS:
         text.append(s.glyph * cells[s.key], style=s.color)
+    # One line whatever width it is measured at (the widget's width of the last layout can differ).
+    text.no_wrap, text.overflow = True, "crop"
     return text
 
 
@@ -117,6 +124,18 @@ class PhaseSplit(Static):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._view = PhaseView()
+        self._compact = False
+
+    @property
+    def compact(self) -> bool:
+        """Each phase's collectives on the phase's own line (6 rows instead of 9): a short terminal."""
+        return self._compact
+
+    @compact.setter
+    def compact(self, value: bool) -> None:
+        if value != self._compact:
+            self._compact = value
+            self.refresh(layout=True)
 
     def show(self, view: PhaseView) -> None:
         if view != self._view:
@@ -134,6 +153,8 @@ class PhaseSplit(Static):
         parts = segment_ms(view)
         total = sum(parts.values()) or 1.0
         width = max(10, self.content_size.width)
+        if self._compact:
+            return self._render_compact(view, parts, total, width)
         table = Table.grid(padding=(0, 1), expand=True)
         table.add_column(ratio=1)
         table.add_column(justify="right", width=8)
@@ -156,4 +177,34 @@ class PhaseSplit(Static):
                                  (" · c times them\n", "dim"), (tail[0].removeprefix(" · "), "dim"))
         else:
             foot = Text.assemble(("collectives ", "dim"), (f"{comm / total * 100:.1f}%", "bold"), tail)
+        return Group(stacked_bar(parts, width), table, foot)
+
+    def _render_compact(self, view: PhaseView, parts: dict[str, float], total: float, width: int) -> Group:
+        """The bar, then one line per phase with its collectives beside it, then the totals."""
+        table = Table.grid(padding=(0, 1), expand=True)
+        table.add_column(ratio=1, no_wrap=True)
+        for w in (6, 5, 7, 4):
+            table.add_column(justify="right", width=w, no_wrap=True)
+        untimed = {f"{p}_comm" for p in untimed_comm(view)}
+        by_key = {s.key: s for s in SEGMENTS}
+        for s in SEGMENTS:
+            if s.key.endswith("_comm"):
+                continue
+            ms = parts[s.key]
+            label = Text(s.glyph + " ", style=s.color) + Text(COMPACT_LABELS.get(s.key, s.label),
+                                                              style="" if ms > 0 else "dim")
+            row: list = [label, num(ms, 2), f"{ms / total * 100:.1f}%"]
+            comm = by_key.get(f"{s.key}_comm")
+            if comm is not None and comm.key in untimed:
+                row += [Text("▒ in graph", style=comm.color), ""]
+            elif comm is not None:
+                cms = parts[comm.key]
+                row += [Text.assemble((comm.glyph + " ", comm.color), num(cms, 2 if cms < 100 else 1)),
+                        f"{cms / total * 100:.0f}%"]
+            table.add_row(*row)
+        comm = parts["draft_comm"] + parts["verify_comm"] + parts["draft_extend_comm"]
+        foot = Text.assemble(("iteration ", "bold"), (f"{num(total, 2)} ms", "bold"), (" · ▒ ", "dim"),
+                             ("in graphs" if untimed else f"{comm / total * 100:.1f}%", "bold"),
+                             (f" · {view.iterations} iters", "dim"))
+        foot.no_wrap, foot.overflow = True, "ellipsis"
         return Group(stacked_bar(parts, width), table, foot)
