@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "record": ("record", "record a server headless into one file (no terminal needed; Ctrl-C/SIGTERM or --duration stops)"),
     "report": ("report", "turn a recording into a report: HTML (inline SVG charts), Markdown or JSON; Perfetto trace; CSV"),
     "doctor": ("doctor", "check a server capability by capability (metrics, plugin, timers, live steps) and print the fix for what is missing"),
+    "sglang-flags": ("sglang_flags", "write the SGLang adaptive config and flags that let chosen step tiers be pinned live at every batch size"),
     "launch": ("launch", "start and own an SGLang server (`launch -- python -m sglang.launch_server ARGS…`), relaunching for settings it cannot change live"),
 }
 
