@@ -21,7 +21,8 @@ Reply shapes the headless core (tuner/backends) parses:
 - /generate, /v1/completions: when the engine fails a request, a non-streaming reply is 503
   `{"error": ...}`; a stream sends the final chunk (`finish_reason` `{"type": "abort", "message"}`),
   then `data: {"error": {...}}`, then `data: [DONE]`. A client that leaves mid-stream has its request
-  aborted at once.
+  aborted at once; a non-streaming one is gone on a reset or a failed write, not on EOF (a client
+  that half-closed after sending gets its reply, after an interim `100 Continue` probe).
 - 401 `{"error": "Unauthorized"}` without the key (`/health*` and `/metrics` are open, as in SGLang);
   404/405/413 JSON errors; 503 while starting. A `rid` already in flight: 400 `Duplicate request ID
   detected: {rid}` (SGLang's).
@@ -59,8 +60,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("refengine.server")
 
 MAX_PHASE_RECORDS = 4096
-# How often a non-streaming request checks that its client is still connected.
+# How often a non-streaming request checks that its client is still connected, and how often at
+# most a client that half-closed is probed with an interim reply (Handler._client_gone).
 CLIENT_POLL_S = 0.25
+PROBE_EVERY_S = 1.0
 
 
 @dataclass
@@ -297,6 +300,8 @@ def _run_unstreamed(gens: list, client_gone: Callable[[], bool]) -> tuple[list, 
         outs = run_all(gens)
     finally:
         done.set()
+        # The watcher may write a probe (Handler._client_gone): it must be done before the reply.
+        watcher.join()
     if left.is_set():
         for g in gens:
             g.cancel("client disconnected")
@@ -524,14 +529,34 @@ class Handler(BaseHTTPRequestHandler):
             return wire.read_chunked(self.rfile, MAX_BODY_BYTES)
         return wire.read_length(self.rfile, self.headers.get("Content-Length"), MAX_BODY_BYTES)
 
+    _probed_at = float("-inf")
+
     def _client_gone(self) -> bool:
-        """The peer closed or reset the connection: readable with nothing to read (or an error).
-        A pipelined next request is readable too but has bytes, so it does not count."""
+        """The client is gone: its connection was reset, or a write to it failed.
+
+        EOF on the read side is not enough: a client may half-close after sending its request
+        (shutdown(SHUT_WR), `nc -N`) and still read the reply. On EOF an HTTP/1.1 client gets an
+        interim `100 Continue` (every HTTP/1.1 client must skip 1xx replies), at most once a
+        PROBE_EVERY_S: a closed socket answers it with a reset, seen by the next check; a
+        half-closed one takes it. A pipelined next request is readable too but has bytes, so it
+        does not count."""
         try:
             readable, _, _ = select.select([self.connection], [], [], 0)
-            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+            if not readable or self.connection.recv(1, socket.MSG_PEEK) != b"":
+                return False
         except (OSError, ValueError):
+            return True                      # reset, or the socket is closed
+        if self.request_version != "HTTP/1.1":
+            return True                      # no 1xx for HTTP/1.0 (RFC 9110 §15.2)
+        now = time.monotonic()
+        if now - self._probed_at < PROBE_EVERY_S:
+            return False
+        self._probed_at = now
+        try:
+            self.connection.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+        except OSError:
             return True
+        return False
 
     def _start_stream(self) -> Any:
         self._streaming = True
