@@ -53,6 +53,10 @@ from refengine.messages import GenRequest, GenUpdate, SpecStats
 from refengine.models.layers import causal_meta, fuse_projections
 from refengine.tp import apply_tp_target
 
+ONE_AT_A_TIME_ENV = "SPECDECODE_PREFILL_ONE_AT_A_TIME"
+"""=1: prefill each waiting request in its own forward, all in the same step, as the engine did
+before it batched prefills: the "before" arm of benchmarks/prefill_ttft.py, side by side."""
+
 PREFILL_GRAPH_MAX = 1024
 """Longer prompts prefill eagerly (one graph per width bucket up to here; each holds its own
 activations in a private memory pool)."""
@@ -232,6 +236,7 @@ class Engine:
         self.waiting: list[Req] = []
         """SGLang's waiting queue: requests (in self.reqs, with a row) whose prompt is not all
         prefilled, in arrival order; a chunked prompt stays at its head between its chunks."""
+        self._one_at_a_time = os.environ.get(ONE_AT_A_TIME_ENV) == "1"
         self.free_rows = list(range(self.rows))[::-1]
         self.iteration = 0
         self.timer = PhaseTimer(comm)
@@ -331,7 +336,7 @@ class Engine:
         self.waiting.append(r)
         return None
 
-    def _schedule_prefill(self) -> list[tuple[Req, int]]:
+    def _schedule_prefill(self, max_requests: int | None = None) -> list[tuple[Req, int]]:
         """The next prefill batch as SGLang 0.5.23's PrefillAdder builds it
         (managers/schedule_policy.py; scheduler.py:4157-4327): the chunked request's next chunk
         first, then the waiting requests in arrival order (FCFS), each charged to the chunk
@@ -339,13 +344,16 @@ class Engine:
         that does not fit the chunk budget whole takes what is left of it and stays the one
         chunked request (:1646-1676); the batch ends there or when a budget is spent
         (budget_state, :874-893). Without chunking the first request may exceed the input budget
-        (:1627-1633). -> [(request, tokens to prefill now)]."""
+        (:1627-1633); at most `max_requests` requests (SGLang's prefill_max_requests, :1398-1399).
+        -> [(request, tokens to prefill now)]."""
         chunk = self.opts.chunk_size()
         rem_chunk = chunk if chunk > 0 else None
         rem_input = self.opts.max_prefill_tokens
         batch: list[tuple[Req, int]] = []
         for r in self.waiting:
             if rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
+                break
+            if max_requests is not None and len(batch) >= max_requests:
                 break
             left = r.prompt_len - r.prefilled
             if rem_chunk is None and batch and left >= rem_input:
@@ -360,11 +368,21 @@ class Engine:
         return batch
 
     def _prefill_waiting(self) -> list[GenUpdate]:
+        """One prefill batch; with $SPECDECODE_PREFILL_ONE_AT_A_TIME=1 a batch per waiting
+        request instead, one after the other. -> failures."""
+        if not self._one_at_a_time:
+            return self._prefill_batch()
+        failed: list[GenUpdate] = []
+        for _ in range(len(self.waiting)):
+            failed += self._prefill_batch(max_requests=1)
+        return failed
+
+    def _prefill_batch(self, max_requests: int | None = None) -> list[GenUpdate]:
         """One prefill batch (_schedule_prefill): the target over every chunk in one forward,
         the first token of each request whose prompt it completes, and the draft's
         prefill-extend over the same chunks in one forward; -> failures (a sampled first token
         that cannot be drawn fails its request alone)."""
-        batch = self._schedule_prefill()
+        batch = self._schedule_prefill(max_requests)
         if not batch:
             return []
         self._since = self._since or time.perf_counter()
@@ -816,8 +834,10 @@ class Engine:
     def _prefill_extend(self, reqs: list[Req], starts: list[int], lens: list[int], done: list[int],
                         rows: torch.Tensor, meta, aux: torch.Tensor, firsts: torch.Tensor | None) -> None:
         """The draft over the same chunks as the target, in one forward: at position p the id
-        x_{p+1} (the first output token after a prompt's last position) with the target's aux g_p.
-        The last row of a completed prompt seeds its first cycle."""
+        x_{p+1} (the first output token after a prompt's last position; a chunk that ends inside
+        its prompt takes the next prompt token, as SGLang's _eagle_prefill_tail_tokens,
+        speculative/eagle_utils.py:81-97) with the target's aux g_p. The last row of a completed
+        prompt seeds its first cycle."""
         d = self.draft
         if not d.here:
             return

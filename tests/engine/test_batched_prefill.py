@@ -114,6 +114,17 @@ def test_max_prefill_tokens_leaves_the_rest_waiting():
     assert sizes[0] == 1 and sum(sizes) == 4
 
 
+def test_one_at_a_time_switch_is_the_engine_before_batching(monkeypatch):
+    """$SPECDECODE_PREFILL_ONE_AT_A_TIME=1 (benchmarks/prefill_ttft.py's "before" arm): every waiting
+    request in its own forward, all in the same call, and the same greedy output."""
+    monkeypatch.setenv("SPECDECODE_PREFILL_ONE_AT_A_TIME", "1")
+    e = _engine()
+    sizes = _count_forwards(e)
+    got = _run(e, PROMPTS, together=True)
+    monkeypatch.delenv("SPECDECODE_PREFILL_ONE_AT_A_TIME")
+    assert sizes == [1, 1, 1, 1] and got == _run(_engine(), PROMPTS, together=False)
+
+
 def test_an_abort_while_waiting_frees_the_row():
     e = _engine(chunked_prefill_size=4)
     free = len(e.free_rows)
