@@ -45,19 +45,45 @@ def read_key_file(path: str) -> str:
     return key
 
 
+def key_problem(key: str) -> str | None:
+    """Why `key` cannot go in an `Authorization: Bearer` header, or None; never holds the key.
+    HTTP header values are visible ASCII and spaces: a control character (a newline from `echo`)
+    made the HTTP library print the header, key and all; a non-ASCII one read as a bad URL."""
+    bad = next((c for c in key if not " " <= c <= "~"), None)
+    if bad is None:
+        return None
+    return "a control character" if bad < " " or bad == "\x7f" else "a non-ASCII character"
+
+
+def checked_key(key: str | None, source: str) -> str | None:
+    """`key` stripped of surrounding whitespace (None when nothing is left); ApiKeyError in one line
+    without the key when what is left cannot be sent."""
+    if key is None:
+        return None
+    key = key.strip()
+    if not key:
+        return None
+    problem = key_problem(key)
+    if problem is not None:
+        raise ApiKeyError(f"the API key from {source} holds {problem}; an HTTP header takes printable "
+                          "ASCII only")
+    return key
+
+
 def resolve_api_key(flag: str | None, key_file: str | None, environ: dict | None = None) -> str | None:
-    """The key to use: --api-key, else --api-key-file, else $SPECDECODE_API_KEY, else None.
+    """The key to use: --api-key, else --api-key-file, else $SPECDECODE_API_KEY, else None; stripped,
+    and refused (one line, without the key) when it holds a control or non-ASCII character.
 
     Giving both --api-key and --api-key-file is refused (which one was meant?).
     """
     if flag and key_file:
         raise ApiKeyError("give --api-key or --api-key-file, not both")
     if flag:
-        return flag
+        return checked_key(flag, "--api-key")
     if key_file:
-        return read_key_file(key_file)
+        return checked_key(read_key_file(key_file), f"--api-key-file {key_file}")
     env = os.environ if environ is None else environ
-    return env.get(ENV_VAR) or None
+    return checked_key(env.get(ENV_VAR), f"${ENV_VAR}")
 
 
 def redact_argv(argv: list[str], secrets: list[str]) -> list[str]:

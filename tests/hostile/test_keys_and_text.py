@@ -151,3 +151,42 @@ def test_strict_profile_request_is_confined_and_capped(tmp_path):
     for bad in ("/etc", "../x", str(tmp_path)):
         with pytest.raises(ProfileRequestError, match="inside the trace root"):
             parse_profile_request_strict({"output_dir": bad}, "cpu", str(root))
+
+
+# ----- keys with whitespace, control or non-ASCII characters (the red team's N7, N19) -------------
+
+def test_key_is_stripped_and_unsendable_keys_are_refused_without_echo(tmp_path):
+    assert resolve_api_key(None, None, {ENV_VAR: "SEKRIT-KEY-4242\n"}) == "SEKRIT-KEY-4242"
+    assert resolve_api_key(" k \t", None) == "k"
+    assert resolve_api_key(None, None, {ENV_VAR: " \n"}) is None
+    for key, words in [("SEK\x01RIT", "control character"), ("SEK\nRIT", "control character"),
+                       ("ключ-SEKRIT", "non-ASCII"), ("SEKRIT\x7f", "control character")]:
+        with pytest.raises(ApiKeyError) as e:
+            resolve_api_key(None, None, {ENV_VAR: key})
+        msg = str(e.value)
+        assert words in msg and ENV_VAR in msg and "SEK" not in msg and "ключ" not in msg and "\n" not in msg
+
+
+def test_once_with_a_newline_key_works_and_a_bad_key_is_one_line(tp2_server):
+    """`once` as a real child: a key with a trailing newline (as `$(cat key)` can give) is stripped,
+    and neither a control character nor a non-ASCII one puts the key on the terminal."""
+    from tests.hostile.conftest import run_cli
+
+    ok = run_cli("once", tp2_server.url, "--seconds", "1", env={ENV_VAR: "SEKRIT-KEY-4242\n"})
+    assert ok.rc == 0, ok.err[-400:]
+    assert "SEKRIT" not in ok.out + ok.err
+    for key, words in [("SEKRIT-\x01KEY", "control character"), ("ключ-SEKRIT", "non-ASCII")]:
+        bad = run_cli("once", tp2_server.url, "--seconds", "1", env={ENV_VAR: key})
+        text = bad.out + bad.err
+        assert bad.rc != 0 and words in text, text[-400:]
+        assert "SEKRIT" not in text and "ключ" not in text and "Traceback" not in text
+        assert "invalid URL" not in text
+        assert len(bad.err.strip().splitlines()) == 1, bad.err
+
+
+def test_http_client_refuses_a_key_it_cannot_send_without_echo():
+    from tuner.backends.http import HttpClient, ServerError
+
+    with pytest.raises(ServerError) as e:
+        HttpClient("http://127.0.0.1:9", api_key="SEKRIT\nX")
+    assert "SEKRIT" not in str(e.value) and "control character" in str(e.value)

@@ -21,6 +21,7 @@ from typing import Any
 import httpcore
 import httpx
 
+from probes.api_key import key_problem
 from tuner.backends.bounded import (
     MB, BadEncoding, BodyTooLarge, DeadlineExceeded, Limits, TooDeep, loads_bounded, read_body,
 )
@@ -181,6 +182,9 @@ class HttpClient:
                  deadline: float = DEFAULT_DEADLINE_S) -> None:
         self.url = url.rstrip("/")
         self.timeout, self.deadline = timeout, deadline
+        if api_key and key_problem(api_key):
+            # Checked here too: httpx's own error would print the header, key and all.
+            raise ServerError(f"the API key holds {key_problem(api_key)}; an HTTP header takes printable ASCII only")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         headers["Accept-Encoding"] = "gzip, deflate"      # what bounded.read_body decodes
         try:
@@ -216,6 +220,9 @@ class HttpClient:
                             f"{limits.cap // MB} MB)") from None
         except BadEncoding as e:
             raise BadAnswer(f"{where}: {e}") from None
+        except httpx.LocalProtocolError:
+            # Its text quotes the offending header, which may be the Authorization one: not shown.
+            raise ServerError(f"{where}: the request could not be sent (a header value is not allowed)") from None
         except httpx.ConnectError as e:
             raise ServerUnreachable(f"{where}: cannot connect ({_snippet(str(e), 60)})") from None
         except (httpx.TransportError, httpx.DecodingError, httpx.StreamError) as e:
