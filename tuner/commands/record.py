@@ -287,7 +287,9 @@ def run(args: argparse.Namespace) -> int:
                 session.start_load(prompts, args.load, max_new_tokens=args.max_new_tokens)
             progress.say(f"recording {args.url} ({backend.kind}) into {args.out}; "
                          + (f"for {_hms(args.duration)}" if args.duration else "Ctrl-C or SIGTERM stops"))
-            driver.run(stop, tick_s=TICK_S, duration_s=args.duration,
+            # The first write failure (disk full, file removed) ends the recording at once: a long
+            # one must not run on for hours with nothing written.
+            driver.run(stop, tick_s=TICK_S, duration_s=args.duration, until=lambda: recorder.error is not None,
                        on_tick=lambda: progress.update(status_line(driver, args.out, args.duration)))
         finally:
             if sampler is not None:

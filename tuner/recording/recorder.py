@@ -131,6 +131,7 @@ class Recorder:
     # -- the writer thread ------------------------------------------------------------------------
 
     def _run(self, meta: dict[str, Any]) -> None:
+        db = None
         try:
             db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=True)
             db.execute("PRAGMA journal_mode=WAL")
@@ -146,6 +147,15 @@ class Recorder:
             db.execute("COMMIT")
         except (sqlite3.Error, OSError) as e:
             self.error = f"cannot create recording {self.path}: {e}"
+            # Nothing of a recording that could not be created is left behind (it did not exist
+            # before: check_output refused an existing file, or overwrite removed it).
+            try:
+                if db is not None:
+                    db.close()
+                for suffix in ("", "-wal", "-shm"):
+                    Path(str(self.path) + suffix).unlink(missing_ok=True)
+            except (sqlite3.Error, OSError):
+                pass
             self._ready.set()
             return
         self._ready.set()
