@@ -16,7 +16,13 @@ fixtures/, made to move with time the way a decoding server does:
 device timer: metrics_no_plugin.txt (static), server_info_static.json, /specdecode/* 404, and
 /set_internal_state answers [false] to the plugin's keys.
 
-Run: python sglang_payload_server.py --port P [--no-plugin]   (prints "ready" when listening).
+--server-info FILE: serve that /server_info instead (the launch-shape tests write one whose
+internal_states come from the plugin's code on SGLang's real adaptive classes); a step pin is then
+taken exactly for the tiers its `specdecode_pinnable_steps` lists, as the plugin takes them.
+--no-metrics: launched without --enable-metrics: /metrics answers FastAPI's 404.
+
+Run: python sglang_payload_server.py --port P [--no-plugin] [--server-info FILE] [--no-metrics]
+(prints "ready" when listening).
 """
 
 from __future__ import annotations
@@ -47,13 +53,16 @@ def _samples(text: str) -> dict[str, float]:
 
 
 class State:
-    def __init__(self, plugin: bool = True) -> None:
+    def __init__(self, plugin: bool = True, info: Path | None = None, metrics: bool = True) -> None:
         self.plugin = plugin
+        self.serve_metrics = metrics
         self.t_start = time.monotonic()
         self.t0 = (FIX / ("metrics_t0.txt" if plugin else "metrics_no_plugin.txt")).read_text()
         self.t1 = (FIX / ("metrics_t1.txt" if plugin else "metrics_no_plugin.txt")).read_text()
         self.v0, self.v1 = _samples(self.t0), _samples(self.t1)
-        self.info = json.loads((FIX / ("server_info_adaptive.json" if plugin else "server_info_static.json")).read_text())
+        self.info = json.loads((info or FIX / ("server_info_adaptive.json" if plugin else "server_info_static.json")).read_text())
+        published = self.info["internal_states"][0].get("specdecode_pinnable_steps")
+        self.captured = tuple(int(k) for k in published["steps"]) if published else CAPTURED
         self.template = json.loads((FIX / "phases_reply.json").read_text())["records"]
         self.steps = self.info["internal_states"][0]["speculative_num_steps"]
         self.epoch = self.template[0]["epoch"]
@@ -113,7 +122,7 @@ class State:
         for key, value in args.items():
             if key == "specdecode_timers" and isinstance(value, (int, float)) and 0 <= value <= 86400:
                 continue
-            if key == "specdecode_num_steps" and value in (-1, *CAPTURED):
+            if key == "specdecode_num_steps" and value in (-1, *self.captured):
                 continue
             ok = False                             # SGLang: "Updating {key} is not supported."
         if not ok:
@@ -152,6 +161,8 @@ def make_handler(state: State):
             q = {k: v[-1] for k, v in parse_qs(u.query).items()}
             if u.path == "/health":
                 return self._send(200, b"")
+            if u.path == "/metrics" and not state.serve_metrics:
+                return self._json(404, {"detail": "Not Found"})
             if u.path == "/metrics":
                 return self._send(200, state.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
             if u.path in ("/server_info", "/get_server_info"):
@@ -199,8 +210,11 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--no-plugin", action="store_true")
+    p.add_argument("--server-info", type=Path, default=None)
+    p.add_argument("--no-metrics", action="store_true")
     args = p.parse_args()
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(State(plugin=not args.no_plugin)))
+    state = State(plugin=not args.no_plugin, info=args.server_info, metrics=not args.no_metrics)
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(state))
     print("ready", flush=True)
     server.serve_forever(poll_interval=0.1)
     return 0

@@ -49,6 +49,10 @@ class Capabilities:
     live_values: Mapping[str, tuple] = field(default_factory=dict)
     value_notes: Mapping[str, Mapping[Any, str]] = field(default_factory=dict)
     value_refusal: Callable[[str, Any], str] | None = field(default=None, compare=False)
+    # What the server lacks that views would otherwise show empty, each "what: the fix", and what
+    # still works without it (the TUI's notice panel; `once` prints them).
+    missing: tuple[str, ...] = ()
+    still_works: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reasons", MappingProxyType(dict(self.reasons)))
@@ -95,6 +99,8 @@ class Capabilities:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k.isupper()}
         d["reasons"] = dict(self.reasons)
         d["restart_keys"] = sorted(self.restart_keys)
+        if self.missing:
+            d["missing"], d["still_works"] = list(self.missing), self.still_works
         if self.live_values:
             d["live_values"] = {k: list(v) for k, v in self.live_values.items()}
             d["value_notes"] = {k: {str(x): t for x, t in v.items()} for k, v in self.value_notes.items()}

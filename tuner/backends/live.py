@@ -27,6 +27,9 @@ from tuner.core.events import EventKind
 from tuner.core.records import Event, Record, thaw
 from tuner.core.text import terminal_safe
 
+METRICS_RETRY_S = 5.0
+"""How often a server whose /metrics answered 404 is asked again (a relaunch may add it)."""
+
 METRICS_INTERVAL_S = 0.25
 PHASES_INTERVAL_S = 0.25
 INFO_INTERVAL_S = 1.0
@@ -68,6 +71,8 @@ class LiveBackend(Backend):
         self._rank_info: list[dict[str, str]] = []
         self.phase_stream: bool | None = None          # unknown until /specdecode/phases answers
         self.metrics = MetricsDeriver(acceptance=False, phases=False)
+        self._metrics_missing = False
+        self._metrics_retry_at = 0.0
         self.phases = PhaseStreamReader()
         self._bus: Bus | None = None
         self._monitor: ConnectionMonitor | None = None
@@ -206,14 +211,36 @@ class LiveBackend(Backend):
             self._monitor.ok()          # it answered; what it said is the problem
             self._monitor.bad_answer(endpoint, str(err))
 
+    def metrics_fix(self) -> str | None:
+        """What makes a server that answers 404 at /metrics serve it (SGLang: a launch flag), or None."""
+        return None
+
+    @property
+    def metrics_missing(self) -> bool:
+        """/metrics answered 404 on a kind that has a fix for it: nothing of it is shown until it serves."""
+        return self._metrics_missing
+
     def poll_metrics(self) -> bool:
+        if self._metrics_missing and self.clock.now() < self._metrics_retry_at:
+            return True        # a server without /metrics: ask again now and then, not 4 times a second
         try:
             text = self._http["metrics"].get_text("/metrics")
             now = self._now()
             ms = parse_metrics(text)
+        except BadAnswer as e:
+            fix = self.metrics_fix() if e.status == 404 else None
+            if fix is None:
+                self._failed("/metrics", e)
+                return True
+            self._metrics_missing, self._metrics_retry_at = True, self.clock.now() + METRICS_RETRY_S
+            if self._monitor:
+                self._monitor.ok()
+                self._monitor.bad_answer("/metrics", f"{e}: {fix}")
+            return True
         except (ServerError, MetricsParseError) as e:
             self._failed("/metrics", e)
             return True
+        self._metrics_missing = False
         if self._monitor:
             self._monitor.ok("/metrics")
         ranks = rank_info(ms)

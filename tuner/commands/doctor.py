@@ -1,4 +1,4 @@
-"""`specdecode-tune doctor URL [--json] [--wait-s S] [--probe]`: the self-check to run first.
+"""`specdecode-tune doctor URL [--json] [--wait-s S] [--probe] [--require CAP,...]`: the self-check to run first.
 
 On an SGLang server it says, capability by capability, what works, what is missing, and the fix:
 - speculation;
@@ -13,10 +13,15 @@ On an SGLang server it says, capability by capability, what works, what is missi
 On the reference engine (`specdecode-tune serve`) all of these are built in, and it checks the same
 readings.
 
+Without `--enable-metrics` SGLang has no `/metrics`: the plugin's ranks then come from its stream
+list and its timers from the phase stream, and only what needs `/metrics` names that flag as the fix.
+Live steps are judged from the tiers the plugin publishes (specdecode_pinnable_steps): a launch
+whose slots leave a tier out is told which steps it can pin and how `sglang-flags` adds the rest.
+
 It only reads, with two exceptions: the phase-timer lease that `attach` takes too, and with --probe
 one short `/generate`, so the timers have iterations to time. It never prints a key.
-Exit status: 0 when everything is present, 1 when something is missing, 2 when the server cannot be
-reached or the arguments are bad.
+Exit status: 0 when every required capability works (--require, default all), 1 when one is missing,
+2 when the server cannot be reached or the arguments are bad.
 Must not change a setting or start anything.
 """
 
@@ -34,10 +39,20 @@ from tuner.core.text import terminal_safe
 
 OK, MISSING, UNKNOWN, NOTE = "ok", "missing", "unknown", "note"
 SGLANG_VERSION = "0.5.23"      # the version the plugin's hooks were checked against
-LEASE_S = 30
+LEASE_S = 60                   # the lease attach takes (tuner.backends.sglang.LEASE_S)
 PLUGIN_FIX = ("install the plugin into the SERVER's Python: `pip install --no-deps specdecode-tune`; if "
-              "SGLANG_PLUGINS is set, include `specdecode`; --enable-metrics for its counters; relaunch")
+              "SGLANG_PLUGINS is set, include `specdecode`; relaunch")
 SEE_PLUGIN = "install the plugin (see `plugin routes`)"
+METRICS_FIX = "relaunch SGLang with --enable-metrics"
+HOOKS_LINE = "`specdecode plugin 2 registered 10 hooks (scheduler process)`"
+
+# --require names -> the check they stand for (the README's doctor table lists them)
+CAPABILITIES: dict[str, str] = {
+    "speculation": "speculation", "metrics": "metrics (/metrics)", "gpu-time": "GPU time per graph",
+    "plugin": "plugin routes (HTTP)", "ranks": "plugin in the schedulers", "timers": "phase timers",
+    "stream": "phase stream", "live-steps": "live steps", "traces": "traces",
+}
+ENGINE_NAMES = {"ranks": "ranks reporting", "live-steps": "live settings"}
 
 
 @dataclass
@@ -46,6 +61,7 @@ class Check:
     status: str          # ok | missing | unknown | note
     found: str
     fix: str = ""
+    id: str = ""         # the --require name
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,6 +74,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probe", action="store_true",
                    help="send one short /generate while watching, so an idle server has iterations to time")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
+    p.add_argument("--require", type=_require, default=None, metavar="CAP,...",
+                   help="exit 1 only when one of these is missing (default: all): " + ", ".join(CAPABILITIES))
+
+
+def _require(text: str) -> frozenset[str]:
+    names = frozenset(x.strip() for x in text.split(",") if x.strip())
+    unknown = sorted(names - set(CAPABILITIES))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown capability {', '.join(unknown) or '(none)'}; "
+                                         f"known: {', '.join(CAPABILITIES)}")
+    return names
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,22 +107,31 @@ def run(args: argparse.Namespace) -> int:
         return 2
     finally:
         http.close()
+    required = args.require or frozenset(CAPABILITIES)
+    failed = [c for c in checks if c.status == MISSING and c.id in required]
     if args.json:
-        print(json.dumps({"server": head, "checks": [asdict(c) for c in checks]}, indent=1))
+        print(json.dumps({"server": head, "checks": [asdict(c) for c in checks],
+                          "required": sorted(required), "ok": not failed}, indent=1))
     else:
-        print(format_checks(head, checks))
-    return 1 if any(c.status == MISSING for c in checks) else 0
+        print(format_checks(head, checks, required))
+    return 1 if failed else 0
 
 
-def format_checks(head: str, checks: list[Check]) -> str:
+def format_checks(head: str, checks: list[Check], required: frozenset[str] = frozenset(CAPABILITIES)) -> str:
     mark = {OK: "ok ", MISSING: "NO ", UNKNOWN: " ? ", NOTE: " - "}
     lines = [terminal_safe(head)]
     for c in checks:
         lines.append(terminal_safe(f"  {mark.get(c.status, ' ? ')} {c.capability:<26} {c.found}"))
         if c.fix:
             lines.append(terminal_safe(f"        fix: {c.fix}"))
-    missing = sum(c.status == MISSING for c in checks)
-    lines.append(f"{missing} missing" if missing else "everything this tool uses is present")
+    missing = [c for c in checks if c.status == MISSING]
+    needed = [c for c in missing if c.id in required]
+    if not missing:
+        lines.append("everything this tool uses is present")
+    elif len(needed) == len(missing):
+        lines.append(f"{len(missing)} missing")
+    else:
+        lines.append(f"{len(missing)} missing, {len(needed)} of them required (--require)")
     return "\n".join(lines)
 
 
@@ -105,8 +141,9 @@ def diagnose(http, kind: str, wait_s: float = 3.0, probe: bool = False) -> tuple
     from tuner.backends.common_info import common_info, internal_state
 
     raw = http.get_json("/server_info")
-    info = common_info(kind, raw if isinstance(raw, dict) else {})
-    st = internal_state(raw) if isinstance(raw, dict) else {}
+    raw = raw if isinstance(raw, dict) else {}
+    info = common_info(kind, raw)
+    st = internal_state(raw)
     sglang = kind == "sglang"
     name = "SGLang" if sglang else "the reference engine (specdecode-tune serve)"
     tp = info.get("tp_size")
@@ -115,19 +152,28 @@ def diagnose(http, kind: str, wait_s: float = 3.0, probe: bool = False) -> tuple
     if sglang and info.get("version") and str(info["version"]) != SGLANG_VERSION:
         checks.append(Check("SGLang version", NOTE, f"{info['version']}; the plugin was checked against {SGLANG_VERSION}",
                             "if a hook stops firing after an upgrade, the phase-timer check below says so"))
-    checks.append(_speculation(raw if isinstance(raw, dict) else {}, st))
+    checks.append(_speculation(raw, st))
     metrics, text = _metrics(http)
     checks.append(_metrics_check(text, sglang))
     if sglang:
         checks.append(_device_timers(metrics))
-    plugin = _plugin_routes(http)
+    plugin, streams = _plugin_routes(http)
     if sglang:
         checks.append(plugin)
-    checks.append(_ranks(metrics, tp, sglang))
-    checks.append(_timers(http, metrics, wait_s, probe, sglang))
+    has_plugin = plugin.status == OK
+    # The timers run first: their lease (and --probe's request) is what makes an idle SGLang's ranks
+    # write their streams, which is where ranks are read from without /metrics.
+    timers = _timers(http, metrics, wait_s, probe, sglang, has_plugin)
+    if metrics is None and sglang and has_plugin:
+        _, streams = _plugin_routes(http)
+    checks.append(_ranks(metrics, tp, sglang, streams if has_plugin else None))
+    checks.append(timers)
     checks.append(_stream(http, sglang))
-    checks.append(_live_steps(raw if isinstance(raw, dict) else {}, st, sglang, plugin.status == OK))
+    checks.append(_live_steps(raw, st, sglang, has_plugin))
     checks.append(Check("traces", OK, "POST /start_profile, then `specdecode-tune analyze` on the rank files"))
+    by_name = {v: k for k, v in CAPABILITIES.items()} | {v: k for k, v in ENGINE_NAMES.items()}
+    for c in checks:
+        c.id = by_name.get(c.capability, "")
     return head, checks
 
 
@@ -162,6 +208,9 @@ def _metrics_check(text: str | None, sglang: bool) -> Check:
 
 def _device_timers(metrics) -> Check:
     name = "sglang:forward_execution_seconds_total"
+    if metrics is None:
+        return Check("GPU time per graph", MISSING, "no /metrics to read it from",
+                     f"{METRICS_FIX} and SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 in its environment")
     cats = sorted({lab.get("category", "") for lab, _ in metrics.samples(name)}) if metrics else []
     if "target_verify" in cats or "eagle_draft" in cats:
         return Check("GPU time per graph", OK, ", ".join(cats))
@@ -169,33 +218,46 @@ def _device_timers(metrics) -> Check:
                  "set SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 in the server's environment and relaunch")
 
 
-def _plugin_routes(http) -> Check:
+def _plugin_routes(http) -> tuple[Check, list[str]]:
+    """The routes check, and the TP ranks whose stream files the plugin lists."""
     from tuner.backends.http import ServerError
 
     try:
         body = http.get_json("/specdecode/streams")
     except ServerError as e:
-        return Check("plugin routes (HTTP)", MISSING, str(e), PLUGIN_FIX)
+        return Check("plugin routes (HTTP)", MISSING, str(e), PLUGIN_FIX), []
     if not isinstance(body, dict) or body.get("plugin") != "specdecode":
-        return Check("plugin routes (HTTP)", MISSING, "/specdecode/streams does not answer as the plugin", PLUGIN_FIX)
-    return Check("plugin routes (HTTP)", OK, f"plugin {body.get('version', '')}".strip())
+        return Check("plugin routes (HTTP)", MISSING, "/specdecode/streams does not answer as the plugin",
+                     PLUGIN_FIX), []
+    streams = body.get("streams") if isinstance(body.get("streams"), list) else []
+    ranks = sorted({str(x["rank"]) for x in streams if isinstance(x, dict) and isinstance(x.get("rank"), int)},
+                   key=int)
+    return Check("plugin routes (HTTP)", OK, f"plugin {body.get('version', '')}".strip()), ranks
 
 
-def _ranks(metrics, tp: int | None, sglang: bool) -> Check:
+def _ranks(metrics, tp: int | None, sglang: bool, streams: list[str] | None = None) -> Check:
     what = "plugin in the schedulers" if sglang else "ranks reporting"
     ranks = sorted({lab.get("tp_rank") for lab, _ in metrics.samples("specdecode:rank_info")} - {None},
                    key=lambda r: int(r) if str(r).isdigit() else 0) if metrics else []
+    source = ""
+    if not ranks and metrics is None and streams is not None:
+        # No /metrics: each rank's stream file says its plugin ran a timed iteration.
+        ranks, source = streams, " (from their phase streams; no /metrics)"
+        if not ranks:
+            return Check(what, UNKNOWN, "no /metrics, and no rank has written its phase stream yet (no timed "
+                         "decode iteration)", "send traffic while it watches or pass --probe; "
+                         f"{METRICS_FIX} adds the plugin's specdecode:rank_info")
     if not ranks:
         return Check(what, MISSING, "no specdecode:rank_info in /metrics",
-                     (SEE_PLUGIN + "; then each TP rank's log says `specdecode plugin 1 registered 9 hooks "
-                      "(scheduler process)`") if sglang else "the engine's ranks have not reported yet: retry")
+                     (SEE_PLUGIN + f"; then each TP rank's log says {HOOKS_LINE}")
+                     if sglang else "the engine's ranks have not reported yet: retry")
     want = [str(r) for r in range(tp)] if isinstance(tp, int) else ranks
     lost = [r for r in want if r not in ranks]
     if lost:
-        return Check(what, MISSING, f"TP ranks {', '.join(ranks)} report; {', '.join(lost)} do not",
+        return Check(what, MISSING, f"TP ranks {', '.join(ranks)} report{source}; {', '.join(lost)} do not",
                      "every scheduler process must load the plugin: check those ranks' logs for the "
-                     "`registered 9 hooks` line and that SGLANG_PLUGINS (if set) reaches them")
-    return Check(what, OK, f"TP ranks {', '.join(ranks)}")
+                     "`registered 10 hooks` line and that SGLANG_PLUGINS (if set) reaches them")
+    return Check(what, OK, f"TP ranks {', '.join(ranks)}{source}")
 
 
 def _progress(http, metrics) -> tuple[float, float]:
@@ -215,23 +277,33 @@ def _progress(http, metrics) -> tuple[float, float]:
         return float("nan"), secs
 
 
-def _timers(http, metrics, wait_s: float, probe: bool, sglang: bool) -> Check:
+def _timers(http, metrics, wait_s: float, probe: bool, sglang: bool, plugin: bool = True) -> Check:
     from tuner.backends.http import ServerError
 
+    if sglang and not plugin:
+        return Check("phase timers", MISSING, "the plugin is not loaded", SEE_PLUGIN)
     # The reference engine's counter appears with its first decoded iteration: a server that has not
     # decoded yet is not missing its timers when --probe is about to make it decode.
     unseen = metrics is None or not metrics.samples("specdecode:phase_seconds_total")
-    if unseen and (sglang or not probe or metrics is None):
+    if unseen and not sglang and (not probe or metrics is None):
         return Check("phase timers", MISSING, "no specdecode:phase_seconds_total in /metrics",
-                     SEE_PLUGIN if sglang else "retry once the server has decoded, or pass --probe")
+                     "retry once the server has decoded, or pass --probe")
+    if sglang and metrics is not None and unseen:
+        return Check("phase timers", MISSING, "no specdecode:phase_seconds_total in /metrics", SEE_PLUGIN)
     if sglang:
         try:   # the lease attach takes: timers run only while someone watches
             status, body = http.post_json("/set_internal_state", {"server_args": {"specdecode_timers": LEASE_S}})
-            if status != 200:
-                return Check("phase timers", MISSING, f"the timer lease was refused (HTTP {status})", SEE_PLUGIN)
+            if status != 200 or body != [True]:
+                return Check("phase timers", MISSING, f"the timer lease was refused (HTTP {status} {body!r:.40})",
+                             SEE_PLUGIN)
         except ServerError as e:
             return Check("phase timers", MISSING, f"the timer lease failed: {e}", SEE_PLUGIN)
-    it0, s0 = _progress(http, metrics)
+    # Without /metrics (SGLang without --enable-metrics) the phase stream is the only witness: its
+    # records exist only for iterations the timers measured.
+    by_stream = metrics is None
+    it0, s0 = _stream_progress(http) if by_stream else _progress(http, metrics)
+    if by_stream:
+        s0 = 0.0                 # from here on, only the records after it0 count
     sender = threading.Thread(target=_one_request, args=(http,), daemon=True) if probe else None
     if sender is not None:
         sender.start()
@@ -239,20 +311,53 @@ def _timers(http, metrics, wait_s: float, probe: bool, sglang: bool) -> Check:
     it1, s1 = it0, s0
     while time.monotonic() < deadline:
         time.sleep(0.25)     # polling a remote server's counters (nothing here to wait on)
-        m, _ = _metrics(http)
-        it1, s1 = _progress(http, m)
-        if it1 > it0 and s1 > s0:
+        if by_stream:
+            it1, s1 = _stream_progress(http, int(it0)) if it0 == it0 else (it0, 0.0)
+        else:
+            m, _ = _metrics(http)
+            it1, s1 = _progress(http, m)
+        if it1 > it0 and (s1 > 0 if by_stream else s1 > s0):
             break
     if sender is not None:
         sender.join(timeout=max(1.0, wait_s))
+    if by_stream:
+        if it1 > it0 and s1 > 0:
+            return Check("phase timers", OK, f"{it1 - it0:.0f} iterations timed, {1e3 * s1:.1f} ms of phases "
+                         "(from the phase stream; no /metrics)")
+        return Check("phase timers", UNKNOWN, f"no timed iteration in the phase stream in {wait_s:g} s",
+                     "send traffic while it watches or pass --probe; without /metrics an idle server and hooks "
+                     f"that do not fire look the same ({METRICS_FIX} adds the plugin's iteration counter)")
     if not it1 > it0:
         return Check("phase timers", UNKNOWN, f"no decode iterations in {wait_s:g} s to time",
                      "send traffic while it watches, or pass --probe")
     if not s1 > s0:
         return Check("phase timers", MISSING, f"{it1 - it0:.0f} iterations, but the timers stayed at zero",
-                     "the hooks do not fire on this SGLang: check the log for `registered 9 hooks` and the "
+                     "the hooks do not fire on this SGLang: check the log for `registered 10 hooks` and the "
                      "version note above; SPECDECODE_TIMERS=always keeps them on without a lease")
     return Check("phase timers", OK, f"{it1 - it0:.0f} iterations timed, {1e3 * (s1 - s0):.1f} ms of phases")
+
+
+def _stream_progress(http, after: int = 0) -> tuple[float, float]:
+    """(the newest sequence number, phase seconds of the records after `after`) of rank 0's phase
+    stream, paging forward from `after` to its end (a ring of at most 4096 records)."""
+    from tuner.backends.http import ServerError
+
+    secs = 0.0
+    try:
+        for _ in range(16):
+            body = http.get_json("/specdecode/phases", params={"after": after, "limit": 1024})
+            recs = body.get("records") if isinstance(body, dict) else None
+            nxt = body.get("next") if isinstance(body, dict) else None
+            if not recs or not isinstance(nxt, int) or nxt <= after:
+                break
+            for r in recs:
+                ph = r.get("phase_ms") if isinstance(r, dict) else None
+                if isinstance(ph, dict):
+                    secs += sum(v for v in ph.values() if isinstance(v, (int, float))) / 1e3
+            after = nxt
+        return float(after), secs
+    except (ServerError, TypeError, ValueError):
+        return float("nan"), float("nan")
 
 
 def _one_request(http) -> None:
@@ -279,14 +384,32 @@ def _stream(http, sglang: bool) -> Check:
 
 
 def _live_steps(raw: dict, st: dict, sglang: bool, plugin: bool) -> Check:
+    from tuner.backends.sglang.pinnable import FLAGS_FIX, parse as parse_pinnable
+
     if not sglang:
         return Check("live settings", OK, "steps, topk, draft tokens and placement change live")
     adaptive = bool(st.get("speculative_adaptive", raw.get("speculative_adaptive", False)))
     topk = st.get("speculative_eagle_topk", raw.get("speculative_eagle_topk"))
-    relaunch = ("launch with --speculative-adaptive --speculative-eagle-topk 1 and an adaptive config that "
-                "captures every tier, or let `specdecode-tune launch --pin-steps 1,2,3,4,5 -- ...` write it")
+    relaunch = ("launch with --speculative-adaptive --speculative-eagle-topk 1 and a config whose every slot "
+                "lists the steps you want: " + FLAGS_FIX.format(steps="1,2,3,5"))
     if not plugin:
         return Check("live steps", MISSING, "needs the plugin", SEE_PLUGIN + "; and " + relaunch)
     if not adaptive or topk not in (1, None):
         return Check("live steps", MISSING, f"adaptive {adaptive}, topk {topk}", relaunch)
-    return Check("live steps", OK, "pinned through specdecode_num_steps among the captured tiers")
+    pin = parse_pinnable(st)
+    if pin is None:
+        return Check("live steps", UNKNOWN, "the plugin publishes no pinnable tiers (plugin 1): a pin needs its "
+                     "tier in every batch-size slot", "upgrade the plugin in the server's Python")
+    if not pin.allowed:
+        return Check("live steps", MISSING, f"no tier can be pinned at the {pin.max_bs} requests this server runs "
+                     f"(slots {pin.slots_text()})", FLAGS_FIX.format(steps="1,2,3,5"))
+    partial = pin.partial()
+    found = f"pinnable steps {', '.join(map(str, pin.allowed))} at every batch size up to {pin.max_bs}"
+    if partial:
+        full = [s for s in pin.allowed if s not in partial]
+        found = (f"pinnable everywhere: {', '.join(map(str, full)) or 'none'}; at some batch sizes only: "
+                 + "; ".join(f"{s} at {w}" for s, w in partial.items())
+                 + " (SGLang's own policy runs elsewhere)")
+        return Check("live steps", OK, found,
+                     "for every tier at every batch size: " + FLAGS_FIX.format(steps=",".join(map(str, pin.allowed))))
+    return Check("live steps", OK, found)

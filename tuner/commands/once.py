@@ -94,6 +94,11 @@ def readings(session: Any, t0: float) -> dict[str, Any]:
         out[key] = _mean(st, series, t0)
     caps = session.backend.capabilities if session.backend is not None else None
     out["live"] = {k: (caps.why_not(k) or "live") for k in vocab.args()} if caps else {}
+    out["live_values"] = {k: list(v) for k, v in caps.live_values.items()} if caps else {}
+    out["value_notes"] = ({k: {str(x): t for x, t in v.items()} for k, v in caps.value_notes.items()}
+                          if caps else {})
+    out["missing"] = list(caps.missing) if caps else []
+    out["still_works"] = caps.still_works if caps else ""
     out["has_phase_timers"] = bool(caps and caps.HAS_PHASE_TIMERS)
     out["problems"] = [e.data.get("error") for e in st.events(("poll_error", "load_error"))]
     return _nan_to_none(out)
@@ -140,6 +145,14 @@ def format_table(r: dict[str, Any]) -> str:
         lines.append("phase     n/a (no phase timers on this server)")
     lines.append("live      " + "  ".join(f"{k.replace('speculative_', '')}: {'yes' if v == 'live' else 'no'}"
                                           for k, v in r["live"].items()))
+    for k, vals in r.get("live_values", {}).items():
+        notes = r.get("value_notes", {}).get(k, {})
+        lines.append(f"          {k.replace('speculative_', '')} takes {', '.join(map(str, vals)) or 'nothing'} live"
+                     + "".join(f"; {v} {t}" for v, t in notes.items()))
+    for m in r.get("missing", []):
+        lines.append(f"missing   {m}")
+    if r.get("missing") and r.get("still_works"):
+        lines.append(f"          {r['still_works']}")
     for p in dict.fromkeys(r["problems"]):
         lines.append(f"problem   {p}")
     return "\n".join(lines)

@@ -11,11 +11,13 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from textual.app import ComposeResult
+from textual.content import Content
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Static
 
 from probes.names import STEPS
+from tuner.core import ab as ab_runs
 from tuner.core import setting as vocab
 from tuner.core.event_text import short_error
 from tuner.widgets import views
@@ -54,6 +56,7 @@ class MainScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield ServerHeader(id="header")
+        yield Static(id="notice")        # what the server lacks and the fix; hidden when nothing is
         with Horizontal(id="body"):
             with VerticalScroll(id="left", can_focus=False):
                 with Vertical(id="throughput-panel", classes="panel"):
@@ -98,6 +101,8 @@ class MainScreen(Screen[None]):
         short = self.size.height < SHORT_BELOW
         self.set_class(short, "-short")
         self.query_one("#phases", PhaseSplit).compact = short
+        self.query_one("#events", EventLog).one_row = short
+        self.query_one("#what-if", WhatIfLine).set_compact(short)
         self.query_one(KeyFooter).fit(self.size.width)
 
     def clear_log(self) -> None:
@@ -121,6 +126,7 @@ class MainScreen(Screen[None]):
         t_end = now if math.isfinite(now) else store.t_last
         active = self.session.active_config()
         self.draw_header(active)
+        self._draw_notice()
         chart = views.throughput_view(store, origin, t_end, self.app.chart_window_s)
         self.query_one("#throughput", TimeChart).show(chart)
         self.query_one("#throughput-legend", Static).update(self._legend(chart), layout=False)
@@ -131,13 +137,17 @@ class MainScreen(Screen[None]):
             views.accept_view(store, t_end, steps if isinstance(steps, int) else None))
         why_no_phases = self._why_no_phases()
         self.query_one("#phases", PhaseSplit).show(views.phase_view(store, t_end, PHASE_WINDOW_S, why_no_phases))
+        info = self.session.server_info()
         self.query_one("#what-if", WhatIfLine).show(views.what_if_view(
-            store, t_end, active, self.session.server_info().get("tp_size"), PHASE_WINDOW_S,
-            has_phases=not why_no_phases and (not self.app.read_only or bool(store.series_names("phase/")))))
+            store, t_end, active, info.get("tp_size"), PHASE_WINDOW_S,
+            has_phases=not why_no_phases and (not self.app.read_only or bool(store.series_names("phase/"))),
+            device=(info.get("launch") or {}).get("device")))
         self.query_one("#gpus", GpuTable).show(views.gpu_view(store, t_end, note=self._why_no_gpus(),
                                                                 labels=self.app.gpu_labels))
         self.query_one("#knobs", KnobsPanel).show(self.knob_view(active))
-        self.query_one("#ab", ABReadout).show(self._ab_view(t_end))
+        ab = self._ab_view(t_end)
+        self.query_one("#ab", ABReadout).show(ab)
+        self.query_one("#ab-panel").border_subtitle = ab.baseline
         # By arrival, not by time: a config change derived from the phase stream is stamped with its
         # iteration's time, which can be older than a read-back event already in the log.
         events = store.events_since(self._logged)
@@ -147,6 +157,16 @@ class MainScreen(Screen[None]):
             self.query_one("#events", EventLog).add(lines)
 
     # -- panel helpers (presentation only) --------------------------------------------------------
+
+    def _draw_notice(self) -> None:
+        backend = self.session.backend
+        caps = None if backend is None or self.app.read_only else backend.capabilities
+        text = "\n".join([*caps.missing, caps.still_works]) if caps is not None and caps.missing else ""
+        notice = self.query_one("#notice", Static)
+        if text != getattr(notice, "_shown", ""):
+            notice._shown = text                      # type: ignore[attr-defined]
+            notice.update(Content(text))
+            notice.display = bool(text)
 
     def draw_header(self, active: dict | None = None) -> None:
         info = self.session.server_info()
@@ -213,12 +233,27 @@ class MainScreen(Screen[None]):
             return ABView(label, False, "the server is not answering")
         tok = self.session.ab(now=now)
         acc = self.session.ab("spec/accept_len", now=now)
+        base_at, base_words = self.app.baseline(now)
         if not tok.ready:
-            return ABView(label, False, tok.text().removeprefix("not yet").strip(" ()"))
-        metrics = [Metric("tok/s", tok.median_before, tok.median_after, tok.ratio, tok.lo, tok.hi)]
+            return ABView(label, False, tok.text().removeprefix("not yet").strip(" ()"), baseline=base_words)
+        metrics = [Metric("vs previous", tok.median_before, tok.median_after, tok.ratio, tok.lo, tok.hi)]
+        note = ""
+        # The baseline's own row only when it is not the previous setting's run (that row says it).
+        base_run = ab_runs.run_span(self.session.store, base_at, now) if base_at is not None else None
+        if base_run is not None and base_run[0] >= tok.change_t:
+            note = "is the setting running now"
+        elif base_run is not None and base_run[1] < tok.change_t:
+            base = self.session.ab(now=now, baseline_at=base_at)
+            if base.ready:
+                metrics.append(Metric("vs baseline", base.median_before, base.median_after, base.ratio,
+                                      base.lo, base.hi, "base"))
+            else:
+                note = base.text()
+        elif base_run is not None:
+            note = "= previous"
         if acc.ready:
             metrics.append(Metric("accept len", acc.median_before, acc.median_after, acc.ratio, acc.lo, acc.hi, "τ"))
-        return ABView(label, True, "", tuple(metrics))
+        return ABView(label, True, "", tuple(metrics), base_words, note)
 
     def _why_no_phases(self) -> str:
         backend = self.session.backend

@@ -26,6 +26,8 @@ TIMERS_KEY = "specdecode_timers"
 LEASE_S = 60.0
 RENEW_EVERY_S = 20.0
 REFUSED_BY_SGLANG = "refused by the server (see its log)"
+METRICS_FIX = ("relaunch SGLang with --enable-metrics (and SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 in its "
+               "environment for GPU time per graph)")
 
 
 class SGLangBackend(LiveBackend):
@@ -114,7 +116,15 @@ class SGLangBackend(LiveBackend):
         def refusal(key: str, value: Any) -> str:
             return pin.refusal(value) if pin is not None and key == STEPS else f"{key} {value} is not settable live"
 
+        missing: tuple[str, ...] = ()
+        works = ""
+        if self.metrics_missing:
+            missing = ("no /metrics (SGLang was launched without --enable-metrics): the server's tok/s, its "
+                       "acceptance and step gauges and GPU time per graph — fix: " + METRICS_FIX,)
+            works = ("still works: the load driver's own tok/s and acceptance histograms (l), traces (c), py-spy (y)"
+                     + ("; the phase split, per-position acceptance and live steps from the plugin" if plugin else ""))
         return Capabilities(
+            missing=missing, still_works=works,
             CAN_SET_STEPS=steps_live, CAN_CAPTURE_TRACE=True, CAN_FETCH_TRACE=False,
             live_values=live_values, value_notes=notes, value_refusal=refusal,
             HAS_PHASE_TIMERS=plugin and self.phase_stream is not False,
@@ -122,6 +132,9 @@ class SGLangBackend(LiveBackend):
             LOCAL_GPUS=self.local_gpus(), reasons=reasons,
             restart_keys=frozenset(vocab.args()),
         )
+
+    def metrics_fix(self) -> str | None:
+        return METRICS_FIX
 
     def wire_changes(self, changes: Mapping[str, Any]) -> dict[str, Any]:
         # SGLang's /set_internal_state takes numbers only, and steps go through the plugin's key.
