@@ -94,7 +94,7 @@ class SGLangBackend(LiveBackend):
                               "TP group (a relaunch with attention-DP moves it)")
         if not plugin:
             reasons[STEPS] = (f"SGLang {version} cannot change steps live without the specdecode plugin "
-                              "(install specdecode-tune[sglang] into the server's environment, launch with "
+                              "(`pip install --no-deps specdecode-tune` into the server's Python, launch with "
                               "--speculative-adaptive), or relaunch with --speculative-num-steps N")
             reasons["phase_timers"] = "no phase timers: the specdecode plugin is not loaded in this SGLang server"
         elif not adaptive:
