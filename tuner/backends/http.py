@@ -25,6 +25,7 @@ from probes.api_key import key_problem
 from tuner.backends.bounded import (
     MB, BadEncoding, BodyTooLarge, DeadlineExceeded, Limits, TooDeep, loads_bounded, read_body,
 )
+from tuner.core.redact import redact_url
 from tuner.core.text import terminal_safe
 
 DEFAULT_TIMEOUT_S = 3.0       # one socket operation (connect, one read)
@@ -191,7 +192,7 @@ class HttpClient:
             self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout,
                                         follow_redirects=False, trust_env=False, transport=_deadline_transport())
         except (httpx.InvalidURL, ValueError, TypeError) as e:
-            raise ServerError(f"invalid URL {terminal_safe(url)!r}: {_snippet(str(e), 60)}") from None
+            raise ServerError(f"invalid URL {terminal_safe(redact_url(url))!r}: {_snippet(str(e), 60)}") from None
 
     def close(self) -> None:
         self._client.close()
@@ -200,7 +201,7 @@ class HttpClient:
         deadline = self.deadline if deadline is None else deadline
         limits = Limits(cap_for(path), deadline)
         first = min(self.timeout, deadline)
-        where = f"{method} {self.url}{path}"
+        where = f"{method} {redact_url(self.url)}{path}"
         started = time.monotonic()
         _request_deadline.end = started + deadline
         try:
@@ -228,7 +229,7 @@ class HttpClient:
         except (httpx.TransportError, httpx.DecodingError, httpx.StreamError) as e:
             raise ServerUnreachable(f"{where}: {type(e).__name__}: {_snippet(str(e), 60)}") from None
         except (httpx.InvalidURL, httpx.UnsupportedProtocol) as e:
-            raise ServerError(f"invalid URL {terminal_safe(self.url)}{path}: {_snippet(str(e), 60)}") from None
+            raise ServerError(f"invalid URL {terminal_safe(redact_url(self.url))}{path}: {_snippet(str(e), 60)}") from None
         finally:
             _request_deadline.end = None
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from tuner.core import setting as vocab
 from tuner.core.driver import Driver
+from tuner.core.redact import redact_url
 from tuner.core.text import terminal_safe
 
 TICK_S = 0.1
@@ -70,7 +71,7 @@ def readings(session: Any, t0: float) -> dict[str, Any]:
     st = session.store
     out: dict[str, Any] = {
         "server": {k: session.server_info().get(k) for k in ("kind", "version", "model", "tp_size")},
-        "url": getattr(session.backend, "url", ""),
+        "url": redact_url(getattr(session.backend, "url", "")),
         "connection": session.connection().text(),
         "active": session.active_config(),
         "tok_per_s": _mean(st, S.SERVER_TOK_PER_S, t0),

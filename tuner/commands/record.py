@@ -30,6 +30,7 @@ from tuner.core.event_text import event_text
 from tuner.core.events import EventKind as K
 from tuner.core.records import Event
 from tuner.core.setting import pairs as setting_pairs
+from tuner.core.redact import redact_url
 from tuner.core.text import terminal_safe
 
 TICK_S = 0.1
@@ -256,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
         return fail(str(e))
     if args.capture_trace_every and not backend.capabilities.CAN_CAPTURE_TRACE:
         backend.stop()
-        return fail(f"{args.url} cannot capture profiler traces (drop --capture-trace-every)", 2)
+        return fail(f"{redact_url(args.url)} cannot capture profiler traces (drop --capture-trace-every)", 2)
     record_opts = {"duration_s": args.duration, "load": args.load, "max_new_tokens": args.max_new_tokens,
                    "capture_trace_every_s": args.capture_trace_every, "capture_steps": args.capture_steps,
                    "set_at": [{"at_s": c.at_s, "key": c.key, "value": c.value} for c in args.set_at]}
@@ -285,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
                                              for d in sampler.devices])
             if args.load > 0:
                 session.start_load(prompts, args.load, max_new_tokens=args.max_new_tokens)
-            progress.say(f"recording {args.url} ({backend.kind}) into {args.out}; "
+            progress.say(f"recording {redact_url(args.url)} ({backend.kind}) into {args.out}; "
                          + (f"for {_hms(args.duration)}" if args.duration else "Ctrl-C or SIGTERM stops"))
             # The first write failure (disk full, file removed) ends the recording at once: a long
             # one must not run on for hours with nothing written.

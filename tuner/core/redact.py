@@ -2,7 +2,8 @@
 
 One rule for the live side (/server_info as it arrives) and the report (a recording's launch
 values): a text value under a secret-looking key is replaced by ***, at any depth, and so is the
-value after a secret-looking flag inside a command-line string or an argv list. A key is
+value after a secret-looking flag inside a command-line string or an argv list, and the password
+of a URL's userinfo (`http://user:***@host`). A key is
 secret-looking when it names a key, a token, a password or a secret (a tokenizer is none of them).
 Numbers and booleans are kept: they are counts and switches (`max_total_tokens`,
 `num_key_value_heads`), not credentials.
@@ -23,6 +24,9 @@ _SECRET_FLAG = re.compile(
     r"""(--?[\w-]*(?:api[-_]?k(?:ey?)?|token|passw(?:or)?d|secret)[\w-]*)(=|\s+)("[^"]*"|'[^']*'|\S+)""",
     re.IGNORECASE)
 MAX_DEPTH = 64
+# A URL's userinfo password (`http://user:PASS@host`): httpx sends it as basic auth, so it is as
+# secret as a key. The user name stays; the password becomes ***.
+_URL_PASSWORD = re.compile(r"""(\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@"'<>]*):[^/\s@"'<>]*@""")
 
 
 def is_secret_key(k: Any) -> bool:
@@ -33,9 +37,14 @@ def is_secret_key(k: Any) -> bool:
     return any(h in low for h in SECRET_HINTS)
 
 
+def redact_url(text: str) -> str:
+    """`text` with the password of every URL's userinfo replaced by *** (`http://u:***@h`)."""
+    return _URL_PASSWORD.sub(r"\1:***@", text) if "://" in text else text
+
+
 def redact_text(text: str) -> str:
-    """`text` with the value after any secret-looking flag replaced by ***."""
-    return _SECRET_FLAG.sub(lambda m: f"{m.group(1)}{m.group(2)}***", text)
+    """`text` with the value after any secret-looking flag, and any URL's password, replaced by ***."""
+    return redact_url(_SECRET_FLAG.sub(lambda m: f"{m.group(1)}{m.group(2)}***", text))
 
 
 def redact(d: Any, _depth: int = 0) -> Any:

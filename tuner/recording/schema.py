@@ -15,6 +15,8 @@ import math
 import zlib
 from typing import Any
 
+from tuner.core.redact import redact_url
+
 SCHEMA_VERSION = 1
 APPLICATION_ID = 0x53445455          # "SDTU": specdecode-tune
 
@@ -39,7 +41,9 @@ class RecordingError(Exception):
 
 
 def dumps(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, allow_nan=True, default=_default)
+    """JSON for a recording's column; a URL's userinfo password never reaches the file (the server
+    URL is in the header, the command line and connection events)."""
+    return redact_url(json.dumps(value, sort_keys=True, allow_nan=True, default=_default))
 
 
 def _default(o: Any) -> Any:

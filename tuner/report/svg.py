@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from probes.names import DRAFT, DRAFT_EXTEND, OTHER, PREFILL, VERIFY, VERIFY_SAMPLE
+from tuner.core.text import terminal_safe
 
 # Colour-blind-safe palette (Okabe-Ito), one colour per line or phase.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
@@ -22,7 +23,9 @@ FONT = "font-family:system-ui,-apple-system,'Segoe UI',sans-serif"
 
 
 def esc(s: object) -> str:
-    return html.escape(str(s), quote=True)
+    """Text for HTML or SVG: escaped, and without escape sequences or control characters (server
+    strings are data: a raw ESC reached the report from a server's model name)."""
+    return html.escape(terminal_safe(s, keep_newlines=True), quote=True)
 
 
 @dataclass
