@@ -43,11 +43,24 @@ class ProfileRequest:
         return f"{self.profile_prefix}-{self.profile_id}" if self.profile_prefix else self.profile_id
 
 
+_SERVER_DIRS: dict[str, str] = {}
+
+
 def default_output_dir() -> str:
     # SGLang: the scheduler reads SGLANG_TORCH_PROFILER_DIR, else a temp directory. Not the shared
     # temp directory itself: there any local user could plant trace files this server would list and
-    # serve, so a private one of this user's inside it.
-    return os.environ.get("SGLANG_TORCH_PROFILER_DIR") or private_trace_dir()
+    # serve, so a private one of this user's inside it; and one per server process, or two servers of
+    # one user would list and serve each other's traces.
+    return os.environ.get("SGLANG_TORCH_PROFILER_DIR") or server_trace_dir()
+
+
+def server_trace_dir() -> str:
+    """This server's own directory inside the user's private one (made once per process)."""
+    parent = private_trace_dir()
+    d = _SERVER_DIRS.get(parent)
+    if d is None or not os.path.isdir(d):
+        d = _SERVER_DIRS[parent] = tempfile.mkdtemp(prefix=f"server-{os.getpid()}-", dir=parent)
+    return d
 
 
 def private_trace_dir() -> str:

@@ -130,10 +130,28 @@ def test_default_trace_dir_is_private(tmp_path, monkeypatch):
     d = default_output_dir()
     st = os.stat(d)
     assert d != str(tmp_path) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077 == 0
-    # a planted directory of that name that others may write is not used
-    os.chmod(d, 0o777)
+    assert default_output_dir() == d, "one directory per server process"
+    # a planted directory of the user's name that others may write is not used
+    user_dir = os.path.dirname(d)
+    assert stat.S_IMODE(os.stat(user_dir).st_mode) & 0o077 == 0
+    os.chmod(user_dir, 0o777)
     other = default_output_dir()
-    assert other != d and stat.S_IMODE(os.stat(other).st_mode) & 0o077 == 0
+    assert not other.startswith(user_dir + os.sep) and stat.S_IMODE(os.stat(other).st_mode) & 0o077 == 0
+
+
+def test_two_servers_of_one_user_get_their_own_trace_directories(tmp_path):
+    """The red team saw one server list another's traces: the default directory was per user."""
+    import subprocess
+    import sys
+
+    code = "from refengine.server.profiles import default_output_dir; print(default_output_dir())"
+    env = {k: v for k, v in os.environ.items() if k != "SGLANG_TORCH_PROFILER_DIR"}
+    env["TMPDIR"] = str(tmp_path)
+    dirs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+            .stdout.strip() for _ in range(2)]
+    assert dirs[0] != dirs[1] and all(d.startswith(str(tmp_path)) for d in dirs), dirs
+    assert os.path.dirname(dirs[0]) == os.path.dirname(dirs[1])      # both in the user's private one
 
 
 def test_strict_profile_request_is_confined_and_capped(tmp_path):
