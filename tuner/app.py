@@ -64,6 +64,8 @@ OTHER_BINDINGS = [
     Binding("y", "pyspy", "py-spy"),
     Binding("a", "analysis", "analysis"),
     Binding("u", "tune", "tune"),
+    # Not in the footer (the A/B panel's subtitle names it): the footer's room is for the demo's keys.
+    Binding("b", "pin_baseline", "baseline", show=False),
     Binding("space", "pause", "pause"),
     Binding("full_stop", "step", "step", key_display="."),
     Binding("left", "seek(-10)", "-10s", key_display="←", priority=True),
@@ -148,6 +150,9 @@ class TunerApp(App[None]):
         self.tune_topks, self.tune_draft_tokens = tuple(tune_topks), tuple(tune_draft_tokens)
         self.tune_placements: tuple[str, ...] | None = None     # None: every one settable live
         self._recorded_tuning = False
+        self.baseline_pin: tuple[float, dict] | None = None
+        """(session time, setting) the operator pinned as the A/B's baseline with b; None: the
+        setting at attach (the run before the first change)."""
 
     # -- layout -----------------------------------------------------------------------------------
 
@@ -527,6 +532,31 @@ class TunerApp(App[None]):
         back, stepped by the tick) and close it once it has finished."""
         if self.driver.release_tuner():
             self.notify("tuning stopped: putting the best verified setting back")
+
+    # -- the A/B's baseline ------------------------------------------------------------------------
+
+    def action_pin_baseline(self) -> None:
+        """Pin the setting running now as the A/B's baseline (b again moves the pin)."""
+        now = self.session.now()
+        active = self.session.active_config()
+        if not active:
+            self.notify("the server has not reported its setting yet", severity="warning")
+            return
+        self.baseline_pin = (now, active)
+        self.notify(f"A/B baseline: {vocab.compact(active)} (pinned at {rel_time(now - self.main.origin())})")
+        self.main.refresh_panels()
+
+    def baseline(self, now: float) -> tuple[float | None, str]:
+        """When the baseline ran (a time inside its run; None before the first change) and the
+        panel's words for it."""
+        pin = self.baseline_pin
+        if pin is not None and pin[0] <= now:    # a replay seeked back before the pin: the default
+            return pin[0], f"base {vocab.compact(pin[1])} (pinned {rel_time(pin[0] - self.main.origin())}) · b moves"
+        first = next(iter(self.session.store.events("config_changed")), None)
+        if first is None or first.t > now:
+            return None, "b pins a baseline"
+        where = "start" if self.read_only else "attach"
+        return first.t - 1e-3, f"base {vocab.compact(first.data.get('old') or {})} ({where}) · b pins"
 
     # -- replay keys --------------------------------------------------------------------------------
 

@@ -145,3 +145,24 @@ def test_spans_minus_outages():
     assert windows.spans(0.0, 10.0, [(2.0, 3.0), (5.0, math.inf)]) == [(0.0, 2.0), (3.0, 5.0)]
     assert windows.spans(0.0, 10.0, [(-5.0, 1.0)]) == [(1.0, 10.0)]
     assert windows.spans(0.0, 10.0, []) == [(0.0, 10.0)]
+
+
+def test_baseline_compares_the_setting_running_now_with_the_baselines_own_run():
+    # sharded 100 tok/s (the attach), replicated 80, rank0 150: after the second change "vs previous"
+    # is rank0 against replicated, "vs baseline" rank0 against where the operator started.
+    st = Store()
+    _feed(st, 0.0, 20.0, 100.0, wobble=2.0)
+    _change(st, 20.0, 4)
+    _feed(st, 20.0, 40.0, 80.0, wobble=2.0)
+    _change(st, 40.0, 5)
+    _feed(st, 40.0, 60.0, 150.0, wobble=2.0)
+    prev = ab.compare_last_change(st, S.SERVER_TOK_PER_S, 60.0)
+    base = ab.compare_with_baseline(st, S.SERVER_TOK_PER_S, 60.0, baseline_at=19.999)
+    assert prev.ratio == pytest.approx(150 / 80) and base.ratio == pytest.approx(1.5)
+    assert base.median_before == pytest.approx(100.0) and base.median_after == pytest.approx(150.0)
+    assert ab.run_span(st, 19.999, 60.0) == (st.t_first, 20.0)
+    # A baseline pinned inside the run going now: nothing to compare yet.
+    assert ab.compare_with_baseline(st, S.SERVER_TOK_PER_S, 60.0, baseline_at=50.0).status == ab.NO_CHANGE
+    # A baseline pinned in the middle run compares that run's windows only.
+    mid = ab.compare_with_baseline(st, S.SERVER_TOK_PER_S, 60.0, baseline_at=30.0)
+    assert mid.ratio == pytest.approx(150 / 80)

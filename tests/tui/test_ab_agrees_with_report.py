@@ -2,8 +2,8 @@
 on the same two settings say the same thing (one measurement path, tuner.core.windows).
 
 Three recordings: the report's committed one of the real engine (the last change is the fastest
-setting against the runner-up), the TUI's (the last change made it slower, and a capture with no
-stated length sits in the after side), and a synthetic one with a server gap after the change.
+setting against the runner-up), the TUI's (the draft moved to rank 0 and won, and a profiler capture
+sits in the after side), and a synthetic one with a server gap after the change.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def test_the_tui_ab_and_the_report_agree(which, tmp_path):
     before, after, summary = report_pair(path)
     assert view.ready, drawn
     tok = view.metrics[0]
-    assert tok.name == "tok/s"
+    assert tok.name == "vs previous"
     # The same windows on each side, so the same medians, ratio and interval, to the last bit.
     ratio, lo, hi = compare(before, after)
     assert (tok.before, tok.after) == (before.tok_s, after.tok_s)

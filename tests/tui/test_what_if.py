@@ -13,6 +13,7 @@ from tuner.core.events import EventKind
 from tuner.core.records import Event, Sample
 from tuner.core.store import Store
 from tuner.tuning.what_if_now import active_setting, what_if_now
+from tuner.tuning.summary import label
 from tuner.widgets.tune_view import TUNING_KINDS, build_view, recorded_doc
 from tuner.widgets.what_if import what_if_text
 
@@ -51,8 +52,29 @@ def test_what_if_is_the_cost_models_formula_on_the_settled_readings():
     assert w.comm_share == pytest.approx(8 / 14)
     lo, hi = w.gain()
     assert lo == pytest.approx(37 / 35) and hi == pytest.approx(37 / 29)
+    # One prediction per placement: rank0 runs the draft on rank 0 alone; replicated has the same
+    # critical path where each rank has its own device, and says what it costs.
+    rank0, replicated = w.placements
+    assert (rank0.placement, replicated.placement) == ("rank0", "replicated")
+    assert (rank0.tok_s_low, rank0.tok_s) == (w.tok_s_low, w.tok_s)
+    assert "whole draft's compute on every rank" in replicated.note
     text = what_if_text(w).plain
-    assert "+6%…+28%" in text and "vs 75.7 now" in text and "57% of draft" in text
+    assert "vs model 75.7 tok/s now · collectives 57% of the draft" in text
+    assert "rank0      +6%…+28%  80.0–96.6 tok/s" in text
+    assert "replicated +6%…+28%: pays the whole draft's compute on every rank" in text
+
+
+def test_on_cpu_replicated_is_not_predicted_and_says_why():
+    # On CPU the ranks share the host's cores: replicated runs the whole draft on every rank, so
+    # the ranks compete for the cores (the demo's 2-core machine read -19 % there, rank0 +47 %).
+    st = Store()
+    feed(st, 0.0, 10.0)
+    w = what_if_now(st, 10.0, ACTIVE, tp_size=2, device="cpu")
+    rank0, replicated = w.placements
+    assert rank0.tok_s == w.tok_s and math.isnan(replicated.tok_s)
+    text = what_if_text(w).plain
+    assert "replicated n/a: pays the whole draft's compute on every rank, on shared CPU cores" in text
+    assert "rank0      +6%…+28%" in text
 
 
 @pytest.mark.parametrize("active,tp,has_phases,why", [
@@ -124,7 +146,11 @@ def test_recorded_tuning_view_of_a_real_tune_recording():
     assert sum(not math.isnan(r.measured) for r in view.rows) >= 4
     assert len(view.verifications) == len(doc["verifications"]) >= 1
     assert any(line.startswith("sharded (bs ") for line in view.costs)
-    assert view.result.startswith("best ")
+    assert view.result.startswith("best ") and "vs start (A/B) · stopped: next candidate predicted" in view.result
+    assert view.result.endswith(f"the server runs {label(doc['applied'])}")
+    # After enter applied another row, the header names what the server runs now, not the result's.
+    other = {**doc["initial"]}
+    assert build_view(doc, state=state, current=other).result.endswith(f"the server runs {label(other)}")
 
 
 def test_a_tuning_cut_short_is_rebuilt_from_its_events():

@@ -43,7 +43,8 @@ def test_summary_explains_the_choice():
     drive(clock, engine, session, tuner)
     doc = json.loads(json.dumps(tuner.result.to_json()))
     text = "\n".join(summary(doc))
-    assert "best: steps 3 topk 1 draft 4 replicated" in text
+    assert text.startswith("best steps 3 topk 1 draft 4 replicated: +")
+    assert "% vs start (A/B) · stopped: " in text.splitlines()[0]
     assert "A/B steps 3 topk 1 draft 4 replicated vs steps 5 topk 1 draft 6 sharded: better" in text
     assert "draft step" in text and "acceptance p_k" in text
     assert "acceptance-only policy" in text

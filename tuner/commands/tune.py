@@ -204,8 +204,10 @@ def run(args: argparse.Namespace) -> int:
             return 1
         doc = tuner.result.to_json()
         _say("")
-        for line in summary(doc):
+        lines = summary(doc)
+        for line in lines:
             _say(line)
+        _say(lines[0])          # the outcome again, last: the table and costs scroll it away
         if args.json_out is not None:
             from tuner.recording.outputs import OutputError, write_text
             try:

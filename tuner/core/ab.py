@@ -2,10 +2,11 @@
 
 The rule itself (settling, 1-s windows, ratio of medians, bootstrap interval, "not yet" below 5
 windows a side, outages and captures left out) is tuner.core.windows'; this module applies it to the
-Store around the newest config change. Time the server was away (from `disconnected` to the end of
-the settling after `connected`) belongs to neither side: the load driver counts 0 tok/s while the
-server is down, which says nothing about the setting. So does a profiler capture's time. Pure
-functions over a Store; it must not talk to servers.
+Store around the newest config change, and between a baseline's run and the setting running now.
+Time the server was away (from `disconnected` to the end of the settling after `connected`) belongs
+to neither side: the load driver counts 0 tok/s while the server is down, which says nothing about
+the setting. So does a profiler capture's time. Pure functions over a Store; it must not talk to
+servers.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ READY = "ready"
 NO_CHANGE = "no change"
 
 __all__ = ["ABResult", "BOOTSTRAP_ROUNDS", "MIN_WINDOWS", "SEED", "SETTLE_ITERATIONS", "SETTLE_S", "WINDOW_S",
-           "compare_last_change", "excluded", "outages", "ratio_of_medians", "settle_end", "window_means"]
+           "compare_last_change", "compare_with_baseline", "excluded", "outages", "ratio_of_medians", "run_span",
+           "settle_end", "window_means"]
 
 
 @dataclass(frozen=True)
@@ -171,11 +173,49 @@ def compare_last_change(store: Store, series: str, now: float, *, settle_s: floa
     a1 = min([now] + [e.t for e in later])
     a0 = settle_end(store, change.t, settle_s, settle_iterations)
     a0 = max(a0, a1 - max_side_s) if math.isfinite(a0) else a0
+    return _compare(store, series, change.t, (b0, change.t), (a0, a1), settle_s, settle_iterations, width,
+                    min_windows, rounds, seed)
+
+
+def _compare(store: Store, series: str, change_t: float, before_span: tuple[float, float],
+             after_span: tuple[float, float], settle_s: float, settle_iterations: int, width: float,
+             min_windows: int, rounds: int, seed: int) -> ABResult:
+    (b0, b1), (a0, a1) = before_span, after_span
     away = excluded(store, settle_s, settle_iterations)
-    before = window_means(store, series, b0, change.t, width, away) if math.isfinite(b0) else []
+    before = window_means(store, series, b0, b1, width, away) if math.isfinite(b0) else []
     after = window_means(store, series, a0, a1, width, away) if math.isfinite(a0) else []
     if not W.enough(before, after, min_windows):
-        return ABResult(series, NOT_YET, change_t=change.t, n_before=len(before), n_after=len(after))
+        return ABResult(series, NOT_YET, change_t=change_t, n_before=len(before), n_after=len(after))
     ratio, lo, hi = ratio_of_medians(before, after, rounds, seed)
-    return ABResult(series, READY, change.t, ratio, lo, hi, statistics.median(before),
+    return ABResult(series, READY, change_t, ratio, lo, hi, statistics.median(before),
                     statistics.median(after), len(before), len(after))
+
+
+def run_span(store: Store, at: float, now: float) -> tuple[float, float]:
+    """[start, end) of the run of one setting (and one load state) that holds time `at`: from the
+    boundary at or before it (a change, load start/stop; else the data's start) to the next one
+    (else `now`)."""
+    start = store.last_event(AB_BOUNDARY_KINDS, at=at)
+    t0 = start.t if start is not None else store.t_first
+    nxt = [e.t for e in store.events(AB_BOUNDARY_KINDS, t0=t0, t1=now) if e.t > t0]
+    return t0, min([now] + nxt)
+
+
+def compare_with_baseline(store: Store, series: str, now: float, baseline_at: float, *,
+                          settle_s: float = SETTLE_S, settle_iterations: int = SETTLE_ITERATIONS,
+                          width: float = WINDOW_S, min_windows: int = MIN_WINDOWS,
+                          max_side_s: float = MAX_SIDE_S, rounds: int = BOOTSTRAP_ROUNDS,
+                          seed: int = SEED) -> ABResult:
+    """The setting running now (the same "after" side as compare_last_change) against the baseline:
+    the setting that ran at `baseline_at` (the attach, or when the operator pinned it), over its
+    own settled run. "no change" when the baseline's run is the one running now."""
+    base0, base1 = run_span(store, min(baseline_at, now), now)
+    now0, now1 = run_span(store, now, now)
+    if base0 >= now0:
+        return ABResult(series, NO_CHANGE)
+    b0 = settle_end(store, base0, settle_s, settle_iterations)
+    b0 = max(b0, base1 - max_side_s)
+    a0 = settle_end(store, now0, settle_s, settle_iterations)
+    a0 = max(a0, now1 - max_side_s) if math.isfinite(a0) else a0
+    return _compare(store, series, now0, (b0, base1), (a0, now1), settle_s, settle_iterations, width,
+                    min_windows, rounds, seed)

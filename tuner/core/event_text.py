@@ -164,6 +164,16 @@ _TEXTS: dict[str, Callable[[Mapping[str, Any]], EventText | None]] = {
     "tuning_refused": lambda d: EventText(f"the server refused {setting_words(d.get('setting'))}: "
                                           f"{d.get('reason', '')}", "warn"),
     "tuning_problem": lambda d: EventText(f"tuning problem: {d.get('message', '?')}", "warn"),
-    "tuning_finished": lambda d: EventText(f"tuning done: best {setting_words(d.get('best'))} "
-                                           f"({d.get('stop_reason', '')})", "good"),
+    "tuning_finished": lambda d: _tuning_finished(d),
 }
+
+
+def _tuning_finished(d: Mapping[str, Any]) -> EventText:
+    # The one wording of a tuning's outcome (the tune screen and `tune` print it too); a plain-text
+    # function of the result's JSON, imported here so the log cannot word it differently.
+    from tuner.tuning.summary import result_line
+
+    try:
+        return EventText("tuning done: " + result_line(d), "good")
+    except (KeyError, TypeError, ValueError):     # a damaged recording's result: what it names
+        return EventText(f"tuning done: best {setting_words(d.get('best'))} ({d.get('stop_reason', '')})", "good")

@@ -191,14 +191,18 @@ class Session:
             return S.LOAD_TOK_PER_S
         return S.SERVER_TOK_PER_S
 
-    def ab(self, series: str | None = None, now: float | None = None) -> _ab.ABResult:
+    def ab(self, series: str | None = None, now: float | None = None, baseline_at: float | None = None
+           ) -> _ab.ABResult:
         """Before/after the last config change for a series (default: decode tok/s, counted by the
         load driver when it ran at the change: its sides end where the load started or stopped, and
-        the report ranks by the same count)."""
+        the report ranks by the same count). baseline_at: the setting that ran then against the one
+        running now, instead of the previous one (tuner.core.ab.compare_with_baseline)."""
         now = self.now() if now is None else now
         if series is None:
             change = self.store.last_event(EventKind.CONFIG_CHANGED, at=now)
             series = self.throughput_series(change.t if change is not None else now)
+        if baseline_at is not None:
+            return _ab.compare_with_baseline(self.store, series, now, baseline_at)
         return _ab.compare_last_change(self.store, series, now)
 
     def server_info(self) -> dict:

@@ -24,6 +24,7 @@ ACTION_HELP = {
     "analysis": "show the newest capture's analysis again",
     "tune": "tune: probe a few settings, predict tok/s for every one (± uncertainty), verify the best "
             "with an A/B; enter applies a row. On a replay: the recorded tuning",
+    "pin_baseline": "pin the setting running now as the A/B's baseline (by default the setting at attach)",
     "pause": "pause / resume the replay",
     "step": "step the replay one second (pauses it)",
     "seek": "seek the replay 10 seconds back / forward",
@@ -48,8 +49,10 @@ PANELS = """
 - **draft off the TP group** (under the decode iteration): predicted tok/s if the draft ran
   replicated or on rank 0, from the measured collective share of the draft (the cost model's
   what-if: collectives removed; compute as is (high) or ×TP (low)); n/a with the reason otherwise.
-- **A/B**: after a change, tok/s and accept length before vs after: the ratio of the medians of
-  1-s windows with its 95 % interval; "not yet" until both sides have 5 windows.
+- **A/B**: after a change, tok/s vs the previous setting and vs the baseline (the setting at
+  attach until b pins another; its subtitle names it), and accept length vs the previous setting:
+  the ratio of the medians of 1-s windows with its 95 % interval; "not yet" until both sides have
+  5 windows.
 - **events**: changes, refusals with the server's reason, captures, disconnects.
 """
 

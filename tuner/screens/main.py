@@ -220,7 +220,7 @@ class MainScreen(Screen[None]):
             return f"off · l starts {self.app.load_concurrency} concurrent"
         now = self.session.now()
         tok = views.mean(self.session.store.window("load/tok_per_s", now - views.SMOOTH_S, now).v)
-        return f"{self.app.load_concurrency} concurrent · {tok:.1f} tok/s" if tok == tok else \
+        return f"{self.app.load_concurrency} concurrent · client {tok:.1f} tok/s" if tok == tok else \
             f"{self.app.load_concurrency} concurrent"
 
     def _ab_view(self, now: float) -> ABView:

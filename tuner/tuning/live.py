@@ -609,7 +609,7 @@ class Tuner:
         else:
             gain = math.inf
         if gain < self.opts.noise_floor:
-            return self._next_round(now, f"predicted gain {gain * 100:+.1f} % is within noise")
+            return self._next_round(now, f"next candidate predicted {gain * 100:+.1f} %, within noise")
         if self._rounds >= self.opts.max_rounds:
             return self._finish(now, f"{self.opts.max_rounds} verifications done")
         self._candidate = cand
@@ -695,8 +695,8 @@ class Tuner:
             return self._next_round(now, None)
         # Within noise: keep the previous best (no change is the cheaper bet) and stop.
         self._rejected.add(cand)
-        return self._next_round(now, f"measured gain {(ratio - 1) * 100:+.1f} % is within noise "
-                                     f"[{(lo - 1) * 100:+.1f}, {(hi - 1) * 100:+.1f}]")
+        return self._next_round(now, f"next candidate measured {(ratio - 1) * 100:+.1f} % "
+                                     f"[{(lo - 1) * 100:+.1f}, {(hi - 1) * 100:+.1f}], within noise")
 
     def _completion_reserve(self) -> float:
         """Seconds the held-back probes will take (each as long as the longest probe so far): an
@@ -752,4 +752,5 @@ class Tuner:
         self._emit(EventKinds.FINISHED, now, self.result.to_json())
         self.state = "done"
         self.stage = "done"
-        self.status = f"done: {best_s.label()} ({self._stop_reason})"
+        # The outcome's words are the result line's (tuner.tuning.summary), shown beside this.
+        self.status = f"done after {now - self._t0:.0f} s"

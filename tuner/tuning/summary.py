@@ -7,6 +7,8 @@ everything here works from JSON-shaped dicts, never from live objects. Formattin
 from __future__ import annotations
 
 import json
+import math
+import re
 from typing import Any, Mapping
 
 from tuner.core import setting as vocab
@@ -69,12 +71,58 @@ def costs(model: Mapping[str, Any], bs: int) -> list[str]:
     return out
 
 
+_OLD_STOP = re.compile(r"(predicted|measured) gain ([-+][\d.]+) % is within noise( \[[^\]]*\])?")
+
+
+def stop_words(reason: str) -> str:
+    """Why the tuner stopped, in the words of the candidate it did not try: "next candidate
+    predicted -3.9 %, within noise" (recordings made before say "predicted gain -3.9 % is within
+    noise", which read as the tuning's own result)."""
+    m = _OLD_STOP.fullmatch(reason or "")
+    if m:
+        return f"next candidate {m.group(1)} {m.group(2)} %{m.group(3) or ''}, within noise"
+    return reason or "?"
+
+
+def _chain(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The verified A/Bs from the starting setting to the best, in order (each won against the
+    one before); [] when the best is the starting setting or the chain is broken."""
+    key = vocab.key_of
+    wins = {key(v["setting"]): v for v in result.get("verifications", []) if v.get("verdict") == "better"}
+    out: list[Mapping[str, Any]] = []
+    at = result.get("best") or {}
+    while at and key(at) != key(result.get("initial") or {}) and key(at) in wins and len(out) < 32:
+        v = wins[key(at)]
+        out.insert(0, v)
+        at = v.get("incumbent") or {}
+    return out if at and key(at) == key(result.get("initial") or {}) else []
+
+
+def result_line(result: Mapping[str, Any]) -> str:
+    """The tuning's outcome in one line: `best steps 3 … rank0: +46 % vs start (A/B) · stopped: next
+    candidate predicted -14.7 %, within noise` (the tune screen, `tune`'s first and last line)."""
+    best, start = result.get("best") or {}, result.get("initial") or {}
+    head = f"best {label(best)}"
+    if vocab.key_of(best) == vocab.key_of(start):
+        head += ": the starting setting (nothing verified better)"
+    else:
+        chain = _chain(result)
+        ratio = math.prod(v["ratio"] for v in chain) if chain else math.nan
+        if len(chain) == 1:
+            head += f": {(ratio - 1) * 100:+.0f} % vs start (A/B)"
+        elif chain:
+            head += f": {(ratio - 1) * 100:+.0f} % vs start ({len(chain)} A/Bs chained)"
+        else:
+            head += ": not verified against the start"
+    return f"{head} · stopped: {stop_words(str(result.get('stop_reason', '')))}"
+
+
 def summary(result: Mapping[str, Any]) -> list[str]:
     """The whole readout: choice, evidence (A/B), table, costs, comparisons, export."""
-    lines = [f"best: {label(result['best'])}   (started at {label(result['initial'])}; "
-             f"now applied: {label(result['applied'])})",
-             f"stopped: {result['stop_reason']} after {result['elapsed_s']:.0f} s, "
-             f"{result['probes']} probes, {len(result['verifications'])} A/B verification(s), bs {result['bs']}"]
+    lines = [result_line(result),
+             f"started at {label(result['initial'])}; now applied: {label(result['applied'])}; "
+             f"{result['elapsed_s']:.0f} s, {result['probes']} probes, {len(result['verifications'])} "
+             f"A/B verification(s), bs {result['bs']}"]
     for v in result.get("verifications", []):
         pr = v.get("predicted_ratio")
         lines.append(f"  A/B {label(v['setting'])} vs {label(v['incumbent'])}: {v['verdict']}, measured "

@@ -5,6 +5,8 @@ The store holds the phase stream as per-poll means (`phase/<p>_ms`, `phase/<p>_c
 readings of the active setting (after its settling time) into one `SettingStats`, fits the cost
 model on that single point and asks its `what_if` (tuner.tuning.cost_model) what tok/s would be with
 the draft's collectives removed. So the TUI and the tuner answer the question with one formula.
+It answers per placement: rank0 runs the draft on rank 0 alone, replicated runs the whole draft on
+every rank, which a server whose ranks share CPU cores pays in full (not predicted there).
 
 Pure: reads a Store, never a server; never imports textual. Anything it cannot answer is a readout
 with `reason` set ("n/a" and why), never an exception.
@@ -16,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from probes.names import DRAFT, DRAFT_EXTEND, PREFILL, REPLICATED, SHARDED, VERIFY, VERIFY_SAMPLE
+from probes.names import DRAFT, DRAFT_EXTEND, PREFILL, RANK0, REPLICATED, SHARDED, VERIFY, VERIFY_SAMPLE
 from tuner.core import ab as core_ab
 from tuner.core import series as S
 from tuner.core.events import EventKind
@@ -28,6 +30,20 @@ from tuner.tuning.settings import Setting
 WINDOW_S = 10.0
 MIN_READINGS = 4          # per-poll means: at ~4 Hz, one second of the settled setting
 OFF_GROUP = "replicated / rank0"
+REPLICATED_COST = "pays the whole draft's compute on every rank"
+SHARED_CORES = "on shared CPU cores"
+
+
+@dataclass(frozen=True)
+class PlacementWhatIf:
+    """One placement's prediction: tok/s from the draft's compute unchanged (high) to × TP (low),
+    or NaN with `note` saying why it is not predicted."""
+
+    placement: str
+    tok_s_low: float = math.nan
+    tok_s: float = math.nan
+    note: str = ""
+    """What this placement costs that the range does not show (replicated: every rank drafts)."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +57,10 @@ class WhatIfReadout:
     tok_s: float = math.nan          # draft compute unchanged (latency-bound small layer)
     tok_s_low: float = math.nan      # draft compute × TP size (the whole layer on one rank)
     assumption: str = ""
+    placements: tuple[PlacementWhatIf, ...] = ()
+    """One prediction per placement off the group: rank0 (the draft on rank 0, the others wait),
+    then replicated (the whole draft on every rank: the same range where each rank has its own
+    device, none where the ranks share CPU cores)."""
 
     @property
     def available(self) -> bool:
@@ -70,10 +90,12 @@ def _histogram(p: list[float], verifies: float) -> tuple[int, ...]:
 
 
 def what_if_now(store: Store, t_end: float, active: Mapping[str, Any], tp_size: int | None,
-                window_s: float = WINDOW_S, has_phases: bool = True) -> WhatIfReadout:
+                window_s: float = WINDOW_S, has_phases: bool = True, device: str | None = None) -> WhatIfReadout:
     """The readout for the active setting over the last `window_s` seconds of settled readings.
 
-    has_phases: False when the source has no phase timers at all (the reason then says so)."""
+    has_phases: False when the source has no phase timers at all (the reason then says so).
+    device: the server's device ("cpu": its ranks share the host's cores, so replicated, which runs
+    the whole draft on every rank, is not predicted)."""
     setting = active_setting(active)
     if not has_phases:
         return WhatIfReadout("no phase stream: the server reports no per-phase collective times")
@@ -126,8 +148,15 @@ def what_if_now(store: Store, t_end: float, active: Mapping[str, Any], tp_size: 
         return WhatIfReadout("the cost model could not use these readings")
     # Without per-phase collective counts in the store, the one broadcast the draft keeps off the
     # group is not charged: the prediction is the draft's collectives removed entirely.
+    rank0 = PlacementWhatIf(RANK0, w.tok_s_low, w.tok_s)
+    if device == "cpu":
+        replicated = PlacementWhatIf(REPLICATED, note=f"{REPLICATED_COST}, {SHARED_CORES}")
+    else:
+        # Each rank drafts on its own device: the critical path is rank 0's, as under rank0.
+        replicated = PlacementWhatIf(REPLICATED, w.tok_s_low, w.tok_s, REPLICATED_COST)
     return WhatIfReadout("", OFF_GROUP, w.comm_share, w.tok_s_now, w.tok_s, w.tok_s_low,
-                         w.assumption.replace("one broadcast of draft tokens kept", "all of them"))
+                         w.assumption.replace("one broadcast of draft tokens kept", "all of them"),
+                         (rank0, replicated))
 
 
 def _mean(values: list[float]) -> float:

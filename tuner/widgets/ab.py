@@ -1,4 +1,5 @@
-"""The A/B readout after a change: tok/s and accept length before vs after, with the interval.
+"""The A/B readout after a change: tok/s vs the previous setting and vs the baseline (the setting at
+attach, or one the operator pinned), and accept length vs the previous setting, with the intervals.
 
 The comparison itself (warm-up drop, 1-s windows, bootstrap interval, "not yet" rule) is the
 headless core's; this widget only prints its result, so the TUI and the report agree.
@@ -36,10 +37,21 @@ class ABView:
     waiting: str = ""
     """Why it cannot tell yet, e.g. "2/5 windows after the change"."""
     metrics: tuple[Metric, ...] = ()
+    """Rows: "vs previous" (tok/s), "vs baseline" (tok/s; absent while the baseline is the previous
+    setting), "accept len" (vs previous)."""
+    baseline: str = ""
+    """The baseline in words, e.g. "baseline sharded (at attach) · b pins"; the panel's subtitle."""
+    baseline_note: str = ""
+    """Said in the "vs baseline" row instead of figures, e.g. "not yet (2/5 windows)", "this is it"."""
 
 
 def _change(ratio: float) -> str:
     return f"{(ratio - 1) * 100:+.1f}%" if is_num(ratio) else "n/a"
+
+
+def _whole(ratio: float) -> str:
+    """An interval end in whole percent without the sign's unit: the 95 % line must fit one line."""
+    return f"{(ratio - 1) * 100:+.0f}" if is_num(ratio) else "n/a"
 
 
 VERDICT_TEXT = {W.BETTER: Text("better", style="bold #8bc34a"), W.WORSE: Text("worse", style="bold #d96e6e"),
@@ -71,22 +83,29 @@ class ABReadout(Static):
         view = self._view
         if not view.change:
             return Text("change a setting to compare before vs after", style="dim")
-        title = Text.assemble(("after ", "dim"), (view.change, "bold"))
+        title = Text.assemble(("tok/s after ", "dim"), (view.change, "bold"))
         if not view.ready:
             return Text.assemble(title, "\n", ("not yet", "bold #e0b040"),
                                  (f" — {view.waiting}" if view.waiting else "", "dim"))
         lines = [title]
         intervals = []
         for m in view.metrics:
-            digits = 2 if is_num(m.before) and m.before < 10 else 1
-            line = Text(f"{m.name:<11}", style="bold")
-            line.append(f"{num(m.before, digits):>6} → {num(m.after, digits):<6} ")
-            line.append(f"{_change(m.ratio):>7}", style="bold")
-            line.append("  ")
-            line.append(_verdict(m))
-            lines.append(line)
+            lines.append(metric_line(m))
             if is_num(m.lo):
-                intervals.append(f"{m.short or m.name} {_change(m.lo)[:-1]}…{_change(m.hi)}")
+                intervals.append(f"{m.short + ' ' if m.short else ''}{_whole(m.lo)}…{_whole(m.hi)}")
+        if view.baseline_note:
+            lines.append(Text.assemble((f"{'vs baseline':<11} ", "bold"), (view.baseline_note, "dim")))
         if intervals:
             lines.append(Text("95%: " + ", ".join(intervals), style="dim"))
         return Group(*lines)
+
+
+def metric_line(m: Metric) -> Text:
+    """`vs previous  52.1→76.3   +46.5% better`: 37 columns (the right column holds 39 at 100x30)."""
+    digits = 2 if is_num(m.before) and m.before < 10 else 1
+    line = Text(f"{m.name:<11} ", style="bold")
+    line.append(f"{num(m.before, digits):>5}→{num(m.after, digits):<5}")
+    line.append(f"{_change(m.ratio):>7}", style="bold")
+    line.append(" ")
+    line.append(_verdict(m))
+    return line

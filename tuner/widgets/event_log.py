@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich.console import Group
 from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
@@ -53,6 +54,19 @@ class EventLog(VerticalScroll):
         self.lines: list[LogLine] = []
         self.follow = True
         """Keep the newest line in view; only the operator's scrolling clears or sets it."""
+        self._one_row = False
+
+    @property
+    def one_row(self) -> bool:
+        """Each event on one row, cut with an ellipsis: a short terminal shows its newest 3 in 3 rows."""
+        return self._one_row
+
+    @one_row.setter
+    def one_row(self, value: bool) -> None:
+        if value != self._one_row:
+            self._one_row = value
+            self._show()
+            self._keep_newest()
 
     def compose(self) -> ComposeResult:
         yield Static()
@@ -99,4 +113,12 @@ class EventLog(VerticalScroll):
         return "\n".join(render_line(line).plain for line in self.lines)
 
     def _show(self) -> None:
-        self.query_one(Static).update(Text("\n").join(render_line(line) for line in self.lines))
+        if self._one_row:
+            rows = []
+            for line in self.lines:
+                row = render_line(line)
+                row.no_wrap, row.overflow = True, "ellipsis"
+                rows.append(row)
+            self.query_one(Static).update(Group(*rows))
+        else:
+            self.query_one(Static).update(Text("\n").join(render_line(line) for line in self.lines))

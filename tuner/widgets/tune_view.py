@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping
 from tuner.core import setting as vocab
 from tuner.core.records import Event, thaw
 from tuner.tuning.live import TUNING_KINDS  # noqa: F401  (re-exported for the app)
-from tuner.tuning.summary import costs, label
+from tuner.tuning.summary import costs, label, result_line
 
 
 @dataclass(frozen=True)
@@ -109,8 +109,9 @@ def build_view(doc: Mapping[str, Any], *, state: str, stage: str = "", status: s
     cost_lines = tuple(line.strip() for line in costs(doc["model"], bs)) if doc.get("model") and bs else ()
     result = ""
     if doc.get("stop_reason") and doc.get("best"):
-        result = (f"best {label(doc['best'])} ({doc['stop_reason']}); "
-                  f"the server runs {label(doc.get('applied') or doc['best'])}")
+        # What the server runs now (`current`, as it reports it) once the operator applied another
+        # row with enter; the result's own `applied` only for a recording.
+        result = f"{result_line(doc)}; the server runs {label(current or doc.get('applied') or doc['best'])}"
     return TuneView(state, stage, status, progress, tuple(out), cost_lines,
                     tuple(verification_line(v) for v in doc.get("verifications") or ()), result, bs,
                     read_only)
