@@ -9,11 +9,11 @@ until the server holds nothing. Per request it keeps the client's times: TTFT (f
 token - sent), end-to-end and TPOT; per arm the server's own sglang:time_to_first_token_seconds
 and sglang:queue_time_seconds (sum / count over the trial) as a cross-check.
 
-    python benchmarks/prefill_ttft.py --trials 5 --rate 40 --requests 60 --json OUT.json
+    python benchmarks/prefill_ttft.py --trials 5 --rates 10,20 --requests 60 --json OUT.json
     python benchmarks/prefill_ttft.py --device cuda --model-path llama-3.1-8b ... (dummy weights)
 
-Prints per trial the median TTFT of each arm and their ratio, then the median over trials with the
-spread (min-max); asserts nothing about the figures.
+Prints per trial the median TTFT of each arm and their ratio, then per load the median over trials
+with the spread (min-max); asserts nothing about the figures.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import json
 import random
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -110,13 +111,53 @@ def q(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
 
 
+def run_load(servers: dict[str, Any], ps: list[dict], rate: float, a) -> dict[str, Any]:
+    """`a.trials` trials at one arrival rate, each arm in turn (order alternating) -> the figures."""
+    trials: list[dict[str, Any]] = []
+    print(f"== {rate:g} requests/s, {a.requests} requests a trial", flush=True)
+    for t in range(a.trials):
+        offsets = poisson(rate, a.requests, a.seed + t)
+        order = list(ARMS) if t % 2 == 0 else list(ARMS)[::-1]
+        row: dict[str, Any] = {"trial": t, "order": order}
+        for arm in order:
+            row[arm] = one_arm(servers[arm].url, ps, offsets, a.max_new_tokens)
+        mb, ma = (statistics.median(row[x]["ttft_s"]) for x in ("before", "after"))
+        row["ttft_median_ratio"] = mb / ma
+        trials.append(row)
+        print(f"trial {t}: TTFT median before {mb * 1e3:.1f} ms, after {ma * 1e3:.1f} ms, "
+              f"before/after {mb / ma:.2f}; errors {row['before']['n_errors']}/{row['after']['n_errors']}",
+              flush=True)
+
+    def pooled(arm: str, key: str) -> list[float]:
+        return [x for row in trials for x in row[arm][key]]
+
+    summary: dict[str, Any] = {"rate": rate}
+    for arm in ARMS:
+        tt, e2e, tp = pooled(arm, "ttft_s"), pooled(arm, "e2e_s"), pooled(arm, "tpot_s")
+        per_trial = [statistics.median(row[arm]["ttft_s"]) for row in trials]
+        summary[arm] = {"ttft_median_s": statistics.median(tt), "ttft_p90_s": q(tt, 0.9),
+                        "ttft_trial_medians_s": per_trial, "e2e_median_s": statistics.median(e2e),
+                        "tpot_median_s": statistics.median(tp) if tp else None, "requests": len(tt)}
+        s = summary[arm]
+        print(f"{arm:>6}: TTFT median {s['ttft_median_s'] * 1e3:.1f} ms (p90 {s['ttft_p90_s'] * 1e3:.1f}), "
+              f"trial medians {min(per_trial) * 1e3:.1f}-{max(per_trial) * 1e3:.1f} ms; "
+              f"e2e median {s['e2e_median_s'] * 1e3:.0f} ms; TPOT median "
+              f"{(s['tpot_median_s'] or float('nan')) * 1e3:.1f} ms; {s['requests']} requests", flush=True)
+    ratios = [row["ttft_median_ratio"] for row in trials]
+    summary["ttft_ratio_before_over_after"] = {"median": statistics.median(ratios), "min": min(ratios),
+                                               "max": max(ratios), "per_trial": ratios}
+    print(f"TTFT before/after at {rate:g}/s (ratio of trial medians): median {statistics.median(ratios):.2f}, "
+          f"min {min(ratios):.2f}, max {max(ratios):.2f} over {len(ratios)} trials", flush=True)
+    return {"summary": summary, "trials": trials}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--model-path", default=None, help="default: the shipped tiny model")
     ap.add_argument("--trials", type=int, default=5)
-    ap.add_argument("--rate", type=float, default=40.0, help="arrivals per second (Poisson)")
+    ap.add_argument("--rates", default="10,20", help="arrivals per second (Poisson), one load per value")
     ap.add_argument("--requests", type=int, default=60, help="requests per trial and arm")
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=32)
@@ -137,57 +178,33 @@ def main() -> int:
         if not Path(a.model_path).exists():
             args += ["--load-format", "dummy"]
     print(f"# serve {' '.join(args)}", flush=True)
+    rates = [float(x) for x in a.rates.split(",")]
     servers: dict[str, Any] = {}
-    trials: list[dict[str, Any]] = []
+    loads: list[dict[str, Any]] = []
     try:
-        for arm, env in ARMS.items():
-            servers[arm] = EngineProcess.start(args, env={"PYTHONPATH": str(ROOT), **env}, timeout_s=900, cwd=ROOT)
+        def start(arm: str) -> None:
+            servers[arm] = EngineProcess.start(args, env={"PYTHONPATH": str(ROOT), **ARMS[arm]}, timeout_s=900,
+                                               cwd=ROOT)
+        starters = [threading.Thread(target=start, args=(arm,)) for arm in ARMS]
+        for th in starters:
+            th.start()
+        for th in starters:
+            th.join()
+        if set(servers) != set(ARMS):
+            raise SystemExit("a server did not start")
+        for arm in ARMS:
             print(f"# {arm}: {servers[arm].url}", flush=True)
         ps = prompts(a.requests, a.prompt_len, a.vocab, a.seed)
         # Warm-up: each server's first requests pay one-off costs (graph captures on CUDA).
         for arm in ARMS:
-            one_arm(servers[arm].url, ps[:8], poisson(a.rate, 8, a.seed + 99), a.max_new_tokens)
-        for t in range(a.trials):
-            offsets = poisson(a.rate, a.requests, a.seed + t)
-            order = list(ARMS) if t % 2 == 0 else list(ARMS)[::-1]
-            row: dict[str, Any] = {"trial": t, "order": order}
-            for arm in order:
-                row[arm] = one_arm(servers[arm].url, ps, offsets, a.max_new_tokens)
-            mb, ma = (statistics.median(row[x]["ttft_s"]) for x in ("before", "after"))
-            row["ttft_median_ratio"] = mb / ma
-            trials.append(row)
-            print(f"trial {t}: TTFT median before {mb * 1e3:.1f} ms, after {ma * 1e3:.1f} ms, "
-                  f"before/after {mb / ma:.2f}; errors {row['before']['n_errors']}/{row['after']['n_errors']}",
-                  flush=True)
+            one_arm(servers[arm].url, ps, poisson(max(rates), a.requests, a.seed + 99), a.max_new_tokens)
+        for rate in rates:
+            loads.append(run_load(servers, ps, rate, a))
     finally:
         for s in servers.values():
             s.stop()
-
-    def pooled(arm: str, key: str) -> list[float]:
-        return [x for row in trials for x in row[arm][key]]
-
-    summary: dict[str, Any] = {}
-    for arm in ARMS:
-        tt, e2e, tp = pooled(arm, "ttft_s"), pooled(arm, "e2e_s"), pooled(arm, "tpot_s")
-        per_trial = [statistics.median(row[arm]["ttft_s"]) for row in trials]
-        summary[arm] = {"ttft_median_s": statistics.median(tt), "ttft_p90_s": q(tt, 0.9),
-                        "ttft_trial_medians_s": per_trial, "e2e_median_s": statistics.median(e2e),
-                        "tpot_median_s": statistics.median(tp) if tp else None, "requests": len(tt)}
-    ratios = [row["ttft_median_ratio"] for row in trials]
-    summary["ttft_ratio_before_over_after"] = {"median": statistics.median(ratios), "min": min(ratios),
-                                               "max": max(ratios), "per_trial": ratios}
-    for arm in ARMS:
-        s = summary[arm]
-        print(f"{arm:>6}: TTFT median {s['ttft_median_s'] * 1e3:.1f} ms (p90 {s['ttft_p90_s'] * 1e3:.1f}), "
-              f"trial medians {min(s['ttft_trial_medians_s']) * 1e3:.1f}-{max(s['ttft_trial_medians_s']) * 1e3:.1f} ms; "
-              f"e2e median {s['e2e_median_s'] * 1e3:.0f} ms; TPOT median "
-              f"{(s['tpot_median_s'] or float('nan')) * 1e3:.1f} ms; {s['requests']} requests")
-    r = summary["ttft_ratio_before_over_after"]
-    print(f"TTFT before/after (ratio of trial medians): median {r['median']:.2f}, "
-          f"min {r['min']:.2f}, max {r['max']:.2f} over {len(ratios)} trials")
     if a.json:
-        Path(a.json).write_text(json.dumps({"serve": args, "params": vars(a), "summary": summary,
-                                            "trials": trials}, indent=1))
+        Path(a.json).write_text(json.dumps({"serve": args, "params": vars(a), "loads": loads}, indent=1))
     return 0
 
 

@@ -499,7 +499,8 @@ class Engine:
         clamped inside the context), in slots every later forward writes before it reads them."""
         longest = max(lens)
         w = self._prefill_width(longest) or longest
-        ctx = self._bucket(max(s + w for s in starts) + 1)
+        # Every pad position of a row is past its chunk, and ctx - 1 is past every row's chunk.
+        ctx = self._bucket(max(s + w for s in starts))
         ids = [r.tokens[s : s + n] + [0] * (w - n) for r, s, n in zip(reqs, starts, lens)]
         positions = (self._h2d(starts, torch.long)[:, None] + torch.arange(w, device=self.device)[None]).clamp(
             max=ctx - 1)
