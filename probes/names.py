@@ -43,6 +43,12 @@ PLACEMENT = "speculative_draft_placement"
 KNOBS: tuple[str, ...] = (STEPS, TOPK, DRAFT_TOKENS, PLACEMENT)
 PINNED_STEPS = "specdecode_num_steps"
 """The SGLang plugin's name for steps (it pins the adaptive tier; -1 unpins)."""
+ALLREDUCE_PATHS = "specdecode_allreduce"
+"""SGLang plugin, in `internal_states[i]`: the tp group's communicators and the all-reduce path a
+decode-sized call takes at each captured batch size (probes/inserver/sglang_comm.allreduce_report)."""
+COLLECTIVES = "specdecode_collectives"
+"""SGLang plugin, in `internal_states[i]`: all-reduces and all-gathers per draft and target forward,
+computed from the module trees (sglang_comm.collectives_per_forward)."""
 PINNABLE_STEPS = "specdecode_pinnable_steps"
 """What the SGLang plugin publishes in `internal_states[i]`: the tiers it can pin and the batch
 sizes where each holds (probes/inserver/sglang_steps.pinnable_info)."""

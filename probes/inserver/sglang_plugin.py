@@ -15,7 +15,10 @@ scheduler (TP rank) processes
   EAGLEWorkerV2.on_verify_complete_cpu     accepted drafts per request (already on the host)
   SchedulerInternalStateController._update_handlers   adds `specdecode_num_steps`, `specdecode_timers`
   SchedulerInternalStateController.get_internal_state adds `specdecode_pinnable_steps` (what can be
-                                           pinned, at which batch sizes: sglang_steps.pinnable_info)
+                                           pinned, at which batch sizes: sglang_steps.pinnable_info),
+                                           `specdecode_allreduce` (the tp group's all-reduce path
+                                           per decode size) and `specdecode_collectives` (per
+                                           forward, computed: sglang_comm)
   AdaptiveSpeculativeParams.get_steps_for_batch / .on_verify_complete   obey the pin where the
                                            batch size's slot has graphs for its tier
 main (HTTP) process
@@ -58,7 +61,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from probes.names import SHARDED
+from probes.names import ALLREDUCE_PATHS, COLLECTIVES, SHARDED
 from probes.inserver.sglang_steps import (
     PIN_KEY, PINNABLE_KEY, TIMERS_KEY, Lease, Refused, StepPin, adaptive_view, check_lease, check_pin,
     coverage_of, pinnable_info,
@@ -123,6 +126,7 @@ class _Probe:
         self.profiler_enabled: Callable[[], bool] = _profiler_enabled_lazy
         self.capturing: Callable[[], bool] = lambda: False
         self.pinnable: tuple[Any, Any] = (None, None)    # (controller id, max bs) -> published info
+        self.comm: tuple[Any, Any] | None = None          # (all-reduce paths, collectives), once
 
     def open_sample_span(self) -> None:
         import torch
@@ -445,8 +449,55 @@ def _pin_context(scheduler: Any) -> tuple[Any, Any, Any]:
     return ctrl, view, coverage_of(view, max_bs, lambda bs: ctrl.params._route(bs).candidate_steps)
 
 
+def _comm_info(scheduler: Any) -> tuple[dict | None, dict | None]:
+    """(the tp group's all-reduce paths, collectives per forward), computed once per process."""
+    import torch
+    from sglang.srt.distributed.parallel_state import get_tp_group
+
+    from probes.inserver.sglang_comm import allreduce_report, collectives_per_forward
+
+    worker = getattr(scheduler, "draft_worker", None)
+    runner = scheduler.tp_worker.model_runner
+    group = get_tp_group()
+    hidden = int(runner.model_config.hidden_size)
+    graph = getattr(runner, "decode_cuda_graph_runner", None)
+    sizes = list(getattr(graph, "capture_bs", None) or [])
+    n = int(getattr(worker, "speculative_num_draft_tokens", 1) or 1)
+    device = getattr(runner, "device", "cuda")
+    biggest: list[Any] = []
+
+    def probe(rows: int) -> Any:
+        # one allocation at the largest size, views after it (the paths only read shape and dtype)
+        if not biggest:
+            biggest.append(torch.empty((max(sizes) * n, hidden), dtype=torch.bfloat16, device=device))
+        return biggest[0][:rows]
+
+    ca = getattr(group, "ca_comm", None)
+    env = os.environ.get("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", "").lower() in ("1", "true", "yes")
+    paths = allreduce_report(group, hidden, sizes, n, probe, full_nvlink=getattr(ca, "full_nvlink", None),
+                             env_pcie_ipc=env,
+                             deterministic=bool(getattr(scheduler.server_args, "enable_deterministic_inference", False)))
+    draft_model = getattr(getattr(getattr(worker, "draft_worker", None), "draft_runner", None), "model", None)
+    counts = {"target_forward": collectives_per_forward(runner.model), "tp_size": int(group.world_size),
+              "source": "computed from the module trees"}
+    if draft_model is not None:
+        counts["draft_forward"] = collectives_per_forward(draft_model)
+    return paths, counts
+
+
 def around_get_internal_state(original: Callable, self: Any, *args: Any, **kwargs: Any) -> Any:
     out = original(self, *args, **kwargs)
+    try:
+        if _probe.comm is None:
+            _probe.comm = _comm_info(self.scheduler)
+        paths, counts = _probe.comm
+        if paths is not None:
+            out.internal_state[ALLREDUCE_PATHS] = paths
+        if counts is not None:
+            out.internal_state[COLLECTIVES] = counts
+    except Exception as e:                  # never break SGLang's /server_info
+        _probe.comm = (None, None)
+        log.warning("specdecode plugin: no all-reduce report in /server_info (%s: %s)", type(e).__name__, e)
     try:
         scheduler = self.scheduler
         ctrl = _controller(scheduler)

@@ -112,3 +112,13 @@ def plugin_framework_env(target: Path) -> str:
         f"_pkg = types.ModuleType('sglang'); _pkg.__path__ = [{str(target / 'sglang')!r}]\n"
         "sys.modules.setdefault('sglang', _pkg)\n"
     )
+
+
+def load_method(src: Path, dotted: str, cls: str, method: str, provided: dict[str, Any]) -> Any:
+    """One method of a wheel class, compiled as a plain function (call it with a stand-in `self`);
+    the names it uses from the rest of SGLang are `provided` by the caller."""
+    node = methods(top_level(parse(src, dotted))[cls])[method]
+    node = ast.fix_missing_locations(ast.Module(body=[node], type_ignores=[]))
+    ns: dict[str, Any] = {"Optional": Any, **provided}
+    exec(compile(node, str(module_path(src, dotted)), "exec"), ns)
+    return ns[method]
