@@ -22,10 +22,14 @@ from tuner.recording import Recorder
 
 from .helpers import Engine
 
-# (seconds after the load starts, the change) — a steps change, then the draft leaves the TP group.
-SCRIPT = ((12.0, {"speculative_num_steps": 4}), (24.0, {"speculative_draft_placement": "rank0"}))
-CAPTURE_AT_S = 38.0
-LENGTH_S = 44.0
+# (seconds after the load starts, the change) — a steps change, then the draft leaves the TP group
+# for rank 0 (on CPU, replicated runs the whole draft on both ranks' shared cores: see the what-if).
+# Each setting runs long enough for the A/B to reach a verdict; the screenshots' captions are
+# checked against it (tests/tui/test_screenshot_claims.py).
+SCRIPT = ((12.0, {"speculative_num_steps": 4}), (26.0, {"speculative_draft_placement": "rank0"}))
+CAPTURE_AT_S = 44.0
+LENGTH_S = 50.0
+CONCURRENCY = 4          # as `demo` runs it
 
 
 def record(path: Path) -> None:
@@ -37,7 +41,7 @@ def record(path: Path) -> None:
                   "capabilities": backend.capabilities.as_dict(), "command": "tests/tui/make_fixture.py"}
         session = Session(backend, recorder=Recorder(path, header, overwrite=True))
         session.start()
-        session.start_load(builtin_prompts(), concurrency=2, max_new_tokens=48)
+        session.start_load(builtin_prompts(), concurrency=CONCURRENCY, max_new_tokens=48)
         t0, todo, captured = time.monotonic(), list(SCRIPT), False
         while (elapsed := time.monotonic() - t0) < LENGTH_S:
             if todo and elapsed >= todo[0][0]:
