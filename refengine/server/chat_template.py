@@ -9,19 +9,23 @@ not escape HTML, `raise_exception` and `strftime_now`, and passes the special to
 needs neither transformers nor torch.
 
 Must not tokenize (the caller encodes the rendered text without adding special tokens, as SGLang
-does) and must never let a template reach Python internals: templates are untrusted code.
+does) and must never let a template reach Python internals: templates are untrusted code. A render
+is bounded in time (checked in `range` loops, operators and as output grows) and size (the prompt,
+and any string or list `*`/`+` builds): past the bounds the request is a 400.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import jinja2
 import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
 from refengine.server.inputs import BadRequest
 
@@ -68,12 +72,62 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+# Bounds of one render (a template is the model directory's code, run for every chat request): the
+# prompt's size, the time spent, and the size of any string or list an operator builds. Far above
+# what a real template needs; past them the request is a 400, never a stalled HTTP process.
+MAX_RENDER_CHARS = 4 << 20
+MAX_RENDER_S = 2.0
+MAX_POW_BITS = 1 << 16
+_render = threading.local()
+
+
+class RenderLimit(jinja2.exceptions.TemplateError):
+    """A render went past one of its bounds."""
+
+
+def _check_time() -> None:
+    deadline = getattr(_render, "deadline", None)
+    if deadline is not None and time.monotonic() > deadline:
+        raise RenderLimit(f"rendering took longer than {MAX_RENDER_S:g} s")
+
+
+def _bounded_range(*args: Any) -> Iterator[int]:
+    """The sandbox's range (at most MAX_RANGE items), checking the render's deadline as it goes:
+    nested loops that print nothing would otherwise run for hours."""
+    for i, v in enumerate(safe_range(*args)):
+        if not i & 1023:
+            _check_time()
+        yield v
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """Bounds `*`, `+` and `**` before computing them ('x' * 10**9 allocated 1 GB per request)."""
+
+    intercepted_binops = frozenset(["*", "+", "**"])
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        _check_time()
+        sized = (str, list, tuple)
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, sized) and isinstance(n, int) and len(seq) * max(n, 0) > MAX_RENDER_CHARS:
+                    raise RenderLimit(f"a value longer than {MAX_RENDER_CHARS} items")
+        elif operator == "+":
+            if isinstance(left, sized) and isinstance(right, sized) and len(left) + len(right) > MAX_RENDER_CHARS:
+                raise RenderLimit(f"a value longer than {MAX_RENDER_CHARS} items")
+        elif operator == "**":
+            if isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and \
+                    right * max(1, abs(left).bit_length()) > MAX_POW_BITS:
+                raise RenderLimit("a number too large")
+        return super().call_binop(context, operator, left, right)
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_Generation, jinja2.ext.loopcontrols])
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    env.globals["range"] = _bounded_range
     return env
 
 
@@ -97,15 +151,30 @@ class ChatTemplate:
                tools: list[dict] | None = None, extra: dict[str, Any] | None = None) -> str:
         """The prompt text; a template's own refusal (`raise_exception`) or error is a 400."""
         variables = {**self.special_tokens, **(extra or {})}
+        _render.deadline = time.monotonic() + MAX_RENDER_S
         try:
-            return self._template.render(messages=messages, tools=tools, documents=None,
-                                         add_generation_prompt=add_generation_prompt, **variables)
+            parts, size = [], 0
+            # Streamed, so the prompt's size and the time are checked as it grows.
+            for part in self._template.generate(messages=messages, tools=tools, documents=None,
+                                                add_generation_prompt=add_generation_prompt, **variables):
+                size += len(part)
+                if size > MAX_RENDER_CHARS:
+                    raise RenderLimit(f"the rendered prompt is longer than {MAX_RENDER_CHARS} characters")
+                _check_time()
+                parts.append(part)
+            return "".join(parts)
+        except RenderLimit as e:
+            raise BadRequest(f"the chat template went past its bounds: {e}") from None
+        except (RecursionError, OverflowError, MemoryError) as e:
+            raise BadRequest(f"the chat template went past its bounds: {type(e).__name__}") from None
         except jinja2.exceptions.SecurityError as e:
             raise BadRequest(f"the chat template refused the messages: {e}") from None
         except jinja2.exceptions.TemplateError as e:
             raise BadRequest(f"the chat template refused the messages: {e}") from None
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
             raise BadRequest(f"the chat template could not render the messages: {type(e).__name__}: {e}") from None
+        finally:
+            _render.deadline = None
 
 
 def _pick(chat_template: Any) -> str | None:
