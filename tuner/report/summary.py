@@ -371,8 +371,18 @@ def verdict(rows: list[SettingRow]) -> Verdict | None:
     best, other = ranked[0], (ranked[1] if len(ranked) > 1 else None)
     v = Verdict(best, other)
     if other is None:
-        v.sentences.append(f"Only one setting was measured ({best.label}: {best.tok_s:.1f} tok/s); "
-                           "change a setting while recording to compare.")
+        short = [r for r in rows if r is not best]
+        if not short:
+            v.sentences.append(f"Only one setting ran ({best.label}: {best.tok_s:.1f} tok/s); "
+                               "change a setting while recording to compare.")
+            return v
+        # Others ran, but their readings were cut short (a capture, the server away, the settling
+        # after a change): say how short, and what a comparison needs.
+        said = "; ".join(f"{r.label} ran {r.seconds:.0f} s with {len(r.windows)} settled 1-s window"
+                         f"{'' if len(r.windows) == 1 else 's'}" for r in sorted(short, key=lambda r: r.order))
+        v.sentences.append(f"Only {best.label} has enough settled readings ({best.tok_s:.1f} tok/s, "
+                           f"{len(best.windows)} windows); {said}. A comparison needs {MIN_WINDOWS} on each "
+                           "side: run each setting longer (captures and server gaps are left out).")
         return v
     v.ratio, v.lo, v.hi = compare(other, best)
     pct = (v.ratio - 1) * 100

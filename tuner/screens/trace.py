@@ -1,5 +1,6 @@
 """The analysis of one trace capture: per rank, mean ms per iteration in each phase and its
-collectives, with the skew across ranks.
+collectives, with the skew across ranks per iteration (the analysis sums it over the aligned
+iterations; the table's unit is per iteration).
 
 Reads the instruments' analysis dict (probes/trace_result.py, `TraceAnalysis.to_dict()`) as given;
 it must not re-analyse anything.
@@ -50,7 +51,7 @@ def analysis_table(analysis: Mapping[str, Any]) -> Table:
             row += [_f(p.get("ms")), _f(p.get("comm_ms"))]
         if across:
             s = skew.get(phase) or {}
-            row += [_f(s.get("skew_ms")), str(s.get("slowest_rank", ""))]
+            row += [_f(per_iteration(s.get("skew_ms"), across)), str(s.get("slowest_rank", ""))]
         table.add_row(*row, end_section=n == len(phases) - 1)
     for key, label in (("wall_ms", "wall"), ("busy_ms", "busy"), ("comm_ms", "collectives"), ("idle_ms", "idle")):
         row = [label]
@@ -60,6 +61,15 @@ def analysis_table(analysis: Mapping[str, Any]) -> Table:
             row += ["", ""]
         table.add_row(*row, style="bold")
     return table
+
+
+def per_iteration(total: Any, across: Mapping[str, Any]) -> float | None:
+    """A cross-rank figure the analysis sums over the aligned iterations, per iteration (the table's
+    unit); None when either is missing."""
+    n = across.get("aligned_iterations")
+    if not isinstance(total, (int, float)) or not isinstance(n, int) or n <= 0:
+        return None
+    return total / n
 
 
 def rank_bars(analysis: Mapping[str, Any], width: int = 72) -> Group:
@@ -100,8 +110,10 @@ def summary(analysis: Mapping[str, Any]) -> Text:
     if across:
         text.append("  ·  slowest rank ", style="dim")
         text.append(str(across.get("slowest_rank", "?")), style="bold")
-        text.append("  ·  total skew ", style="dim")
-        text.append(f"{_f(across.get('skew_ms'))} ms", style="bold")
+        text.append("  ·  skew ", style="dim")
+        text.append(f"{_f(per_iteration(across.get('skew_ms'), across))} ms", style="bold")
+        text.append(f" per iteration ({_f(across.get('skew_ms'))} ms over {across.get('aligned_iterations', '?')})",
+                    style="dim")
     if analysis.get("mode") == "cpu":
         text.append("\nCPU trace: work is the top-level CPU ops inside the phase spans on the engine "
                     "thread; collectives are the communicator's spans.", style="dim italic")
