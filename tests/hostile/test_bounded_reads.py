@@ -211,3 +211,24 @@ def test_trace_download_is_capped_and_checks_the_disk(hostile, tmp_path, monkeyp
         cap._download(name, tmp_path / name)
     assert list(tmp_path.iterdir()) == []
     cap.close()
+
+
+def test_oversized_endpoint_is_degraded_not_connected(hostile):
+    """The red team's N16: a /metrics body over the cap showed "connected"; it is degraded, as a
+    slow one is, and connected again once it answers within the cap."""
+    s = hostile(metrics="endless")
+    backend, session = _wired(s.url)
+    try:
+        backend.poll_server_info()
+        backend.poll_metrics()
+        session.tick()
+        kinds = [e.kind for e in session.store.events()]
+        assert EventKind.DEGRADED in kinds and EventKind.DISCONNECTED not in kinds
+        conn = session.connection()
+        assert conn.state == "degraded" and "body too large" in conn.text(), conn.text()
+        s.modes["/metrics"] = "ok"
+        backend.poll_metrics()
+        session.tick()
+        assert session.connection().text() == "connected"
+    finally:
+        backend.stop()

@@ -145,6 +145,11 @@ class BadAnswer(ServerError):
         self.body = body
 
 
+class AnswerTooLarge(BadAnswer):
+    """The server answered with more than the endpoint's cap: not a full answer, as a slow one is
+    not (a connection shows degraded, not connected)."""
+
+
 def _snippet(text: str, n: int = 80) -> str:
     one = " ".join(terminal_safe(text).split())
     return one if len(one) <= n else one[: n - 1] + "…"
@@ -217,7 +222,7 @@ class HttpClient:
                 raise ServerSlow(f"{where}: timed out") from None
             raise ServerSlow(f"{where}: no full answer within {deadline:g} s") from None
         except BodyTooLarge as e:
-            raise BadAnswer(f"{where}: body too large ({e}; the cap for {path.split('?')[0]} is "
+            raise AnswerTooLarge(f"{where}: body too large ({e}; the cap for {path.split('?')[0]} is "
                             f"{limits.cap // MB} MB)") from None
         except BadEncoding as e:
             raise BadAnswer(f"{where}: {e}") from None

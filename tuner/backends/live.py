@@ -18,7 +18,8 @@ from urllib.parse import urlsplit
 from tuner.backends.base import Backend, Capabilities, ConnectionMonitor, ConnectionState, ControlResult
 from tuner.backends import phase_pages
 from tuner.backends.derive import MetricsDeriver, PhaseStreamReader
-from tuner.backends.http import DEFAULT_DEADLINE_S, BadAnswer, HttpClient, ServerError, ServerSlow, ServerUnreachable
+from tuner.backends.http import (DEFAULT_DEADLINE_S, AnswerTooLarge, BadAnswer, HttpClient, ServerError, ServerSlow,
+                                 ServerUnreachable)
 from tuner.backends.promtext import MetricsParseError, parse_metrics, rank_info
 from tuner.core import setting as vocab
 from tuner.core.bus import Bus
@@ -98,7 +99,7 @@ class LiveBackend(Backend):
             ranks = rank_info(parse_metrics(metrics_text))
             with self._lock:
                 self._rank_info = ranks
-        except ServerSlow as e:
+        except (ServerSlow, AnswerTooLarge) as e:
             self._slow_at_probe["/metrics"] = str(e)    # said as soon as the session starts
         except (ServerError, MetricsParseError):
             pass
@@ -204,8 +205,9 @@ class LiveBackend(Backend):
         if isinstance(err, ServerUnreachable):
             self._monitor.lost(str(err))
             self.metrics.reset()
-        elif isinstance(err, ServerSlow):
-            # Too slow on this endpoint: a poll error there and a degraded connection, not a disconnect.
+        elif isinstance(err, (ServerSlow, AnswerTooLarge)):
+            # Too slow, or too much, on this endpoint: a poll error there and a degraded connection,
+            # not a disconnect.
             self._monitor.slow(endpoint, str(err))
         else:
             self._monitor.ok()          # it answered; what it said is the problem
