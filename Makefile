@@ -6,12 +6,19 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install -q --disable-pip-version-check
 
-# The CPU build of torch first, so the `engine` extra does not pull a multi-GB CUDA build.
+# torch first, pinned; which build that is depends on where pip finds it. Stock PyPI on Linux has
+# the CUDA build (several GB; it runs on CPU too). TORCH_INDEX, when set, is passed to pip as
+# --extra-index-url: `make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu` gets the CPU-only
+# build (a few hundred MB). Nothing probes an index by itself: CI cannot reach PyTorch's.
+TORCH_INDEX ?=
+TORCH_FROM := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
+TORCH_BUILD := $(if $(TORCH_INDEX),torch 2.13.0 with $(TORCH_INDEX) as an extra index,torch 2.13.0 from PyPI (on Linux the CUDA build; TORCH_INDEX=https://download.pytorch.org/whl/cpu for the CPU build))
+
 $(BIN)/specdecode-tune: pyproject.toml
-	@echo "setting up $(VENV): torch (CPU build), then this package with its engine and dev extras (minutes the first time)"
+	@echo "setting up $(VENV): $(TORCH_BUILD), then this package with its engine and dev extras (minutes the first time)"
 	@$(PY) -m venv $(VENV)
 	@$(PIP) --upgrade pip
-	@$(PIP) torch==2.13.0
+	@$(PIP) $(TORCH_FROM) torch==2.13.0
 	@$(PIP) -e '.[engine,dev]'
 	@touch $@
 
