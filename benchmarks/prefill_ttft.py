@@ -200,11 +200,11 @@ def main() -> int:
             one_arm(servers[arm].url, ps, poisson(max(rates), a.requests, a.seed + 99), a.max_new_tokens)
         for rate in rates:
             loads.append(run_load(servers, ps, rate, a))
+            if a.json:     # after each load: a run cut short keeps what it measured
+                Path(a.json).write_text(json.dumps({"serve": args, "params": vars(a), "loads": loads}, indent=1))
     finally:
         for s in servers.values():
             s.stop()
-    if a.json:
-        Path(a.json).write_text(json.dumps({"serve": args, "params": vars(a), "loads": loads}, indent=1))
     return 0
 
 
