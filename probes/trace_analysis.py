@@ -36,7 +36,7 @@ from typing import Any
 
 from probes.names import DRAFT, DRAFT_EXTEND, OTHER, PREFILL, VERIFY, VERIFY_SAMPLE
 from probes.trace_names import (
-    CONTAINER, INHERIT, PHASES, is_anchor, is_comm_cpu, is_comm_kernel, span_kind,
+    CONTAINER, INHERIT, PHASES, is_all_reduce, is_anchor, is_comm_cpu, is_comm_kernel, span_kind,
 )
 from probes.trace_result import IterationTimes, PhaseTime, RankAnalysis, TraceAnalysis
 from probes.trace_stream import TraceFormatError, TraceReader
@@ -62,6 +62,8 @@ class _Collected:
         self.spans: dict[Any, list[tuple[float, float, str, bool]]] = defaultdict(list)
         self.work: dict[Any, array] = defaultdict(lambda: array("d"))  # ts, end, ts, end, ...
         self.comm: dict[Any, array] = defaultdict(lambda: array("d"))
+        self.comm_ar: dict[Any, array] = defaultdict(lambda: array("d"))   # the all-reduces among comm
+        self.ar_calls: dict[Any, array] = defaultdict(lambda: array("d"))  # start of each all-reduce span
         # Per launch and per flow event only numbers in arrays (a dict entry per kernel would cost
         # ten times more); threads and GPU tracks become small ints through `tracks`.
         self.tracks: dict[Any, int] = {}
@@ -101,7 +103,8 @@ def _collect(path: Path) -> _Collected:
     # already typed (str, float, int|str ids), so only values and ranges are checked here.
     c = _Collected()
     comm_cpu: dict[str, bool] = {}
-    comm_kernel: dict[str, bool] = {}
+    comm_kernel: dict[str, int] = {}        # 0: not a collective, 1: a collective, 2: an all-reduce
+    all_reduce: dict[str, bool] = {}
     kinds: dict[str, tuple[str | None, bool]] = {}
     cat_kind = _CAT_KIND
     work, comm, spans = c.work, c.comm, c.spans
@@ -137,6 +140,11 @@ def _collect(path: Path) -> _Collected:
                         cm = comm[tid]
                         cm.append(ts)
                         cm.append(end)
+                        ar = all_reduce.get(name)
+                        if ar is None:
+                            ar = all_reduce[name] = is_all_reduce(name)
+                        if ar:
+                            c.comm_ar[tid].extend((ts, end))
                 elif kind == _KIND_SPAN:
                     tid = ev.tid
                     k = kinds.get(name)
@@ -148,18 +156,21 @@ def _collect(path: Path) -> _Collected:
                         for store in (work[tid], comm[tid]):
                             store.append(ts)
                             store.append(end)
+                        if is_all_reduce(name):      # our communicator's span: one call each
+                            c.comm_ar[tid].extend((ts, end))
+                            c.ar_calls[tid].append(ts)
                 elif kind == _KIND_KERNEL:
                     corr = _corr(ev)
                     is_c = comm_kernel.get(name)
                     if is_c is None:
-                        is_c = comm_kernel[name] = is_comm_kernel(name)
+                        is_c = comm_kernel[name] = (2 if is_all_reduce(name) else 1) if is_comm_kernel(name) else 0
                     if corr is None:
                         c.k_unlinked[len(k_ts)] = (c.track((ev.pid, ev.tid)), ts)
                         corr = -1
                     k_ts.append(ts)
                     k_end.append(end)
                     k_corr.append(corr)
-                    k_comm.append(1 if is_c else 0)
+                    k_comm.append(is_c)
                 else:
                     corr = _corr(ev)
                     if corr is not None:
@@ -484,10 +495,16 @@ def _cpu_work(c: _Collected, thread: Any, tl: _Timeline, iters: list[IterationTi
     comm = merge_intervals(c.comm.get(thread, ()))
     busy = overlap_per_segment(tl.segments, work)
     comm_busy = overlap_per_segment(tl.segments, comm)
+    ar_busy = overlap_per_segment(tl.segments, merge_intervals(c.comm_ar.get(thread, ())))
+    for ts in c.ar_calls.get(thread, ()):
+        where = tl.locate(ts)
+        if where is not None:
+            iters[where[0]].phases[PHASES[where[1]]].ar_calls += 1
     for i, (lab, it) in enumerate(zip(tl.labels, tl.iters)):
         p = iters[it].phases[PHASES[lab]]
         p.ms += busy[i] / _US_PER_MS
         p.comm_ms += comm_busy[i] / _US_PER_MS
+        p.ar_ms += ar_busy[i] / _US_PER_MS
         iters[it].busy_ms += busy[i] / _US_PER_MS
         iters[it].comm_ms += comm_busy[i] / _US_PER_MS
     for it, (w0, w1) in zip(iters, tl.windows):
@@ -527,6 +544,8 @@ def _gpu_work(c: _Collected, thread: Any, tl: _Timeline, iters: list[IterationTi
     main_track = c.tracks.get(thread, -1)
     busy: dict[tuple[int, int], _Union] = defaultdict(_Union)
     comm: dict[tuple[int, int], _Union] = defaultdict(_Union)
+    ar: dict[tuple[int, int], _Union] = defaultdict(_Union)
+    ar_calls: dict[tuple[int, int], int] = defaultdict(int)
     all_busy: dict[int, _Union] = defaultdict(_Union)
     all_comm: dict[int, _Union] = defaultdict(_Union)
     first: dict[int, float] = {}
@@ -553,6 +572,9 @@ def _gpu_work(c: _Collected, thread: Any, tl: _Timeline, iters: list[IterationTi
         if k_comm[i]:
             comm[(it, lab)].feed(s, e)
             all_comm[it].feed(s, e)
+            if k_comm[i] == 2:
+                ar[(it, lab)].feed(s, e)
+                ar_calls[(it, lab)] += 1
         if it not in first:
             first[it] = s
         last[it] = max(last.get(it, e), e)
@@ -560,6 +582,9 @@ def _gpu_work(c: _Collected, thread: Any, tl: _Timeline, iters: list[IterationTi
         iters[it].phases[PHASES[lab]].ms = u.length() / _US_PER_MS
     for (it, lab), u in comm.items():
         iters[it].phases[PHASES[lab]].comm_ms = u.length() / _US_PER_MS
+    for (it, lab), u in ar.items():
+        iters[it].phases[PHASES[lab]].ar_ms = u.length() / _US_PER_MS
+        iters[it].phases[PHASES[lab]].ar_calls = ar_calls[(it, lab)]
     order = sorted(first)
     for j, it in enumerate(order):
         # The GPU's iteration runs from its first kernel to the next iteration's first kernel, so

@@ -64,8 +64,17 @@ def span_kind(name: str) -> str | None:
     return None
 
 
+# The all-reduces among them (NCCL's AllReduce kernels, custom all-reduce, PCIe-IPC; our engine's
+# and c10d's all_reduce spans): what an all-reduce backend such as PCIe-IPC can take over.
+ALL_REDUCE = re.compile(r"allreduce|all_reduce|cross_device_reduce|pcie_?ipc", re.IGNORECASE)
+
+
 def is_comm_kernel(name: str) -> bool:
     return COMM_KERNEL.search(name) is not None
+
+
+def is_all_reduce(name: str) -> bool:
+    return ALL_REDUCE.search(name) is not None
 
 
 def is_comm_cpu(name: str) -> bool:

@@ -32,7 +32,9 @@ the TUI and `specdecode-tune analyze --json` show it). Its shape, all times in m
             "idle_ms": 2.2,                 # wall - busy
             "phases": {"draft": {"ms": 3.0,       # work attributed to the phase
                                  "comm_ms": 1.0,  # its collective part (never stack it on ms)
-                                 "span_ms": 3.4}, # CPU wall inside the phase's spans
+                                 "span_ms": 3.4,  # CPU wall inside the phase's spans
+                                 "ar_ms": 0.8,    # the all-reduces among its collectives
+                                 "ar_calls": 6},  # how many (kernels; cpu: our comm spans)
                        ...}}
 
 This module holds data and arithmetic only; it must not read traces.
@@ -60,15 +62,22 @@ class PhaseTime:
     """The part of `ms` spent in collectives."""
     span_ms: float = 0.0
     """CPU wall time inside the phase's spans (for derived SGLang phases, the gap they fill)."""
+    ar_ms: float = 0.0
+    """The all-reduces among the collectives (what an all-reduce backend could take over)."""
+    ar_calls: float = 0.0
+    """How many all-reduces ran: kernels (gpu) or our communicator's spans (cpu)."""
 
     def add(self, other: PhaseTime) -> None:
         self.ms += other.ms
         self.comm_ms += other.comm_ms
         self.span_ms += other.span_ms
+        self.ar_ms += other.ar_ms
+        self.ar_calls += other.ar_calls
 
     def to_dict(self, scale: float = 1.0) -> dict[str, float]:
         return {"ms": _r(self.ms * scale), "comm_ms": _r(self.comm_ms * scale),
-                "span_ms": _r(self.span_ms * scale)}
+                "span_ms": _r(self.span_ms * scale), "ar_ms": _r(self.ar_ms * scale),
+                "ar_calls": _r(self.ar_calls * scale)}
 
 
 def _phase_dict() -> dict[str, PhaseTime]:

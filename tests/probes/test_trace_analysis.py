@@ -106,7 +106,33 @@ def test_gpu_trace_without_spans_is_all_other(tmp_path):
         {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllGather", "ts": 10, "dur": 30, "pid": 0, "tid": 7,
          "args": {"correlation": 5}}]}))
     r = analyze_file(p).to_dict()
-    assert r["mode"] == "gpu" and r["total"]["phases"]["other"] == {"ms": 0.03, "comm_ms": 0.03, "span_ms": 0.04}
+    # an all-gather is a collective but not an all-reduce
+    assert r["mode"] == "gpu" and r["total"]["phases"]["other"] == {"ms": 0.03, "comm_ms": 0.03, "span_ms": 0.04,
+                                                                    "ar_ms": 0.0, "ar_calls": 0.0}
+
+
+def test_all_reduces_are_split_out_of_the_collectives_per_phase(tmp_path):
+    """NCCL all-reduce and all-gather kernels launched inside a draft span and a verify span: the
+    all-reduces' time and count per phase, the all-gather only in comm_ms."""
+    p = tmp_path / "x-TP-0.trace.json"
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "draft", "ts": 0, "dur": 100, "pid": 1, "tid": 1},
+          {"ph": "X", "cat": "user_annotation", "name": "step[VERIFY bs=2]", "ts": 100, "dur": 100, "pid": 1,
+           "tid": 1},
+          {"ph": "X", "cat": "user_annotation", "name": "draft", "ts": 300, "dur": 10, "pid": 1, "tid": 1}]
+    kernels = [(1, 10, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 20, 10),
+               (2, 20, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 40, 10),
+               (3, 30, "ncclDevKernel_AllGather_RING_LL", 60, 10),
+               (4, 110, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 120, 30),
+               (5, 120, "sm90_xmma_gemm", 160, 20)]
+    for corr, launch, name, ts, dur in kernels:
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": launch, "dur": 1, "pid": 1,
+                   "tid": 1, "args": {"correlation": corr}})
+        ev.append({"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": 7,
+                   "args": {"correlation": corr}})
+    p.write_text(json.dumps({"traceEvents": ev}))
+    ph = analyze_file(p).to_dict()["total"]["phases"]
+    assert ph["draft"]["comm_ms"] == 0.03 and ph["draft"]["ar_ms"] == 0.02 and ph["draft"]["ar_calls"] == 2
+    assert ph["verify"]["ar_ms"] == 0.03 and ph["verify"]["ar_calls"] == 1
 
 
 def test_names():

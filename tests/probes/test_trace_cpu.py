@@ -59,6 +59,16 @@ def test_comm_found_where_the_collectives_are(analysis, rank):
     assert ph["verify_sample"]["comm_ms"] == 0.0  # sampling has no collective
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_all_reduce_calls_counted_per_phase(analysis, rank):
+    # the program's forwards: draft 3 x 1 layer, verify 4 layers, draft_extend 2 layers (one
+    # specdecode.comm.all_reduce span per layer), per iteration
+    r = analysis["ranks"][rank]
+    for phase, calls in (("draft", 3), ("verify", 4), ("draft_extend", 2)):
+        assert r["mean"]["phases"][phase]["ar_calls"] == calls, phase
+        assert 0 < r["total"]["phases"][phase]["ar_ms"] <= r["total"]["phases"][phase]["comm_ms"] + 1e-3
+
+
 def test_slow_sampling_rank_is_the_slowest(analysis, cpu_capture):
     # rank 1 sorts tens of ms more during verify_sample; rank 0 waits for it in its next all-reduce.
     # The ground truth is what the program recorded itself (its own phase timers), not an assumption.
