@@ -230,9 +230,7 @@ class TunerApp(App[None]):
             return not self.read_only and not self.tuning_on_screen()
         if action in REPLAY_ACTIONS:
             return self.read_only
-        if action == "tune" and self.read_only:
-            # A replay shows a recorded tuning read-only; without one the key is hidden.
-            return self._recorded_tuning
+        # u on a replay shows a recorded tuning read-only, or says the recording has none.
         return True
 
     def tuning_on_screen(self) -> bool:
@@ -418,7 +416,8 @@ class TunerApp(App[None]):
                 self.post_message(CaptureFinished(None, error))
                 return
             failed = f"captured, but the analysis failed: {captured.analysis_error}"
-            self.post_message(CaptureFinished(captured.analysis, "" if captured.analysis else failed))
+            self.post_message(CaptureFinished(captured.analysis, "" if captured.analysis else failed,
+                                              getattr(captured, "folder", "")))
 
         self.driver.capture(progress=progress, done=done)
 
@@ -435,6 +434,9 @@ class TunerApp(App[None]):
     @on(CaptureFinished)
     def _capture_finished(self, message: CaptureFinished) -> None:
         self._show_capture("")
+        if message.folder:
+            self.notify(f"{message.folder} (open them in ui.perfetto.dev)", title="trace files kept in",
+                        timeout=20)
         if message.analysis is None:
             self.notify(message.error, title="trace capture failed", severity="error")
             return

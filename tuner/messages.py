@@ -40,6 +40,8 @@ class CaptureFinished(Message):
 
     analysis: dict[str, Any] | None
     error: str = ""
+    folder: str = ""
+    """Where the rank files are kept (for Perfetto); "" when they are not."""
 
 
 @dataclass

@@ -51,23 +51,28 @@ def bad_server(tmp_path):
     b'{"traceEvents": ' + b'[' * 5000 + b']' * 5000 + b'}',                          # deep nesting
     b'not json at all',
 ])
-def test_a_bad_trace_is_an_analysis_error_and_the_files_are_kept(bad_server, payload):
+def test_a_bad_trace_is_an_analysis_error_and_the_files_are_kept(bad_server, payload, tmp_path):
     srv = bad_server(payload)
     session = _Session(srv.url)
-    got = capture_into(session, num_steps=2, timeout_s=30)
+    got = capture_into(session, num_steps=2, timeout_s=30, keep_in=tmp_path / "kept")
     traces = [r for r in session.records if isinstance(r, Trace)]
     events = [r for r in session.records if isinstance(r, Event) and r.kind == EventKind.TRACE_CAPTURED]
     assert len(traces) == 2 and len(events) == 1
     assert got.analysis is None and got.analysis_error
     assert events[0].data["analysis_error"] == got.analysis_error
     assert "\n" not in got.analysis_error
+    # The rank files stay in a folder named by the capture, which the event names (for Perfetto).
+    folder = tmp_path / "kept" / got.trace_id
+    assert got.folder == str(folder) == events[0].data["folder"]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(got.files)
+    assert all((folder / name).read_bytes() == t.data for name, t in zip(got.files, traces))
 
 
-def test_a_bug_a_trace_trips_in_the_analyser_is_reported_not_raised(bad_server, monkeypatch):
+def test_a_bug_a_trace_trips_in_the_analyser_is_reported_not_raised(bad_server, monkeypatch, tmp_path):
     srv = bad_server(json.dumps({"traceEvents": []}).encode())
 
     def trips(paths):
         raise KeyError("a field the analyser assumed")
     monkeypatch.setattr(probes.trace_analysis, "analyze_paths", trips)
-    got = capture_into(_Session(srv.url), num_steps=2, timeout_s=30)
+    got = capture_into(_Session(srv.url), num_steps=2, timeout_s=30, keep_in=tmp_path / "kept")
     assert got.analysis is None and got.analysis_error.startswith("analysis failed: KeyError")

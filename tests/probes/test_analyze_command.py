@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -43,11 +45,21 @@ def test_cpu_capture_table(cpu_capture):
     assert out.stdout.startswith("mode: cpu")
 
 
-def _truncated_gz(tmp_path: Path) -> Path:
+def _truncated_gz(tmp_path: Path, age_s: float = 3600.0) -> Path:
     raw = (FIXTURES / "1764490000.5-TP-0.trace.json.gz").read_bytes()
     p = tmp_path / "cut-TP-0.trace.json.gz"
     p.write_bytes(raw[: len(raw) // 2])
+    then = time.time() - age_s         # cut short long ago: a broken file, not one being written
+    os.utime(p, (then, then))
     return p
+
+
+def test_a_file_cut_short_that_just_changed_is_still_being_written(tmp_path):
+    out = analyze(_truncated_gz(tmp_path, age_s=0.0))
+    assert out.returncode == 1 and out.stdout == ""
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("specdecode-tune analyze: cut-TP-0.trace.json.gz: still being written (changed ")
+    assert line.endswith("ends early): wait and retry")
 
 
 def _invalid_json(tmp_path: Path) -> Path:

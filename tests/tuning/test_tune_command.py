@@ -53,3 +53,12 @@ def test_summary_explains_the_choice():
     sg = doc["sglang"]
     assert sg["best"]["placement"] == "sharded"
     assert f"--speculative-num-steps {sg['best']['steps']}" in text
+
+
+def test_headless_tune_help_names_no_tui_key():
+    # `tune` runs without the TUI: its --load help must not send the reader to an l key.
+    def help_of(cmd: str) -> str:
+        return subprocess.run([sys.executable, "-m", "tuner", cmd, "--help"], capture_output=True, text=True,
+                              timeout=60, check=True).stdout
+    assert "toggles" not in help_of("tune")
+    assert "(l toggles it)" in " ".join(help_of("attach").split())

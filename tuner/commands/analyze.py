@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from typing import Any, Callable
 
 MODE_TEXT = {
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         analysis = analyze_path(args.path)
     except (TraceFormatError, TraceAnalysisError) as e:
-        print(f"specdecode-tune analyze: {e}", file=sys.stderr)
+        print(f"specdecode-tune analyze: {being_written(args.path, str(e)) or e}", file=sys.stderr)
         return 1
     except OSError as e:
         print(f"specdecode-tune analyze: {args.path}: {e.strerror or e}", file=sys.stderr)
@@ -47,6 +48,24 @@ def run(args: argparse.Namespace) -> int:
         # `analyze ... | head`: the reader left; that is not an error worth a traceback.
         sys.stdout = open(os.devnull, "w")
     return 0
+
+
+WRITING_S = 60.0
+"""A file cut short that changed this recently is taken as one the profiler is still writing."""
+
+
+def being_written(path: Any, error: str, now: float | None = None) -> str:
+    """The one line for a trace file that ends early and changed within WRITING_S ("still being
+    written: wait and retry"), or "" (the error stands as it is)."""
+    if "truncated" not in error:
+        return ""
+    try:
+        age = (time.time() if now is None else now) - os.stat(path).st_mtime
+    except OSError:
+        return ""
+    if not 0 <= age <= WRITING_S:
+        return ""
+    return f"{os.path.basename(str(path))}: still being written (changed {age:.0f} s ago, ends early): wait and retry"
 
 
 def format_table(d: dict[str, Any]) -> str:

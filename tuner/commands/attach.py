@@ -27,9 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_tui_tune_arguments(parser)
 
 
-def add_load_arguments(parser: argparse.ArgumentParser) -> None:
+def add_load_arguments(parser: argparse.ArgumentParser, tui: bool = True) -> None:
+    """--load, --prompts, --max-new-tokens; tui: the TUI's l key toggles the load (said in --help)."""
     parser.add_argument("--load", type=int, default=0, metavar="N",
-                        help="keep N generate requests in flight from the start (l toggles it)")
+                        help="keep N generate requests in flight from the start"
+                             + (" (l toggles it)" if tui else ""))
     parser.add_argument("--prompts", type=Path, default=None,
                         help="JSONL prompts for the load ({\"text\": ...} per line; default: built-in)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens per load request")

@@ -78,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --schedule: the highest load swept (default: the server's max_running_requests)")
     parser.add_argument("--adaptive-config", type=Path, default=None, metavar="FILE",
                         help="with --schedule: write SGLang's --speculative-adaptive-config JSON here")
-    add_load_arguments(parser)
+    add_load_arguments(parser, tui=False)      # headless: no l key
     parser.set_defaults(load=4)
 
 

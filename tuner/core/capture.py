@@ -3,12 +3,14 @@
 The one implementation behind the TUI's capture key and `record --capture-trace-every`: the
 instruments (probes.capture, probes.trace_analysis) do the work, this glue turns the rank files and
 the analysis into `Trace` records (the analysis rides on rank 0's) and a `trace_captured` event, so
-the store, a recording and the report all see the capture the same way. No textual; it blocks for
-the capture's length, so callers run it off their ticking thread.
+the store, a recording and the report all see the capture the same way; the rank files stay in a
+folder named by the capture's id, for Perfetto. No textual; it blocks for the capture's length, so
+callers run it off their ticking thread.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -21,6 +23,11 @@ from tuner.core.records import Event, Trace
 Progress = Callable[[str, "float | None"], None]
 
 
+TRACE_DIR_ENV = "SPECDECODE_TRACE_DIR"
+"""Where captures keep their rank files (one folder per capture, named by its id); by default a
+folder of this user's in the system's temporary directory."""
+
+
 @dataclass(frozen=True)
 class Captured:
     trace_id: str
@@ -28,15 +35,39 @@ class Captured:
     seconds: float
     analysis: dict[str, Any] | None      # None when the analysis failed (see analysis_error)
     analysis_error: str = ""
+    folder: str = ""
+    """Where the rank files are kept, to open in Perfetto (ui.perfetto.dev); "" when they could not be."""
+
+
+def traces_dir() -> Path:
+    """The folder each capture's own folder goes in ($SPECDECODE_TRACE_DIR, else a private one in
+    the system's temporary directory)."""
+    chosen = os.environ.get(TRACE_DIR_ENV)
+    if chosen:
+        return Path(chosen).expanduser()
+    return Path(tempfile.gettempdir()) / f"specdecode-tune-traces-{os.getuid()}"
+
+
+def _keep(files: list[Path], folder: Path) -> str:
+    """Move the rank files into `folder`; its path, or "" (the bytes are in the records anyway)."""
+    try:
+        folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)
+        for f in files:
+            shutil.move(str(f), folder / f.name)
+    except OSError:
+        return ""
+    return str(folder)
 
 
 def capture_into(session: Any, num_steps: int = 5, timeout_s: float = 120.0,
-                 progress: Progress | None = None) -> Captured:
+                 progress: Progress | None = None, keep_in: Path | None = None) -> Captured:
     """Capture `num_steps` iterations on every rank of the session's server and record them.
 
     Raises probes.capture.CaptureError (one line) when the capture itself fails; an analysis that
     fails keeps the traces, with the error in the event and in `Captured.analysis_error`.
-    `progress(text, fraction or None)` is called from this thread as the capture moves on.
+    `progress(text, fraction or None)` is called from this thread as the capture moves on. The rank
+    files stay in `keep_in` (default traces_dir()) / the capture's id; the event names the folder.
     """
     from probes.capture import TraceCapture
     from probes.trace_analysis import TraceAnalysisError, analyze_paths
@@ -72,9 +103,18 @@ def capture_into(session: Any, num_steps: int = 5, timeout_s: float = 120.0,
                                 "mode": analysis.get("mode") if analysis else None}
         if error:
             data["analysis_error"] = error
+        # The bytes are in the Trace records; the files stay too, named, for Perfetto.
+        folder = _keep(list(result.files), (keep_in or traces_dir()) / _safe(result.profile_id))
+        if folder:
+            data["folder"] = folder
         session.put(Event(now, EventKind.TRACE_CAPTURED, data))
         return Captured(result.profile_id, tuple(p.name for p in result.files), result.seconds,
-                        analysis, error)
+                        analysis, error, folder)
     finally:
-        # The bytes are in the Trace records now; the files were only the profiler's way to us.
         shutil.rmtree(dest, ignore_errors=True)
+
+
+def _safe(name: str) -> str:
+    # A server names the capture: never a path, whatever it sends.
+    cleaned = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(name)).strip(".")
+    return cleaned or "capture"

@@ -88,9 +88,10 @@ def _trace(d: Mapping[str, Any]) -> EventText:
     files = d.get("files")
     n = len(files) if isinstance(files, (list, tuple)) else 0
     error = d.get("analysis_error")
+    where = f" in {d['folder']}" if isinstance(d.get("folder"), str) and d.get("folder") else ""
     if error:
-        return EventText(f"trace captured: {n} files ({d.get('trace_id', '')}); not analysed: {error}", "warn")
-    return EventText(f"trace captured: {n} files ({d.get('trace_id', '')})", "good")
+        return EventText(f"trace captured: {n} files ({d.get('trace_id', '')}){where}; not analysed: {error}", "warn")
+    return EventText(f"trace captured: {n} files ({d.get('trace_id', '')}){where}", "good")
 
 
 def _tuning_started(d: Mapping[str, Any]) -> EventText:
