@@ -27,3 +27,19 @@ def test_a_setting_cut_short_is_named_with_its_windows_and_the_need():
 def test_one_setting_alone_says_so():
     (sentence,) = verdict([row("steps 3 sharded", 0, [100.0] * 20, 30.0)]).sentences
     assert sentence.startswith("Only one setting ran (steps 3 sharded: 100.0 tok/s)")
+
+
+def test_active_at_end_is_one_sample_knobs_and_epoch_together():
+    from tuner.core.records import Event
+    from tuner.report.html import active_at_end
+
+    start = {"speculative_num_steps": 3, "speculative_draft_placement": "sharded", "config_epoch": 1,
+             "speculative_algorithm": "EAGLE3"}
+    new = {"speculative_num_steps": 4, "speculative_draft_placement": "rank0"}
+    events = [Event(0.0, "server_info", {"active": start}),
+              Event(5.0, "config_changed", {"old": start, "new": new, "epoch": 3})]
+    end = active_at_end(events)
+    assert end == {**new, "config_epoch": 3, "speculative_algorithm": "EAGLE3"}
+    # A read-back after it is whole, and wins.
+    back = {**start, **new, "config_epoch": 3}
+    assert active_at_end([*events, Event(6.0, "config_active", {"active": back})]) == back

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Mapping
 
 from probes.names import TOPK
 from tuner import __version__
@@ -259,15 +259,33 @@ def events_section(s: Summary) -> str:
     return _table(["time", "event", "details"], rows, left=3) + more if rows else '<p class="note">No events.</p>'
 
 
+def active_at_end(events: list) -> dict:
+    """The active setting as the recording's newest sample of it says: a read-back (server_info,
+    config_active) whole, or a change from the phase stream (its knobs and its epoch) over the
+    newest read-back's keys that a change does not move. Never one sample's knobs beside another's
+    epoch: the "at end" column once showed the end's knobs with the start's config_epoch."""
+    whole: dict = {}
+    changed: dict | None = None
+    for e in events:
+        d = e.data
+        if e.kind in ("server_info", "config_active") and isinstance(d.get("active"), Mapping) and d["active"]:
+            whole, changed = dict(d["active"]), None
+        elif e.kind == "config_changed" and isinstance(d.get("new"), Mapping):
+            changed = {**dict(d["new"]), **({"config_epoch": d["epoch"]} if "epoch" in d else {})}
+    if changed is None:
+        return whole
+    return {**{k: v for k, v in whole.items() if k != "config_epoch"}, **changed}
+
+
 def config_section(s: Summary) -> str:
     info = s.data.server_info()
     launch = redact(info.get("launch") or s.data.header.get("launch") or {})
     start = info.get("active") or s.data.header.get("active") or {}
-    last = s.segments[-1].key if s.segments else setting_key(start)
+    end = active_at_end(s.data.events) or start
     rows = [[esc(k), esc(v)] for k, v in sorted(launch.items())]
     knobs = vocab.args()
-    act = [[esc(k), esc(start.get(k)), esc(dict(zip(knobs, last)).get(k, start.get(k)))]
-           for k in sorted(set(start) | set(knobs)) if k in start or k in knobs]
+    act = [[esc(k), esc(start.get(k)), esc(end.get(k))]
+           for k in sorted(set(start) | set(end) | set(knobs)) if k in start or k in end or k in knobs]
     out = ["<h3>Active setting (internal_states)</h3>", _table(["key", "at start", "at end"], act, left=3),
            "<details><summary>Launch arguments (/server_info top level; never change)</summary>",
            _table(["argument", "value"], rows, left=2), "</details>"]
