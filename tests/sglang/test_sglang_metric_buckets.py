@@ -46,3 +46,13 @@ def test_tokenizer_latency_buckets(sglang_src, var, ours):
 
 def test_queue_time_buckets(sglang_src):
     assert [float(b) for b in QUEUE_BUCKETS] == _histogram_buckets(_tree(sglang_src), "sglang:queue_time_seconds")
+
+
+@pytest.mark.parametrize("name", ["sglang:time_to_first_token_seconds", "sglang:inter_token_latency_seconds",
+                                  "sglang:request_time_per_output_token_seconds",
+                                  "sglang:e2e_request_latency_seconds", "sglang:queue_time_seconds"])
+def test_histogram_names(sglang_src, name):
+    from refengine.server.metrics import Metrics
+
+    assert f'name="{name}"' in (sglang_src / "srt/observability/metrics_collector.py").read_text(encoding="utf-8")
+    assert name in Metrics("m", lambda: {}).render().decode()
