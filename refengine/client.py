@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import math
 import multiprocessing as mp
 import os
 import queue
@@ -42,6 +43,25 @@ class EngineStartError(RuntimeError):
 
 class EngineDeadError(RuntimeError):
     """The engine is no longer running (a rank died or close() was called)."""
+
+
+RANK_DEADLINE_ENV = "SPECDECODE_RANK_DEADLINE_S"
+DEFAULT_RANK_DEADLINE_S = 120.0
+
+
+def rank_deadline_s(environ: dict | None = None) -> float:
+    """How long a rank may stay silent before the group counts as stalled: $SPECDECODE_RANK_DEADLINE_S,
+    else 120 s (a first torch.compile or a large trace export runs that long without a heartbeat)."""
+    text = (os.environ if environ is None else environ).get(RANK_DEADLINE_ENV)
+    if not text:
+        return DEFAULT_RANK_DEADLINE_S
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not math.isfinite(v) or v <= 0:
+        raise EngineStartError(f"${RANK_DEADLINE_ENV}: expected seconds > 0, got {text[:40]!r}")
+    return v
 
 
 class EngineClient:
@@ -73,6 +93,11 @@ class EngineClient:
         self._counters = collections.Counter()
         self._accept_hist: list[int] = []
         self._procs: list[mp.Process] = []
+        # When each rank was last heard from (any message): every rank sends its stats at least
+        # once a HEARTBEAT_S while its loop runs, so silence past the deadline is a hung rank.
+        self._heard: dict[int, float] = {}
+        self.rank_deadline_s = rank_deadline_s()
+        self._armed = False     # arm_watchdog(): start-up and warm-up may be silent for longer
 
     # -- lifecycle -------------------------------------------------------------------------------
     @classmethod
@@ -132,6 +157,8 @@ class EngineClient:
         self._reader.start()
         self._supervisor = threading.Thread(target=self._supervise, name="refengine-supervisor", daemon=True)
         self._supervisor.start()
+        self._watchdog = threading.Thread(target=self._watch_ranks, name="refengine-watchdog", daemon=True)
+        self._watchdog.start()
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.opts.init_timeout_s + 120
@@ -374,6 +401,7 @@ class EngineClient:
                 print(f"refengine: update callback failed: {e!r}", file=sys.stderr)
 
     def _dispatch(self, item: object) -> None:
+        self._heard[getattr(item, "rank", 0)] = time.monotonic()    # updates and records: rank 0's
         if isinstance(item, Updates):
             with self._lock:
                 cbs = [(self._callbacks.pop(u.rid, None) if u.finished else self._callbacks.get(u.rid), u)
@@ -446,6 +474,43 @@ class EngineClient:
             if q.is_alive():
                 q.kill()
         self._fail_pending(msg)
+
+    def arm_watchdog(self) -> None:
+        """From now on a rank silent past rank_deadline_s stalls the group (called once the server
+        is warm: the first iterations compile and capture, and may run long without a heartbeat)."""
+        now = time.monotonic()
+        for r in range(self.opts.tp_size):
+            self._heard[r] = max(self._heard.get(r, now), now)
+        self._armed = True
+
+    def stalled(self) -> str | None:
+        """Why the group is stalled (a rank silent past rank_deadline_s: hung, stopped, or stuck in
+        a collective), or None. Only once armed, never once the group is dead."""
+        if not self._armed or self._dead or self._closing:
+            return None
+        now = time.monotonic()
+        late = [(now - t, r) for r, t in self._heard.items() if now - t > self.rank_deadline_s]
+        if not late:
+            return None
+        silent, r = max(late)
+        return f"TP rank {r} sent nothing for {silent:.0f} s (deadline {self.rank_deadline_s:g} s): hung or stopped"
+
+    def _watch_ranks(self) -> None:
+        """While the group is stalled, its requests fail at once (they would wait UPDATE_TIMEOUT_S)
+        and are aborted in the engine, so a rank that resumes drops them."""
+        while not (self._closing or self._dead):
+            time.sleep(1.0)
+            why = self.stalled()
+            if why is None:
+                continue
+            with self._lock:
+                cbs, self._callbacks = self._callbacks, {}
+            for rid, cb in cbs.items():
+                self._in_q.put(Abort(rid))
+                try:
+                    cb(GenUpdate(rid, [], True, "error", error=why))
+                except Exception:  # noqa: BLE001 - one request's callback must not cost the others theirs
+                    pass
 
     def _fail_pending(self, msg: str) -> None:
         with self._lock:

@@ -93,11 +93,40 @@ class StartupInterrupted(BaseException):
     """SIGINT/SIGTERM arrived while the ranks were starting (BaseException: it must unwind them)."""
 
 
+MAX_CONNECTIONS = 512
+_BUSY_BODY = b'{"error": {"message": "too many connections; try again", "type": "ServiceUnavailable", "code": 503}}'
+BUSY_REPLY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+              b"Retry-After: 1\r\nContent-Length: %d\r\n\r\n" % len(_BUSY_BODY) + _BUSY_BODY)
+
+
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     # The stdlib's listen backlog is 5: a burst of connects beyond it waits for a SYN retry (1 s).
     request_queue_size = 1024
+    # One thread per connection: past this many open at once a new one gets a 503 and is closed
+    # without a thread (3000 half-sent requests made 3000 threads, each held up to 120 s).
+    max_connections = MAX_CONNECTIONS
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            try:
+                request.sendall(BUSY_REPLY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that resets or drops its connection is routine, not a server fault: one debug
@@ -110,6 +139,7 @@ class _HTTPServer(ThreadingHTTPServer):
 
     def __init__(self, addr: tuple[str, int], handler: type, family: int) -> None:
         self.address_family = family
+        self._slots = threading.BoundedSemaphore(self.max_connections)
         super().__init__(addr, handler)
 
 
@@ -250,6 +280,7 @@ class ServerApp:
             if not self.stopping.is_set():
                 for target, name in ((self._follow_phases, "phase-follower"), (self._supervise, "supervisor")):
                     threading.Thread(target=target, name=name, daemon=True).start()
+                self.client.arm_watchdog()
                 self.ready.set()
                 say(f"{READY_LINE} Serving at {self.url}", self.opts.tp_size)
             while not self.stopping.wait(0.5):
@@ -321,6 +352,10 @@ class ServerApp:
 
     def engine_alive(self) -> bool:
         return self.client is not None and self.client.alive()
+
+    def engine_stalled(self) -> str | None:
+        """Why the ranks count as hung (one silent past its deadline), or None."""
+        return self.client.stalled() if self.client is not None else None
 
     def vocab_size(self) -> int | None:
         return self.model.get("vocab_size")

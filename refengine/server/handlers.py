@@ -111,6 +111,9 @@ def health(app: ServerApp, req: Request) -> Reply:
         return text_reply("starting", 503)
     if app.stopping.is_set() or not app.engine_alive():
         return text_reply("unhealthy", 503)
+    stalled = app.engine_stalled()
+    if stalled is not None:
+        return text_reply(f"unhealthy: {stalled}", 503)
     return Reply(200, b"", "text/plain; charset=utf-8")
 
 
