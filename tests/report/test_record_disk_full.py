@@ -53,3 +53,17 @@ def test_a_recording_that_cannot_be_created_leaves_nothing(tmp_path, monkeypatch
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     assert not out.exists() and not Path(str(out) + "-wal").exists() and not Path(str(out) + "-shm").exists()
+
+
+def test_a_failed_csv_report_leaves_no_empty_directory(tmp_path):
+    """The red team's N17: `report --csv DIR` that fails to write (disk full) left DIR behind, empty."""
+    from synthetic import write
+
+    db = write(tmp_path / "s.db")
+    csv_dir = tmp_path / "csv"
+    env = {k: v for k, v in os.environ.items() if k != "SPECDECODE_API_KEY"}
+    p = subprocess.run([sys.executable, "-m", "tuner", "report", str(db), "--csv", str(csv_dir)], cwd=ROOT,
+                       env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
+                       preexec_fn=_limit_file_size(0))
+    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr[-500:]
+    assert not csv_dir.exists() or any(csv_dir.iterdir()), "an empty directory was left behind"

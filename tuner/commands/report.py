@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -53,6 +54,18 @@ def render(summary, fmt: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    # A --csv directory this run makes is removed again when the run fails and it is still empty.
+    made_csv = args.csv is not None and not os.path.lexists(args.csv)
+    rc = _run(args)
+    if rc != 0 and made_csv:
+        try:
+            os.rmdir(args.csv)
+        except OSError:
+            pass                   # not empty (some files written) or never made: left as is
+    return rc
+
+
+def _run(args: argparse.Namespace) -> int:
     from tuner.recording import RecordingError
     from tuner.recording.outputs import check_output, write_text
     from tuner.report import load, summarize
