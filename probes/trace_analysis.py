@@ -64,6 +64,7 @@ class _Collected:
         self.comm: dict[Any, array] = defaultdict(lambda: array("d"))
         self.comm_ar: dict[Any, array] = defaultdict(lambda: array("d"))   # the all-reduces among comm
         self.ar_calls: dict[Any, array] = defaultdict(lambda: array("d"))  # start of each all-reduce span
+        self.comm_calls: dict[Any, array] = defaultdict(lambda: array("d"))  # start of each comm span
         # Per launch and per flow event only numbers in arrays (a dict entry per kernel would cost
         # ten times more); threads and GPU tracks become small ints through `tracks`.
         self.tracks: dict[Any, int] = {}
@@ -156,7 +157,8 @@ def _collect(path: Path) -> _Collected:
                         for store in (work[tid], comm[tid]):
                             store.append(ts)
                             store.append(end)
-                        if is_all_reduce(name):      # our communicator's span: one call each
+                        c.comm_calls[tid].append(ts)  # our communicator's span: one call each
+                        if is_all_reduce(name):
                             c.comm_ar[tid].extend((ts, end))
                             c.ar_calls[tid].append(ts)
                 elif kind == _KIND_KERNEL:
@@ -500,6 +502,10 @@ def _cpu_work(c: _Collected, thread: Any, tl: _Timeline, iters: list[IterationTi
         where = tl.locate(ts)
         if where is not None:
             iters[where[0]].phases[PHASES[where[1]]].ar_calls += 1
+    for ts in c.comm_calls.get(thread, ()):
+        where = tl.locate(ts)
+        if where is not None:
+            iters[where[0]].phases[PHASES[where[1]]].comm_calls += 1
     for i, (lab, it) in enumerate(zip(tl.labels, tl.iters)):
         p = iters[it].phases[PHASES[lab]]
         p.ms += busy[i] / _US_PER_MS
@@ -546,6 +552,7 @@ def _gpu_work(c: _Collected, thread: Any, tl: _Timeline, iters: list[IterationTi
     comm: dict[tuple[int, int], _Union] = defaultdict(_Union)
     ar: dict[tuple[int, int], _Union] = defaultdict(_Union)
     ar_calls: dict[tuple[int, int], int] = defaultdict(int)
+    comm_calls: dict[tuple[int, int], int] = defaultdict(int)
     all_busy: dict[int, _Union] = defaultdict(_Union)
     all_comm: dict[int, _Union] = defaultdict(_Union)
     first: dict[int, float] = {}
@@ -570,6 +577,7 @@ def _gpu_work(c: _Collected, thread: Any, tl: _Timeline, iters: list[IterationTi
         busy[(it, lab)].feed(s, e)
         all_busy[it].feed(s, e)
         if k_comm[i]:
+            comm_calls[(it, lab)] += 1
             comm[(it, lab)].feed(s, e)
             all_comm[it].feed(s, e)
             if k_comm[i] == 2:
@@ -582,6 +590,8 @@ def _gpu_work(c: _Collected, thread: Any, tl: _Timeline, iters: list[IterationTi
         iters[it].phases[PHASES[lab]].ms = u.length() / _US_PER_MS
     for (it, lab), u in comm.items():
         iters[it].phases[PHASES[lab]].comm_ms = u.length() / _US_PER_MS
+    for (it, lab), n_calls in comm_calls.items():
+        iters[it].phases[PHASES[lab]].comm_calls = n_calls
     for (it, lab), u in ar.items():
         iters[it].phases[PHASES[lab]].ar_ms = u.length() / _US_PER_MS
         iters[it].phases[PHASES[lab]].ar_calls = ar_calls[(it, lab)]

@@ -34,7 +34,8 @@ the TUI and `specdecode-tune analyze --json` show it). Its shape, all times in m
                                  "comm_ms": 1.0,  # its collective part (never stack it on ms)
                                  "span_ms": 3.4,  # CPU wall inside the phase's spans
                                  "ar_ms": 0.8,    # the all-reduces among its collectives
-                                 "ar_calls": 6},  # how many (kernels; cpu: our comm spans)
+                                 "ar_calls": 6,   # how many (kernels; cpu: our comm spans)
+                                 "comm_calls": 8},  # every collective, counted the same way
                        ...}}
 
 This module holds data and arithmetic only; it must not read traces.
@@ -66,6 +67,8 @@ class PhaseTime:
     """The all-reduces among the collectives (what an all-reduce backend could take over)."""
     ar_calls: float = 0.0
     """How many all-reduces ran: kernels (gpu) or our communicator's spans (cpu)."""
+    comm_calls: float = 0.0
+    """How many collectives of any kind ran, counted the same way."""
 
     def add(self, other: PhaseTime) -> None:
         self.ms += other.ms
@@ -73,11 +76,12 @@ class PhaseTime:
         self.span_ms += other.span_ms
         self.ar_ms += other.ar_ms
         self.ar_calls += other.ar_calls
+        self.comm_calls += other.comm_calls
 
     def to_dict(self, scale: float = 1.0) -> dict[str, float]:
         return {"ms": _r(self.ms * scale), "comm_ms": _r(self.comm_ms * scale),
                 "span_ms": _r(self.span_ms * scale), "ar_ms": _r(self.ar_ms * scale),
-                "ar_calls": _r(self.ar_calls * scale)}
+                "ar_calls": _r(self.ar_calls * scale), "comm_calls": _r(self.comm_calls * scale)}
 
 
 def _phase_dict() -> dict[str, PhaseTime]:

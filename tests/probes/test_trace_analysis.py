@@ -108,7 +108,8 @@ def test_gpu_trace_without_spans_is_all_other(tmp_path):
     r = analyze_file(p).to_dict()
     # an all-gather is a collective but not an all-reduce
     assert r["mode"] == "gpu" and r["total"]["phases"]["other"] == {"ms": 0.03, "comm_ms": 0.03, "span_ms": 0.04,
-                                                                    "ar_ms": 0.0, "ar_calls": 0.0}
+                                                                    "ar_ms": 0.0, "ar_calls": 0.0,
+                                                                    "comm_calls": 1.0}
 
 
 def test_all_reduces_are_split_out_of_the_collectives_per_phase(tmp_path):
@@ -132,6 +133,7 @@ def test_all_reduces_are_split_out_of_the_collectives_per_phase(tmp_path):
     p.write_text(json.dumps({"traceEvents": ev}))
     ph = analyze_file(p).to_dict()["total"]["phases"]
     assert ph["draft"]["comm_ms"] == 0.03 and ph["draft"]["ar_ms"] == 0.02 and ph["draft"]["ar_calls"] == 2
+    assert ph["draft"]["comm_calls"] == 3
     assert ph["verify"]["ar_ms"] == 0.03 and ph["verify"]["ar_calls"] == 1
 
 
