@@ -35,6 +35,7 @@ class PageResult:
     boxes: list[dict[str, Any]] = field(default_factory=list)
     png: bytes = b""
     requests: list[str] = field(default_factory=list)       # every URL the page asked for
+    value: Any = None                                       # what `evaluate` returned (JSON-shaped)
 
 
 class Chromium:
@@ -115,8 +116,10 @@ class Chromium:
         shutil.rmtree(self.profile, ignore_errors=True)
 
 
-def open_page(exe: str, path: Path, width: int = 1000, selector: str = "svg") -> PageResult:
-    """Load a local file, wait for it, and report what the page did and how it looks."""
+def open_page(exe: str, path: Path, width: int = 1000, selector: str = "svg", evaluate: str | None = None
+              ) -> PageResult:
+    """Load a local file, wait for it, and report what the page did and how it looks; `evaluate`:
+    a JavaScript expression whose JSON-shaped value comes back as `value`."""
     b = Chromium(exe)
     out = PageResult()
     try:
@@ -133,6 +136,9 @@ def open_page(exe: str, path: Path, width: int = 1000, selector: str = "svg") ->
             " return {x: r.x + scrollX, y: r.y + scrollY, w: r.width, h: r.height, cls: e.getAttribute('class') || '',"
             " label: e.getAttribute('aria-label') || ''}}))" % json.dumps(selector)), "returnByValue": True}, session=sid)
         out.boxes = json.loads(boxes["result"]["value"])
+        if evaluate is not None:
+            out.value = json.loads(b.send("Runtime.evaluate", {"expression": f"JSON.stringify({evaluate})",
+                                                               "returnByValue": True}, session=sid)["result"]["value"])
         height = b.send("Runtime.evaluate", {"expression": "document.documentElement.scrollHeight",
                                              "returnByValue": True}, session=sid)["result"]["value"]
         b.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": int(height), "deviceScaleFactor": 1,

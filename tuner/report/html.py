@@ -23,7 +23,7 @@ from tuner.report.summary import (GPU_TABLE_HEAD, Summary, gpu_indices, gpu_tabl
 from tuner.report.svg import PALETTE, PHASE_COLORS, Band, Frame, Line, Marker, esc
 
 CSS = """
-body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:960px;color:#222;line-height:1.4;font-size:14px}
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:1320px;color:#222;line-height:1.4;font-size:14px}
 h1{font-size:22px;margin-bottom:4px}h3{font-size:14px;margin:14px 0 4px}.wide{overflow-x:auto}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd;padding-bottom:3px}
 .sub{color:#555;font-size:13px}.banner{padding:8px 12px;border-radius:4px;margin:8px 0;font-size:14px}
 .problem{background:#fff4ce;border:1px solid #e0c060}.flag{background:#fde2d2;border:1px solid #d55e00;font-weight:600}
