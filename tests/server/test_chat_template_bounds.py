@@ -22,6 +22,8 @@ MESSAGES = [{"role": "user", "content": "hi"}]
     ("{{ [0] * 10**9 }}", "a value longer than"),
     ("{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
      "a value longer than"),
+    ("{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+     "a value longer than"),
     ("{{ 7 ** 100000000 }}", "a number too large"),
     ("{% for i in range(99999) %}{{ 'y' * 1000 }}{% endfor %}", "rendered prompt is longer"),
 ])
@@ -34,6 +36,6 @@ def test_templates_past_their_bounds_are_400s(source, words):
 
 
 def test_ordinary_templates_render_as_before():
-    t = ChatTemplate("{% for m in messages %}{{ m['role'] }}: {{ m['content'] * 2 }}{{ 1 + 2 }}{{ 2 ** 10 }}\n"
-                     "{% endfor %}{% for i in range(3) %}{{ i }}{% endfor %}")
-    assert t.render(MESSAGES) == "user: hihi31024\n012"
+    t = ChatTemplate("{% for m in messages %}{{ m['role'] }}: {{ m['content'] * 2 }}{{ 1 + 2 }}{{ 2 ** 10 }}"
+                     "{{ '|' ~ m['role'] ~ 3 }}\n{% endfor %}{% for i in range(3) %}{{ i }}{% endfor %}")
+    assert t.render(MESSAGES) == "user: hihi31024|user3\n012"
