@@ -27,9 +27,15 @@ import httpx
 import pytest
 
 from harness import free_port
-from probes.names import PINNABLE_STEPS, STEPS
-from probes.sglang_tiers import decode_graph_bs, graph_bs_for_step, runners
+from types import SimpleNamespace
+
+import torch
+
+from probes.inserver.sglang_comm import allreduce_report
+from probes.names import ALLREDUCE_PATHS, PINNABLE_STEPS, STEPS
+from probes.sglang_tiers import decode_graph_bs, runners
 from sglang_scheduler import internal_state, scheduler_env, server
+from sglang_wheel_code import load_method
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER = Path(__file__).with_name("sglang_payload_server.py")
@@ -53,10 +59,28 @@ def _server_info(sglang_target: Path, tmp: Path, cfg: Path | None, out: Path) ->
                 speculative_adaptive_config=None if cfg is None else str(cfg))
     s0 = info["internal_states"][0]
     s0.update({k: st[k] for k in FROM_SGLANG})
+    s0[ALLREDUCE_PATHS] = _pcie_tp8_report(sglang_target)
     s0.update(speculative_num_steps=LAUNCH, speculative_num_draft_tokens=LAUNCH + 1,
               speculative_adaptive_config=info["speculative_adaptive_config"])
     out.write_text(json.dumps(info))
     return {"graphs": real_graphs, "state": st}
+
+
+def _pcie_tp8_report(sglang_target: Path) -> dict:
+    """What the plugin reports for a TP8 group on 8 PCIe GPUs without the env: SGLang's own
+    `_resolve_outplace_all_reduce_method` (from the wheel) over a stand-in group whose custom
+    all-reduce is disabled (more than 2 PCIe-only GPUs, sglang-draft-placement.md §6) and that has
+    no PCIe-IPC communicator; `is_in_tc_piecewise_cuda_graph` is a stand-in (off)."""
+    resolve = load_method(sglang_target / "sglang", "sglang.srt.distributed.parallel_state", "GroupCoordinator",
+                          "_resolve_outplace_all_reduce_method",
+                          {"is_in_tc_piecewise_cuda_graph": lambda: False, "torch": torch})
+    ca = SimpleNamespace(disabled=True, full_nvlink=False, should_custom_ar=lambda t: False)
+    group = SimpleNamespace(world_size=8, ca_comm=ca, pcie_ipc_comm=None, qr_comm=None, pymscclpp_comm=None,
+                            torch_symm_mem_comm=None, pynccl_comm=object())
+    group._resolve_outplace_all_reduce_method = lambda t, **kw: resolve(group, t, **kw)
+    return allreduce_report(group, 8192, decode_graph_bs(MAX_BS), LAUNCH + 1,
+                            lambda rows: torch.empty((rows, 8192), dtype=torch.bfloat16),
+                            full_nvlink=False, env_pcie_ipc=False, deterministic=False)
 
 
 def _start(*args: str):
@@ -204,6 +228,10 @@ def test_once_without_metrics_names_the_flag_and_what_still_works(shapes):
     assert "missing   no /metrics (SGLang was launched without --enable-metrics)" in out
     assert "relaunch SGLang with --enable-metrics" in out
     assert "still works: the load driver's own tok/s and acceptance histograms" in out
+    # the remedy SGLang allows, said the same way as in the TUI (a capture gives the prediction)
+    assert "remedy    steps: live among the pinnable tiers 0 1 2 3 5 7" in out
+    assert "remedy    all-reduce path (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1): n/a, needs a capture (c)" in out
+    assert "the plugin reports NCCL on a PCIe-only TP group" in out
 
 
 # -- the TUI offers exactly the pinnable steps ---------------------------------------------------
@@ -262,3 +290,40 @@ def test_the_tui_without_metrics_shows_what_is_missing_and_the_fix(shapes):
     _, _, notice, _ = _tui(shapes["no_metrics"], [], notice_shown=True)
     assert "launched without --enable-metrics" in notice and "relaunch SGLang with --enable-metrics" in notice
     assert "still works" in notice
+
+
+def test_the_capture_analysis_in_the_tui_predicts_the_pcie_ipc_relaunch(shapes):
+    """The analysis screen after a capture on the PCIe TP8 launch: the remedy SGLang allows, with
+    its prediction from the capture's per-phase all-reduces, and draft placement for reference."""
+    from tuner.app import make_app
+    from tuner.backends import connect
+    from tuner.core.session import Session
+    from tuner.screens.trace import TraceScreen
+    from tui.helpers import wait_for
+
+    def ph(ms, comm, ar, calls):
+        return {"ms": ms, "comm_ms": comm, "ar_ms": ar, "ar_calls": calls, "comm_calls": calls + 1, "span_ms": ms}
+    mean = {"wall_ms": 24.0, "phases": {"draft": ph(8.0, 5.0, 4.0, 6), "verify": ph(12.0, 4.0, 3.5, 161),
+                                        "draft_extend": ph(3.0, 1.5, 1.2, 3), "verify_sample": ph(0.5, 0, 0, 0),
+                                        "other": ph(0.2, 0, 0, 0)}}
+    analysis = {"mode": "gpu", "phases": list(mean["phases"]), "ranks": [{"rank": 0, "mean": mean}]}
+
+    async def scenario():
+        session = Session(connect(shapes["default"]))
+        app = make_app(session, load=0)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_for(pilot, lambda: session.server_info().get("allreduce"), why="the plugin's report")
+            app.push_screen(TraceScreen(analysis))
+            await pilot.pause()
+            text = str(app.screen.query_one("#trace-remedies").render())
+            await pilot.press("r")                       # attach owns no server: it says so
+            await pilot.pause()
+            notes = [n.message for n in app._notifications]
+        session.close()
+        return text, notes
+    text, notes = asyncio.run(scenario())
+    assert "steps: live among the pinnable tiers 0 1 3 5 7" in text
+    assert "relaunch with SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1: decode iteration 24.00 →" in text
+    assert "pcie_ipc_ar.py" in text and "not an SGLang 0.5.23 setting, for reference" in text
+    assert "to apply: relaunch the server with SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1" in text
+    assert any("only a server `specdecode-tune launch` owns" in n for n in notes), notes

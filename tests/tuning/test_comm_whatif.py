@@ -9,7 +9,9 @@ import math
 
 import pytest
 
-from tuner.tuning.comm_whatif import E2E_BOUND, emulated, ipc_speedup, pcie_ipc, placement_reference, remedy_lines
+from tuner.tuning.comm_whatif import (
+    E2E_BOUND, emulated, ipc_speedup, pcie_ipc, pcie_ipc_offer, placement_reference, remedies_for, remedy_lines,
+)
 
 
 def _iter(wall=20.0, draft=(6.0, 4.0, 2.0, 6), verify=(9.0, 3.0, 3.0, 65), extend=(2.0, 1.0, 0.8, 3)):
@@ -81,3 +83,30 @@ def test_emulated_latency_moves_every_collective():
     assert emulated(5.0, {"draft": 100}, 0, 0).ratio == pytest.approx(1.0)
     assert "larger than the iteration" in emulated(5.0, {"draft": 100}, 200, 0).reason
     assert not math.isfinite(emulated(5.0, {}, 200, 0).ratio)
+
+
+def _analysis(**kw):
+    return {"ranks": [{"rank": 0, "mean": _iter(**kw)}]}
+
+
+def test_remedies_for_sglang_with_and_without_a_capture():
+    info = {"kind": "sglang", "tp_size": 8, "active": {"speculative_num_draft_tokens": 4},
+            "allreduce": _report()}
+    before = remedies_for(info, None, 4.0, [1, 3])
+    assert any("needs a capture (c)" in x for x in before) and before[0].startswith("steps: live")
+    after = remedies_for(info, _analysis(), 4.0, [1, 3])
+    assert any("relaunch with SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1: decode iteration 20.00" in x for x in after)
+    assert any("not an SGLang 0.5.23 setting" in x for x in after)
+    assert pcie_ipc_offer(info) and not pcie_ipc_offer({**info, "allreduce": _report(path="ca")})
+    assert not pcie_ipc_offer({**info, "allreduce": {**_report(), "full_nvlink": True}})
+    assert not pcie_ipc_offer({**info, "allreduce": _report(pcie_ipc_env=True)})
+
+
+def test_remedies_for_the_engine_are_labelled_emulation():
+    a = _analysis()
+    for t in a["ranks"][0]["mean"]["phases"].values():
+        t["comm_calls"] = 10
+    info = {"kind": "refengine", "tp_size": 2, "launch": {"emulate_comm_latency": "200"}, "active": {}}
+    [line] = remedies_for(info, a, 2.0)
+    assert "20.00 → 10.00 ms" in line and "an emulation, not hardware" in line
+    assert remedies_for({**info, "launch": {}}, a, 2.0) == []

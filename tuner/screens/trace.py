@@ -123,7 +123,8 @@ def summary(analysis: Mapping[str, Any]) -> Text:
 
 
 class TraceScreen(ModalScreen[None]):
-    BINDINGS = [Binding("escape,q", "dismiss", "close")]
+    BINDINGS = [Binding("escape,q", "dismiss", "close"),
+                Binding("r", "pcie_relaunch", "relaunch with PCIe-IPC all-reduce", show=False)]
     DEFAULT_CSS = """
     TraceScreen { align: center middle; }
     TraceScreen > VerticalScroll {
@@ -131,6 +132,7 @@ class TraceScreen(ModalScreen[None]):
     }
     TraceScreen #trace-summary { margin-bottom: 1; }
     TraceScreen #trace-bars { margin-top: 1; }
+    TraceScreen #trace-remedies { margin-top: 1; }
     """
 
     def __init__(self, analysis: Mapping[str, Any], title: str = "trace analysis") -> None:
@@ -143,6 +145,49 @@ class TraceScreen(ModalScreen[None]):
             yield Static(summary(self.analysis), id="trace-summary")
             yield Static(analysis_table(self.analysis), id="trace-table")
             yield Static(rank_bars(self.analysis), id="trace-bars")
+            remedies = self._remedies()
+            box = Static(remedies, id="trace-remedies")
+            box.display = bool(remedies.plain)       # nothing to say: no line at all
+            yield box
+
+    def _remedies(self) -> Text:
+        """What the server lets the operator change about its collectives, predicted from this
+        capture (tuner.tuning.comm_whatif, the words every face uses)."""
+        from probes.names import STEPS
+        from tuner.core import series as S
+        from tuner.tuning.comm_whatif import PCIE_IPC_ENV, pcie_ipc_offer, remedies_for
+
+        session = getattr(self.app, "session", None)
+        if session is None:
+            return Text("")
+        batch = session.store.latest(S.SERVER_BATCH)
+        backend = session.backend
+        pin = backend.capabilities.allowed_values(STEPS) if backend is not None else None
+        info = session.server_info()
+        lines = remedies_for(info, self.analysis, batch.value if batch else None, pin)
+        if not lines:
+            return Text("")
+        if pcie_ipc_offer(info):
+            lines.append("r: relaunch with it (a server `specdecode-tune launch` owns)"
+                         if getattr(self.app, "relauncher", None) is not None and not self.app.read_only else
+                         f"to apply: relaunch the server with {PCIE_IPC_ENV}=1 in its environment "
+                         f"(or `specdecode-tune launch --try {PCIE_IPC_ENV}=1 -- …`)")
+        return Text("what this server lets you change\n", style="bold") + Text("\n".join(lines))
+
+    def action_pcie_relaunch(self) -> None:
+        from tuner.tuning.comm_whatif import PCIE_IPC_ENV, pcie_ipc_offer
+
+        app = self.app
+        session = getattr(app, "session", None)
+        if session is None or not pcie_ipc_offer(session.server_info()):
+            self.notify("the plugin does not report NCCL on a PCIe-only TP group here", severity="warning")
+            return
+        if getattr(app, "relauncher", None) is None or app.read_only:
+            self.notify(f"only a server `specdecode-tune launch` owns can be relaunched from here: set "
+                        f"{PCIE_IPC_ENV}=1 in the server's environment and relaunch it", severity="warning")
+            return
+        self.dismiss()
+        app.offer_relaunch(PCIE_IPC_ENV, 1)
 
     def on_mount(self) -> None:
         box = self.query_one(VerticalScroll)

@@ -213,3 +213,57 @@ def remedy_lines(kind: str, ipc: CommPrediction | None, placement: tuple[float, 
         lines.append(f"draft placement off the TP group: {where}: tok/s {_pct(low)} … {_pct(high)} "
                      "(its collectives removed, its compute ×TP … as is)")
     return lines
+
+
+def _latency_us(spec: Any) -> float | None:
+    """The A of an engine's `--emulate-comm-latency A[,B]` (None: not emulated or unreadable)."""
+    if not isinstance(spec, str) or not spec.strip():
+        return None
+    try:
+        return float(spec.split(",")[0])
+    except ValueError:
+        return None
+
+
+def remedies_for(info: Mapping[str, Any], analysis: Mapping[str, Any] | None, bs: float | None,
+                 pinnable: Sequence[int] | None = None) -> list[str]:
+    """The remedy lines for a server (its normalized /server_info: kind, tp_size, active, launch, and
+    on SGLang the plugin's `allreduce` report) and its newest capture's analysis (None: none yet)."""
+    kind = str(info.get("kind", ""))
+    ranks = (analysis or {}).get("ranks") or []
+    mean = (ranks[0].get("mean") or {}) if ranks and isinstance(ranks[0], Mapping) else None
+    tp = info.get("tp_size") if isinstance(info.get("tp_size"), int) else None
+    active = info.get("active") or {}
+    n = active.get("speculative_num_draft_tokens")
+    batch = max(1, round(bs)) if isinstance(bs, (int, float)) and math.isfinite(bs) and bs > 0 else 1
+    if kind == "sglang":
+        report = info.get("allreduce") if isinstance(info.get("allreduce"), Mapping) else None
+        if mean is None:
+            ipc = CommPrediction(f"{PCIE_IPC_ENV}=1", reason="needs a capture (c): SGLang's collectives run inside "
+                                 "CUDA graphs, so only a trace times each call")
+        else:
+            ipc = pcie_ipc(mean, report, batch, n if isinstance(n, int) and n > 0 else 1)
+        return remedy_lines(kind, ipc, placement_reference(mean, tp) if mean else None, pinnable)
+    lat = _latency_us((info.get("launch") or {}).get("emulate_comm_latency"))
+    if mean is None or lat is None:
+        return []
+    calls = {p: float((t or {}).get("comm_calls", 0.0)) for p, t in (mean.get("phases") or {}).items()}
+    pred = emulated(float(mean.get("wall_ms", math.nan)), calls, lat, 0.0)
+    if not pred.ok:
+        return [f"emulated collectives ({lat:g} µs each): n/a, {pred.reason}"]
+    return [f"emulated collectives (--emulate-comm-latency {lat:g}, the engine's stand-in for a slow link): a "
+            f"relaunch without them: decode iteration {pred.iter_ms:.2f} → {pred.predicted_ms:.2f} ms, tok/s "
+            f"{_pct(pred.ratio)} ({sum(calls.values()):g} collectives per iteration × {lat:g} µs; an emulation, "
+            "not hardware: on SGLang the remedy is PCIe-IPC)"]
+
+
+def pcie_ipc_offer(info: Mapping[str, Any]) -> bool:
+    """The plugin reports NCCL for decode all-reduces on a PCIe-only group PCIe-IPC could serve."""
+    r = info.get("allreduce")
+    if info.get("kind") != "sglang" or not isinstance(r, Mapping) or r.get("pcie_ipc_env") or r.get("deterministic"):
+        return False
+    if r.get("full_nvlink") is not False or r.get("world_size") not in PCIE_WORLD_SIZES:
+        return False
+    paths = r.get("paths") if isinstance(r.get("paths"), Mapping) else {}
+    draft = paths.get("draft") if isinstance(paths.get("draft"), Mapping) else {}
+    return bool(draft) and all(v == "nccl" for v in draft.values())

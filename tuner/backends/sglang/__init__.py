@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from probes.names import ALLREDUCE_PATHS, COLLECTIVES
 from tuner.backends.base import PLACEMENT, STEPS, Capabilities
 from tuner.backends.common_info import common_info, internal_state, shown
 from tuner.backends.http import ServerError
@@ -47,6 +48,11 @@ class SGLangBackend(LiveBackend):
         info["adaptive"] = bool(st.get("speculative_adaptive", raw.get("speculative_adaptive", False)))
         info["plugin"] = self.plugin
         self.pinnable = parse_pinnable(st)
+        # the plugin's all-reduce report and collective counts, for the what-if (server data: kept
+        # only when they are objects; readers take every field with .get)
+        for key, name in ((ALLREDUCE_PATHS, "allreduce"), (COLLECTIVES, "collectives")):
+            if isinstance(st.get(key), dict):
+                info[name] = st[key]
         return info
 
     def check_plugin(self) -> bool:
