@@ -9,7 +9,7 @@ until the server holds nothing. Per request it keeps the client's times: TTFT (f
 token - sent), end-to-end and TPOT; per arm the server's own sglang:time_to_first_token_seconds
 and sglang:queue_time_seconds (sum / count over the trial) as a cross-check.
 
-    python benchmarks/prefill_ttft.py --trials 5 --rates 10,20 --requests 60 --json OUT.json
+    python benchmarks/prefill_ttft.py --trials 5 --rates 10,20 --requests 60 --burst 8 --json OUT.json
     python benchmarks/prefill_ttft.py --device cuda --model-path llama-3.1-8b ... (dummy weights)
 
 Prints per trial the median TTFT of each arm and their ratio, then per load the median over trials
@@ -111,12 +111,14 @@ def q(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
 
 
-def run_load(servers: dict[str, Any], ps: list[dict], rate: float, a) -> dict[str, Any]:
-    """`a.trials` trials at one arrival rate, each arm in turn (order alternating) -> the figures."""
+def run_load(servers: dict[str, Any], ps: list[dict], rate: float, a, burst: int = 0) -> dict[str, Any]:
+    """`a.trials` trials at one arrival rate (or `burst` requests sent at once, rate 0), each arm in
+    turn (order alternating) -> the figures."""
     trials: list[dict[str, Any]] = []
-    print(f"== {rate:g} requests/s, {a.requests} requests a trial", flush=True)
+    print(f"== {rate:g} requests/s, {a.requests} requests a trial" if not burst else
+          f"== a burst of {burst} requests at once", flush=True)
     for t in range(a.trials):
-        offsets = poisson(rate, a.requests, a.seed + t)
+        offsets = poisson(rate, a.requests, a.seed + t) if not burst else [0.0] * burst
         order = list(ARMS) if t % 2 == 0 else list(ARMS)[::-1]
         row: dict[str, Any] = {"trial": t, "order": order}
         for arm in order:
@@ -131,7 +133,7 @@ def run_load(servers: dict[str, Any], ps: list[dict], rate: float, a) -> dict[st
     def pooled(arm: str, key: str) -> list[float]:
         return [x for row in trials for x in row[arm][key]]
 
-    summary: dict[str, Any] = {"rate": rate}
+    summary: dict[str, Any] = {"rate": rate, "burst": burst}
     for arm in ARMS:
         tt, e2e, tp = pooled(arm, "ttft_s"), pooled(arm, "e2e_s"), pooled(arm, "tpot_s")
         per_trial = [statistics.median(row[arm]["ttft_s"]) for row in trials]
@@ -146,7 +148,8 @@ def run_load(servers: dict[str, Any], ps: list[dict], rate: float, a) -> dict[st
     ratios = [row["ttft_median_ratio"] for row in trials]
     summary["ttft_ratio_before_over_after"] = {"median": statistics.median(ratios), "min": min(ratios),
                                                "max": max(ratios), "per_trial": ratios}
-    print(f"TTFT before/after at {rate:g}/s (ratio of trial medians): median {statistics.median(ratios):.2f}, "
+    print(f"TTFT before/after at {f'{rate:g}/s' if not burst else f'a burst of {burst}'} (ratio of trial "
+          f"medians): median {statistics.median(ratios):.2f}, "
           f"min {min(ratios):.2f}, max {max(ratios):.2f} over {len(ratios)} trials", flush=True)
     return {"summary": summary, "trials": trials}
 
@@ -159,6 +162,8 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--rates", default="10,20", help="arrivals per second (Poisson), one load per value")
     ap.add_argument("--requests", type=int, default=60, help="requests per trial and arm")
+    ap.add_argument("--burst", type=int, default=0,
+                    help="also N requests sent at once to an idle server, per trial and arm")
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--max-running-requests", type=int, default=32)
@@ -178,7 +183,7 @@ def main() -> int:
         if not Path(a.model_path).exists():
             args += ["--load-format", "dummy"]
     print(f"# serve {' '.join(args)}", flush=True)
-    rates = [float(x) for x in a.rates.split(",")]
+    rates = [float(x) for x in a.rates.split(",") if x]
     servers: dict[str, Any] = {}
     loads: list[dict[str, Any]] = []
     try:
@@ -197,9 +202,9 @@ def main() -> int:
         ps = prompts(a.requests, a.prompt_len, a.vocab, a.seed)
         # Warm-up: each server's first requests pay one-off costs (graph captures on CUDA).
         for arm in ARMS:
-            one_arm(servers[arm].url, ps, poisson(max(rates), a.requests, a.seed + 99), a.max_new_tokens)
-        for rate in rates:
-            loads.append(run_load(servers, ps, rate, a))
+            one_arm(servers[arm].url, ps, poisson(max(rates or [10.0]), a.requests, a.seed + 99), a.max_new_tokens)
+        for rate, burst in [(r, 0) for r in rates] + ([(0.0, a.burst)] if a.burst else []):
+            loads.append(run_load(servers, ps, rate, a, burst))
             if a.json:     # after each load: a run cut short keeps what it measured
                 Path(a.json).write_text(json.dumps({"serve": args, "params": vars(a), "loads": loads}, indent=1))
     finally:
