@@ -88,22 +88,28 @@ def _chain(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """The verified A/Bs from the starting setting to the best, in order (each won against the
     one before); [] when the best is the starting setting or the chain is broken."""
     key = vocab.key_of
-    wins = {key(v["setting"]): v for v in result.get("verifications", []) if v.get("verdict") == "better"}
+    wins = {key(v["setting"]): v for v in result.get("verifications") or [] if isinstance(v, Mapping)
+            and v.get("verdict") == "better" and isinstance(v.get("setting"), Mapping)
+            and isinstance(v.get("ratio"), (int, float))}
     out: list[Mapping[str, Any]] = []
-    at = result.get("best") or {}
-    while at and key(at) != key(result.get("initial") or {}) and key(at) in wins and len(out) < 32:
+    at = result.get("best") if isinstance(result.get("best"), Mapping) else {}
+    start = result.get("initial") if isinstance(result.get("initial"), Mapping) else {}
+    while at and key(at) != key(start) and key(at) in wins and len(out) < 32:
         v = wins[key(at)]
         out.insert(0, v)
-        at = v.get("incumbent") or {}
-    return out if at and key(at) == key(result.get("initial") or {}) else []
+        at = v.get("incumbent") if isinstance(v.get("incumbent"), Mapping) else {}
+    return out if at and key(at) == key(start) else []
 
 
 def result_line(result: Mapping[str, Any]) -> str:
     """The tuning's outcome in one line: `best steps 3 … rank0: +46 % vs start (A/B) · stopped: next
     candidate predicted -14.7 %, within noise` (the tune screen, `tune`'s first and last line)."""
-    best, start = result.get("best") or {}, result.get("initial") or {}
-    head = f"best {label(best)}"
-    if vocab.key_of(best) == vocab.key_of(start):
+    # A recording is data: whatever it holds reads as "?" rather than a traceback.
+    best, start = (result.get(k) if isinstance(result.get(k), Mapping) else {} for k in ("best", "initial"))
+    head = f"best {label(best)}" if best else "best ?"
+    if not best:
+        pass
+    elif vocab.key_of(best) == vocab.key_of(start):
         head += ": the starting setting (nothing verified better)"
     else:
         chain = _chain(result)
