@@ -169,6 +169,14 @@ def acceptance_buckets(s: Summary) -> str:
               "was accepted. A request-verify counts in the bucket of its batch size and of its context length.</p>")
 
 
+def remedies_section(s: Summary) -> str:
+    """What the server lets the operator change, predicted (tuner.report.remedies); "" when nothing."""
+    if not s.remedies:
+        return ""
+    from tuner.report.remedies import TITLE
+    return f"<h2>{esc(TITLE)}</h2><ul>" + "".join(f"<li>{esc(x)}</li>" for x in s.remedies) + "</ul>"
+
+
 def controller_section(s: Summary) -> str:
     """The server's adaptive controller checked (tuner.report.controller); "" when it ran none."""
     if not s.controller:
@@ -327,7 +335,7 @@ def render(s: Summary) -> str:
               "<h2>Settings tried</h2>", settings_table(s),
               "<h2>Phase split per setting</h2>", phase_charts(s),
               "<h2>Per-position acceptance</h2>", acceptance_chart(s), acceptance_buckets(s),
-              controller_section(s),
+              controller_section(s), remedies_section(s),
               "<h2>GPU activity</h2>", gpu_charts(s),
               "<h2>Trace captures</h2>", captures_section(s),
               tuning_section(s),

@@ -120,6 +120,9 @@ def render(s: Summary) -> str:
         approx = " (approximate)" if s.controller.get("approximate") else ""
         out += [f"## Adaptive controller vs the tuned schedule{approx}", "",
                 _table(HEAD, table_rows(s.controller)), "", e(caption(s.controller)), ""]
+    if s.remedies:
+        from tuner.report.remedies import TITLE
+        out += [f"## {TITLE}", ""] + [f"- {e(x)}" for x in s.remedies] + [""]
     if s.gaps:
         out += ["## Server gaps", "", _table(["from", "to", "seconds", "error"],
                                               [[_rel(s, a), _rel(s, b), _n(b - a), e] for a, b, e in s.gaps]), ""]

@@ -135,6 +135,7 @@ class Summary:
     excluded: list[tuple[float, float, str]] = field(default_factory=list)   # capture windows
     acceptance: list[Any] = field(default_factory=list)   # acceptance_profile.SettingCounts per setting
     controller: dict[str, Any] | None = None               # report.controller: the adaptive controller checked
+    remedies: list[str] = field(default_factory=list)       # report.remedies: what the server lets you change
 
     def to_json(self) -> dict[str, Any]:
         d = self.data
@@ -163,6 +164,7 @@ class Summary:
             "predictions": self.predictions,
             "acceptance_by_bucket": [c.to_json() for c in self.acceptance],
             "adaptive_controller": self.controller,
+            "remedies": self.remedies,
         })
 
 
@@ -529,5 +531,6 @@ def summarize(data: RecordingData) -> Summary:
     tuning, preds = tuning_of(data)
     from tuner.report.acceptance_profile import collect
     from tuner.report.controller import controller_of
+    from tuner.report.remedies import remedies_of
     return Summary(data, segments, gaps, rows, ranking, verdict(rows), flags_of(data), tuning, preds,
-                   captures_of(data), windows, collect(data, segments), controller_of(data))
+                   captures_of(data), windows, collect(data, segments), controller_of(data), remedies_of(data))
