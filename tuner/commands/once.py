@@ -99,17 +99,9 @@ def readings(session: Any, t0: float) -> dict[str, Any]:
     out["value_notes"] = ({k: {str(x): t for x, t in v.items()} for k, v in caps.value_notes.items()}
                           if caps else {})
     out["missing"] = list(caps.missing) if caps else []
-    from tuner.core.records import thaw
-    from tuner.tuning.comm_whatif import PCIE_IPC_ENV, pcie_ipc_offer, remedies_for
+    from tuner.tuning.comm_whatif import session_remedies
 
-    info = session.server_info()
-    traces = [tr for tr in st.traces() if tr.analysis is not None]
-    batch = st.latest(S.SERVER_BATCH)
-    out["remedies"] = remedies_for(info, thaw(traces[-1].analysis) if traces else None,
-                                   batch.value if batch else None, caps.allowed_values(vocab.STEPS) if caps else None)
-    if pcie_ipc_offer(info):
-        out["remedies"].append(f"the plugin reports NCCL on a PCIe-only TP group: `specdecode-tune launch --try "
-                               f"{PCIE_IPC_ENV}=1 -- …` or relaunch with it in the server's environment")
+    out["remedies"] = session_remedies(session)
     out["still_works"] = caps.still_works if caps else ""
     out["has_phase_timers"] = bool(caps and caps.HAS_PHASE_TIMERS)
     out["problems"] = [e.data.get("error") for e in st.events(("poll_error", "load_error"))]

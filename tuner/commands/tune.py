@@ -207,6 +207,9 @@ def run(args: argparse.Namespace) -> int:
         lines = summary(doc)
         for line in lines:
             _say(line)
+        from tuner.tuning.comm_whatif import session_remedies
+        for line in session_remedies(session):      # what else this server lets you change
+            _say(f"remedy: {line}")
         _say(lines[0])          # the outcome again, last: the table and costs scroll it away
         if args.json_out is not None:
             from tuner.recording.outputs import OutputError, write_text

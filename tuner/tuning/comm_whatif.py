@@ -267,3 +267,24 @@ def pcie_ipc_offer(info: Mapping[str, Any]) -> bool:
     paths = r.get("paths") if isinstance(r.get("paths"), Mapping) else {}
     draft = paths.get("draft") if isinstance(paths.get("draft"), Mapping) else {}
     return bool(draft) and all(v == "nccl" for v in draft.values())
+
+
+def session_remedies(session: Any) -> list[str]:
+    """remedies_for over a live or recorded session: its server info, the newest analysed capture in
+    its store, the mean running batch and the steps its backend takes live; plus, where the plugin
+    reports NCCL on a PCIe-only group, how to apply the relaunch."""
+    from tuner.core import series as S
+    from tuner.core.records import thaw
+
+    store = session.store
+    traces = [tr for tr in store.traces() if tr.analysis is not None]
+    batch = store.latest(S.SERVER_BATCH)
+    backend = session.backend
+    pin = backend.capabilities.allowed_values("speculative_num_steps") if backend is not None else None
+    info = session.server_info()
+    lines = remedies_for(info, thaw(traces[-1].analysis) if traces else None,
+                         batch.value if batch else None, pin)
+    if pcie_ipc_offer(info):
+        lines.append(f"the plugin reports NCCL on a PCIe-only TP group: `specdecode-tune launch --try "
+                     f"{PCIE_IPC_ENV}=1 -- …` or relaunch with it in the server's environment")
+    return lines
