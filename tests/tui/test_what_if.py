@@ -108,6 +108,10 @@ def test_what_if_does_not_guess_collectives_it_cannot_see():
     st2.add_many(out)
     w = what_if_now(st2, 10.0, ACTIVE, 2)
     assert not w.available and "inside CUDA graphs" in w.reason
+    # On SGLang placement is no setting: the line points at what is (p would be refused there)
+    sg = what_if_now(st2, 10.0, ACTIVE, 2, kind="sglang")
+    assert "cannot move the draft off the TP group" in sg.reason and "PCIe-IPC" in sg.reason
+    assert "p tries it" not in sg.reason
     assert what_if_now(st, 10.0, ACTIVE, 2).available, "timed readings in the window still count"
 
 

@@ -141,7 +141,7 @@ class MainScreen(Screen[None]):
         self.query_one("#what-if", WhatIfLine).show(views.what_if_view(
             store, t_end, active, info.get("tp_size"), PHASE_WINDOW_S,
             has_phases=not why_no_phases and (not self.app.read_only or bool(store.series_names("phase/"))),
-            device=(info.get("launch") or {}).get("device")))
+            device=(info.get("launch") or {}).get("device"), kind=info.get("kind")))
         self.query_one("#gpus", GpuTable).show(views.gpu_view(store, t_end, note=self._why_no_gpus(),
                                                                 labels=self.app.gpu_labels))
         self.query_one("#knobs", KnobsPanel).show(self.knob_view(active))

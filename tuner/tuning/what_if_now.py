@@ -89,13 +89,19 @@ def _histogram(p: list[float], verifies: float) -> tuple[int, ...]:
     return tuple(max(0, round(verifies * (ps[j] - ps[j + 1]))) for j in range(len(ps) - 1))
 
 
+SGLANG_GRAPHS = ("SGLang 0.5.23 cannot move the draft off the TP group, and its collectives run inside "
+                 "CUDA graphs: c times them and predicts the PCIe-IPC all-reduce relaunch it does allow")
+
+
 def what_if_now(store: Store, t_end: float, active: Mapping[str, Any], tp_size: int | None,
-                window_s: float = WINDOW_S, has_phases: bool = True, device: str | None = None) -> WhatIfReadout:
+                window_s: float = WINDOW_S, has_phases: bool = True, device: str | None = None,
+                kind: str | None = None) -> WhatIfReadout:
     """The readout for the active setting over the last `window_s` seconds of settled readings.
 
     has_phases: False when the source has no phase timers at all (the reason then says so).
     device: the server's device ("cpu": its ranks share the host's cores, so replicated, which runs
-    the whole draft on every rank, is not predicted)."""
+    the whole draft on every rank, is not predicted). kind: the server kind ("sglang": placement is
+    no setting there, and the capture analysis says what is, tuner.tuning.comm_whatif)."""
     setting = active_setting(active)
     if not has_phases:
         return WhatIfReadout("no phase stream: the server reports no per-phase collective times")
@@ -118,6 +124,8 @@ def what_if_now(store: Store, t_end: float, active: Mapping[str, Any], tp_size: 
     if not _values(store, S.phase_comm_ms("draft"), t0, t_end):
         # Absent means "not measurable" (collectives inside CUDA graphs), never 0: a prediction
         # with them at 0 would say that leaving the group only costs.
+        if kind == "sglang":
+            return WhatIfReadout(SGLANG_GRAPHS)
         return WhatIfReadout("the draft's collectives run inside CUDA graphs, untimed here: "
                              "c times them in a trace, p tries it")
 

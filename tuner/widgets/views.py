@@ -163,10 +163,10 @@ def phase_view(store: Store, t_end: float, window_s: float, unavailable: str = "
 
 
 def what_if_view(store: Store, t_end: float, active: Mapping[str, Any], tp_size: Any,
-                 window_s: float, has_phases: bool = True, device: Any = None) -> WhatIfReadout:
+                 window_s: float, has_phases: bool = True, device: Any = None, kind: Any = None) -> WhatIfReadout:
     """The draft-off-the-TP-group readout (computed by tuner.tuning.what_if_now, not here)."""
     return what_if_now(store, t_end, active, tp_size if isinstance(tp_size, int) else None, window_s,
-                       has_phases, device if isinstance(device, str) else None)
+                       has_phases, device if isinstance(device, str) else None, kind if isinstance(kind, str) else None)
 
 
 # NVML sampler names (probes/gpu_readings.py SERIES) tried in order for each column: the first with
