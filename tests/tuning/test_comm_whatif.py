@@ -110,3 +110,12 @@ def test_remedies_for_the_engine_are_labelled_emulation():
     [line] = remedies_for(info, a, 2.0)
     assert "20.00 → 10.00 ms" in line and "an emulation, not hardware" in line
     assert remedies_for({**info, "launch": {}}, a, 2.0) == []
+
+
+def test_collectives_per_iteration_are_labelled_computed():
+    info = {"kind": "sglang", "tp_size": 8, "active": {"speculative_num_draft_tokens": 4, "speculative_num_steps": 3},
+            "collectives": {"draft_forward": {"all_reduce": 3, "all_gather": 1},
+                            "target_forward": {"all_reduce": 161, "all_gather": 1}}}
+    line = remedies_for(info, None, 1.0)[-1]
+    assert line == ("collectives per iteration at steps 3 (computed from the module trees): draft 6 all-reduce + "
+                    "2 all-gather, verify 161 all-reduce + 1 all-gather, draft_extend 3 all-reduce + 1 all-gather")

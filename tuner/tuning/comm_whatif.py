@@ -238,12 +238,14 @@ def remedies_for(info: Mapping[str, Any], analysis: Mapping[str, Any] | None, bs
     batch = max(1, round(bs)) if isinstance(bs, (int, float)) and math.isfinite(bs) and bs > 0 else 1
     if kind == "sglang":
         report = info.get("allreduce") if isinstance(info.get("allreduce"), Mapping) else None
+        counted = collectives_line(info.get("collectives"), active.get("speculative_num_steps"))
         if mean is None:
             ipc = CommPrediction(f"{PCIE_IPC_ENV}=1", reason="needs a capture (c): SGLang's collectives run inside "
                                  "CUDA graphs, so only a trace times each call")
         else:
             ipc = pcie_ipc(mean, report, batch, n if isinstance(n, int) and n > 0 else 1)
-        return remedy_lines(kind, ipc, placement_reference(mean, tp) if mean else None, pinnable)
+        lines = remedy_lines(kind, ipc, placement_reference(mean, tp) if mean else None, pinnable)
+        return lines + ([counted] if counted else [])
     lat = _latency_us((info.get("launch") or {}).get("emulate_comm_latency"))
     if mean is None or lat is None:
         return []
@@ -288,3 +290,19 @@ def session_remedies(session: Any) -> list[str]:
         lines.append(f"the plugin reports NCCL on a PCIe-only TP group: `specdecode-tune launch --try "
                      f"{PCIE_IPC_ENV}=1 -- …` or relaunch with it in the server's environment")
     return lines
+
+
+def collectives_line(counts: Any, steps: Any) -> str:
+    """The plugin's collectives per forward, per phase at the active steps, labelled "computed": on
+    SGLang they run inside CUDA graphs, where nothing counts them live."""
+    from probes.inserver.sglang_comm import per_phase
+
+    if not isinstance(counts, Mapping) or not isinstance(steps, int):
+        return ""
+    draft, target = counts.get("draft_forward"), counts.get("target_forward")
+    if not isinstance(draft, Mapping) or not isinstance(target, Mapping):
+        return ""
+    ph = per_phase({k: int(v) for k, v in draft.items()}, {k: int(v) for k, v in target.items()}, steps)
+    parts = ", ".join(f"{p} {c.get('all_reduce', 0)} all-reduce + {c.get('all_gather', 0)} all-gather"
+                      for p, c in ph.items())
+    return f"collectives per iteration at steps {steps} (computed from the module trees): {parts}"
