@@ -859,7 +859,8 @@ class Engine:
     # -- commit and statistics -------------------------------------------------------------------
     def _count(self, r: Req, accepted: int, n_tokens: int) -> None:
         """One verify round of `r` that ran N = `n_tokens` draft tokens (the root included; 1 at
-        tier 0): SGLang counts N - 1 proposed drafts per round (tokenizer_manager.py 3156-3158)."""
+        tier 0): the per-round truth, N - 1 proposed drafts this round. The server reports SGLang's
+        figure beside it (verify rounds x (launch N - 1), tokenizer_manager.py 3156-3158)."""
         st = r.stats
         st.spec_verify_ct += 1
         st.spec_num_correct_drafts += accepted

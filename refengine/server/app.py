@@ -386,7 +386,8 @@ class ServerApp:
 
         assert self.admission is not None
         gen = Generation(self.admission, self.tokenizer, item, speculative=self.opts.speculative,
-                         context_length=self.context_length(), on_finish=finished)
+                         context_length=self.context_length(), on_finish=finished,
+                         launch_num_draft_tokens=int(self.launch_config.get("num_draft_tokens") or 1))
         if count:
             gen.out.latency = self.metrics.observer(streaming)   # TTFT and ITL as outputs arrive
         return gen

@@ -137,7 +137,8 @@ class Generation:
     """One prompt in flight: its engine request and its SGLang-shaped output so far."""
 
     def __init__(self, admission: Admission, tokenizer: Tokenizer, item: GenerateInput, *,
-                 speculative: bool, context_length: int | None, on_finish: Callable[[RequestOutput], None]):
+                 speculative: bool, context_length: int | None, on_finish: Callable[[RequestOutput], None],
+                 launch_num_draft_tokens: int = 1):
         self.admission = admission
         self.updates: queue.Queue[GenUpdate] = queue.Queue()
         sp = item.sampling
@@ -149,7 +150,8 @@ class Generation:
         if context_length is not None:
             check_fits(len(ids), sp.max_new_tokens, context_length)
         self.out = RequestOutput(rid=item.rid if item.rid is not None else new_rid(), prompt_tokens=len(ids),
-                                 sampling=sp, decode=tokenizer.decode, speculative=speculative)
+                                 sampling=sp, decode=tokenizer.decode, speculative=speculative,
+                                 launch_num_draft_tokens=launch_num_draft_tokens)
         self.rid = self.out.rid
         self.admitted = False
         self.on_finish = on_finish

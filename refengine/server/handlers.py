@@ -187,7 +187,7 @@ def completions(app: ServerApp, req: Request, stream: Callable[[], Any]) -> Repl
         outs, failure = _run_unstreamed(gens, req.client_gone)
         if failure is not None:
             return failure
-        return json_reply(_completion_response(completion_reply(cid, model, outs, echo, details), outs, details))
+        return json_reply(_completion_response(completion_reply(cid, model, outs, echo), outs, details))
     g = gens[0]
     sent = 0
     created = int(time.time())
@@ -214,7 +214,6 @@ def _completion_response(reply: dict, outs: list, details: bool) -> dict:
     with every SpecTokensDetails field (left out when no request has spec statistics)."""
     reply["usage"] = openai_shapes.usage_info(outs)
     reply["metadata"] = {"weight_version": "default"}
-    reply.pop("sglext", None)
     sglext = openai_shapes.completion_sglext(outs, details)
     if sglext is not None:
         reply["sglext"] = sglext

@@ -38,14 +38,15 @@ def usage_info(outs: list[RequestOutput]) -> dict[str, Any]:
             "prompt_tokens_details": None, "reasoning_tokens": 0, "completion_tokens_details": None}
 
 
-def _sglext(outs: list[RequestOutput], wanted: bool) -> dict[str, Any] | None:
+def _sglext(outs: list[RequestOutput], wanted: bool, n: int = 1) -> dict[str, Any] | None:
     if not wanted:
         return None
     details = [d for d in (spec_tokens_details(o) for o in outs) if d is not None]
     if not details:
         return None
-    # serving_chat.py:2864-2868: a list only when n > 1 (a batch of prompts for completions).
-    return {"spec_tokens_details": details if len(outs) > 1 else details[0]}
+    # serving_completions.py:554-564, serving_chat.py:2864-2868: a list only when the request's
+    # n > 1; with n = 1 (the only n this engine takes) a batch of prompts gets the first detail.
+    return {"spec_tokens_details": details if n > 1 else details[0]}
 
 
 def finish_type(out: RequestOutput) -> str | None:

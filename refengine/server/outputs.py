@@ -32,6 +32,9 @@ class RequestOutput:
     sampling: Sampling
     decode: Callable[[list[int]], str]
     speculative: bool = True
+    launch_num_draft_tokens: int = 1
+    """The server's launch N (speculative_num_draft_tokens at start): SGLang's tokenizer computes
+    every request's proposed drafts with it, whatever N the rounds ran (tokenizer_manager.py 3156-3158)."""
     created: float = field(default_factory=time.time)
     first_token_at: float | None = None
     output_ids: list[int] = field(default_factory=list)
@@ -133,40 +136,41 @@ class RequestOutput:
 
     # ----- SGLang shapes -------------------------------------------------------------------------
 
-    def spec_fields(self) -> dict[str, Any]:
-        """Every spec statistic (zeros without verify rounds), for `sglext.spec_tokens_details`."""
-        s = self.spec or SpecStats()
-        completion = len(self.output_ids)
-        # SGLang: accept length = completion_tokens / verify rounds (the prefill token included).
-        return {
-            "spec_verify_ct": s.spec_verify_ct,
-            "spec_accept_length": completion / s.spec_verify_ct if s.spec_verify_ct else 0.0,
-            "spec_accept_rate": (s.spec_num_correct_drafts / s.spec_num_proposed_drafts
-                                 if s.spec_num_proposed_drafts else 0.0),
-            "spec_num_correct_drafts": s.spec_num_correct_drafts,
-            "spec_num_proposed_drafts": s.spec_num_proposed_drafts,
-            "spec_correct_drafts_histogram": list(s.spec_correct_drafts_histogram),
-        }
-
     def meta_spec(self) -> dict[str, Any]:
-        """The spec keys of meta_info as SGLang 0.5.23 sets them (tokenizer_manager.py 3149-3201):
-        none without verify rounds; rate, length and counts only when drafts were proposed
-        (proposed = Σ over rounds of N - 1, so tier-0 rounds propose none); the histogram when
-        it is not empty. The statistics are those of the tokens returned: a stop string keeps
-        the rounds up to the one that produced it."""
+        """The spec keys of meta_info exactly as SGLang 0.5.23 computes them
+        (TokenizerManager._calculate_spec_decoding_metrics, tokenizer_manager.py 3138-3201): none
+        without verify rounds (tier-0 rounds count: each is a one-token verify); proposed =
+        spec_verify_ct x (launch N - 1), so after a live change of N, or at tier 0, the counts and
+        the rate are SGLang's, not the rounds' (meta_specdecode has those); rate, length and counts
+        when that product is positive; the histogram when it is not empty. The statistics are those
+        of the tokens returned: a stop string keeps the rounds up to the one that produced it."""
         s = self.spec
         if s is None or s.spec_verify_ct <= 0:
             return {}
         out: dict[str, Any] = {}
-        if s.spec_num_proposed_drafts > 0:
-            out.update(spec_accept_rate=s.spec_num_correct_drafts / s.spec_num_proposed_drafts,
+        proposed = s.spec_verify_ct * (self.launch_num_draft_tokens - 1)
+        if proposed > 0:
+            out.update(spec_accept_rate=s.spec_num_correct_drafts / proposed,
                        spec_accept_length=len(self.output_ids) / s.spec_verify_ct,
                        spec_num_correct_drafts=s.spec_num_correct_drafts,
-                       spec_num_proposed_drafts=s.spec_num_proposed_drafts,
+                       spec_num_proposed_drafts=proposed,
                        spec_verify_ct=s.spec_verify_ct)
         if s.spec_correct_drafts_histogram:
             out["spec_correct_drafts_histogram"] = list(s.spec_correct_drafts_histogram)
         return out
+
+    def meta_specdecode(self) -> dict[str, Any]:
+        """Our per-round truth beside SGLang's keys (an SGLang client ignores them): proposed =
+        the sum over verify rounds of the N that round ran, minus 1 (0 at tier 0), and the rate
+        over that. Present whenever there were verify rounds."""
+        s = self.spec
+        if s is None or s.spec_verify_ct <= 0:
+            return {}
+        return {"specdecode_verify_ct": s.spec_verify_ct,
+                "specdecode_num_correct_drafts": s.spec_num_correct_drafts,
+                "specdecode_num_proposed_drafts": s.spec_num_proposed_drafts,
+                "specdecode_accept_rate": (s.spec_num_correct_drafts / s.spec_num_proposed_drafts
+                                           if s.spec_num_proposed_drafts else 0.0)}
 
     def meta_info(self) -> dict[str, Any]:
         meta: dict[str, Any] = {
@@ -183,6 +187,7 @@ class RequestOutput:
             meta["e2e_latency"] = (self.finished_at or time.time()) - self.created
             if self.speculative:
                 meta.update(self.meta_spec())
+                meta.update(self.meta_specdecode())
         return meta
 
     def generate_reply(self) -> dict[str, Any]:
@@ -211,8 +216,7 @@ def completion_choice(out: RequestOutput, index: int, text: str) -> dict[str, An
             "matched_stop": matched}
 
 
-def completion_reply(cid: str, model: str, outs: list[RequestOutput], echo_prompts: list[str] | None,
-                     spec_details: bool) -> dict[str, Any]:
+def completion_reply(cid: str, model: str, outs: list[RequestOutput], echo_prompts: list[str] | None) -> dict[str, Any]:
     choices = [completion_choice(o, i, (echo_prompts[i] if echo_prompts else "") + o.text)
                for i, o in enumerate(outs)]
     prompt_tokens = sum(o.prompt_tokens for o in outs)
@@ -223,7 +227,4 @@ def completion_reply(cid: str, model: str, outs: list[RequestOutput], echo_promp
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                   "total_tokens": prompt_tokens + completion_tokens},
     }
-    if spec_details:
-        details = [o.spec_fields() for o in outs]
-        reply["sglext"] = {"spec_tokens_details": details[0] if len(details) == 1 else details}
     return reply

@@ -3,8 +3,10 @@
 Each row states SGLang's rule with its file:line (the sglang-0.5.23 wheel) and checks a real
 `serve --tp-size 2` against it. Every statistic is also recomputed from token-level data: the
 phase stream's per-iteration `accepted` and N, walked until the returned tokens are covered (one
-request at a time, so each record's only entry is that request's). When SGLang is upgraded, the
-table is what changes.
+request at a time, so each record's only entry is that request's), and handed to SGLang's own
+`TokenizerManager._calculate_spec_decoding_metrics` (compiled from the wheel, sglang_judge.py)
+with the launch N; our per-round truth (`specdecode_*`) is checked against the rounds. When SGLang
+is upgraded, the table is what changes.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from typing import Callable
 import httpx
 import pytest
 
+from tests.conformance.sglang_judge import spec_meta
 from tests.conformance.serve_probe import (PROMPT_IDS, counter, generate, newest_seq, phase_records, set_state,
                                            wait_settled)
 from tests.server.helpers import MODEL_ARGS, checked_server
 
 pytestmark = pytest.mark.slow
 
+LAUNCH_N = 4  # the server below launches the chain steps 3, topk 1: N 4
 SPEC_KEYS = ("spec_accept_rate", "spec_accept_length", "spec_num_correct_drafts", "spec_num_proposed_drafts",
              "spec_verify_ct", "spec_correct_drafts_histogram")
 
@@ -64,28 +68,29 @@ def rounds_of(records: list[dict], completion: int) -> list[tuple[int, int]]:
     return out
 
 
-def expected_meta(rounds: list[tuple[int, int]], completion: int) -> dict:
-    """SGLang's meta_info spec keys from per-round data (tokenizer_manager.py 3149-3201), with N
-    the draft-token count each round ran."""
-    verify = len(rounds)
-    correct = sum(a for a, _ in rounds)
-    proposed = sum(n - 1 for _, n in rounds)
-    out: dict = {}
-    if verify == 0:
-        return out
-    if proposed > 0:
-        out.update(spec_accept_rate=correct / proposed, spec_accept_length=completion / verify,
-                   spec_num_correct_drafts=correct, spec_num_proposed_drafts=proposed, spec_verify_ct=verify)
+def expected_meta(src, rounds: list[tuple[int, int]], completion: int) -> dict:
+    """SGLang's meta_info spec keys for these rounds, computed by SGLang's code with the launch N."""
     hist = collections.Counter(a for a, _ in rounds)
-    out["spec_correct_drafts_histogram"] = [hist.get(k, 0) for k in range(max(hist) + 1)]
-    return out
+    return spec_meta(src, launch_num_draft_tokens=LAUNCH_N, verify_ct=len(rounds),
+                     correct=sum(a for a, _ in rounds), completion=completion,
+                     histogram=[hist.get(k, 0) for k in range(max(hist) + 1)] if hist else [])
+
+
+def expected_truth(rounds: list[tuple[int, int]]) -> dict:
+    """Our `specdecode_*` keys: each round's own N - 1 (0 at tier 0)."""
+    if not rounds:
+        return {}
+    correct, proposed = sum(a for a, _ in rounds), sum(n - 1 for _, n in rounds)
+    return {"specdecode_verify_ct": len(rounds), "specdecode_num_correct_drafts": correct,
+            "specdecode_num_proposed_drafts": proposed,
+            "specdecode_accept_rate": correct / proposed if proposed else 0.0}
 
 
 def spec_of(meta: dict) -> dict:
     return {k: meta[k] for k in SPEC_KEYS if k in meta}
 
 
-def run_and_recompute(http: httpx.Client, send: Callable[[], dict]) -> tuple[dict, list[tuple[int, int]]]:
+def run_and_recompute(http: httpx.Client, src, send: Callable[[], dict]) -> tuple[dict, list[tuple[int, int]]]:
     """Send one request; return its reply and its rounds, after checking every spec key against
     the recomputation (the differential)."""
     seq = newest_seq(http)
@@ -95,35 +100,39 @@ def run_and_recompute(http: httpx.Client, send: Callable[[], dict]) -> tuple[dic
     completion = len(reply["output_ids"])
     assert reply["meta_info"]["completion_tokens"] == completion
     rounds = rounds_of(records, completion)
-    want = expected_meta(rounds, completion)
+    want = expected_meta(src, rounds, completion)
     got = spec_of(reply["meta_info"])
     assert got.keys() == want.keys(), (got, want)
     for k, v in want.items():
         assert got[k] == pytest.approx(v), (k, got, want)
+    truth = {k: v for k, v in reply["meta_info"].items() if k.startswith("specdecode_")}
+    assert truth == pytest.approx(expected_truth(rounds)), (truth, rounds)
     return reply, rounds
 
 
 # -- the rows --------------------------------------------------------------------------------------
 
-def row_chain(http):
-    reply, rounds = run_and_recompute(http, lambda: generate(http, 40))
+def row_chain(http, src):
+    reply, rounds = run_and_recompute(http, src, lambda: generate(http, 40))
     m = reply["meta_info"]
     assert {n for _, n in rounds} == {4}
     assert m["spec_num_proposed_drafts"] == 3 * m["spec_verify_ct"]
     assert m["spec_num_correct_drafts"] > 0, "the trained draft is accepted: the row cannot pass on zeros"
 
 
-def row_tree(http):
+def row_tree(http, src):
     assert set_state(http, speculative_eagle_topk=2, speculative_num_draft_tokens=6).status_code == 200
-    reply, rounds = run_and_recompute(http, lambda: generate(http, 40))
+    reply, rounds = run_and_recompute(http, src, lambda: generate(http, 40))
     m = reply["meta_info"]
     assert {n for _, n in rounds} == {6}
-    # N - 1 = 5 per round, not steps (3): the difference the old count made for trees.
-    assert m["spec_num_proposed_drafts"] == 5 * m["spec_verify_ct"]
-    assert m["spec_accept_rate"] == pytest.approx(m["spec_num_correct_drafts"] / (5 * m["spec_verify_ct"]))
+    # SGLang's keys use the launch N (4) even for a tree set live; the rounds' own N - 1 = 5, not
+    # steps (3), is our truth.
+    assert m["spec_num_proposed_drafts"] == (LAUNCH_N - 1) * m["spec_verify_ct"]
+    assert m["specdecode_num_proposed_drafts"] == 5 * m["spec_verify_ct"]
+    assert m["specdecode_accept_rate"] == pytest.approx(m["spec_num_correct_drafts"] / (5 * m["spec_verify_ct"]))
 
 
-def row_live_change_of_n(http):
+def row_live_change_of_n(http, src):
     """N changes 4 -> 6 -> 1 (tier 0) inside one streamed request."""
     def send() -> dict:
         last = None
@@ -139,40 +148,42 @@ def row_live_change_of_n(http):
         assert not switches, "the request ended before both switches"
         return last
 
-    reply, rounds = run_and_recompute(http, send)
+    reply, rounds = run_and_recompute(http, src, send)
     assert {4, 6, 1} <= {n for _, n in rounds}, rounds
     m = reply["meta_info"]
-    assert m["spec_num_proposed_drafts"] == sum(n - 1 for _, n in rounds)
-    assert m["spec_num_proposed_drafts"] != m["spec_verify_ct"] * 3
+    # SGLang's product with the launch N; the rounds' own sum is ours, under specdecode_*.
+    assert m["spec_num_proposed_drafts"] == m["spec_verify_ct"] * (LAUNCH_N - 1)
+    assert m["specdecode_num_proposed_drafts"] == sum(n - 1 for _, n in rounds) != m["spec_num_proposed_drafts"]
 
 
-def row_stop_string_keeps_statistics(http):
+def row_stop_string_keeps_statistics(http, src):
     text = generate(http, 48)["text"]
     k = next(i for i in range(16, len(text) - 2) if text.find(text[i:i + 2]) == i)
     stop = text[k:k + 2]
     before = counter(http, "sglang:spec_verify_calls_total")
-    reply, rounds = run_and_recompute(http, lambda: generate(http, 48, stop=stop))
+    reply, rounds = run_and_recompute(http, src, lambda: generate(http, 48, stop=stop))
     m = reply["meta_info"]
     assert m["finish_reason"] == {"type": "stop", "matched": stop} and reply["text"] == text[:k]
     assert m["spec_verify_ct"] == len(rounds) > 0 and m["spec_accept_length"] > 1.0
     assert counter(http, "sglang:spec_verify_calls_total") - before == m["spec_verify_ct"]
 
 
-def row_no_rounds_no_keys(http):
-    reply, rounds = run_and_recompute(http, lambda: generate(http, 1))
+def row_no_rounds_no_keys(http, src):
+    reply, rounds = run_and_recompute(http, src, lambda: generate(http, 1))
     assert rounds == [] and not [k for k in reply["meta_info"] if k.startswith("spec_")]
 
 
-def row_tier_zero_proposes_nothing(http):
+def row_tier_zero_counts_with_launch_n(http, src):
     assert set_state(http, speculative_num_steps=0).status_code == 200
-    reply, rounds = run_and_recompute(http, lambda: generate(http, 12))
+    reply, rounds = run_and_recompute(http, src, lambda: generate(http, 12))
     m = reply["meta_info"]
     assert rounds and {n for _, n in rounds} == {1}
     assert m["spec_correct_drafts_histogram"] == [len(rounds)]
-    assert "spec_verify_ct" not in m and "spec_accept_rate" not in m
+    assert m["spec_verify_ct"] == len(rounds) and m["spec_num_proposed_drafts"] == (LAUNCH_N - 1) * len(rounds)
+    assert m["spec_accept_rate"] == 0.0 and m["specdecode_num_proposed_drafts"] == 0
 
 
-def row_ignore_eos_drops_stop_token_ids(http):
+def row_ignore_eos_drops_stop_token_ids(http, src):
     out = generate(http, 20)["output_ids"]
     tok = out[6]
     reply = generate(http, 20, stop_token_ids=[tok])
@@ -181,7 +192,7 @@ def row_ignore_eos_drops_stop_token_ids(http):
     assert stopped["output_ids"][-1] == tok and len(stopped["output_ids"]) <= 7
 
 
-def row_rejection_sampling_flag(http):
+def row_rejection_sampling_flag(http, src):
     info = http.get("/server_info").json()
     assert info["speculative_use_rejection_sampling"] is True
     seq = newest_seq(http)
@@ -201,25 +212,27 @@ def row_rejection_sampling_flag(http):
 class Row:
     name: str
     rule: str
-    check: Callable[[httpx.Client], None]
+    check: Callable[..., None]
 
 
 ROWS = [
-    Row("chain", "spec_num_proposed_drafts = Σ rounds (N-1); spec_accept_rate = correct / proposed; "
-                 "spec_accept_length = completion_tokens / spec_verify_ct (tokenizer_manager.py 3150-3168)",
+    Row("chain", "spec_num_proposed_drafts = spec_verify_ct x (launch N - 1); spec_accept_rate = correct / "
+                 "proposed; spec_accept_length = completion_tokens / spec_verify_ct (tokenizer_manager.py 3149-3168)",
         row_chain),
-    Row("tree topk 2 N 6", "the same formulas with N = speculative_num_draft_tokens, not steps "
-                           "(tokenizer_manager.py 3156-3158)", row_tree),
-    Row("live change of N", "SGLang multiplies spec_verify_ct by its static N (tokenizer_manager.py 3156-3158); "
-                            "with N changed live the contract counts each round's own N - 1", row_live_change_of_n),
+    Row("tree topk 2 N 6", "set live: the same formulas with the launch N (tokenizer_manager.py 3156-3158); "
+                           "the rounds' own N - 1, not steps, under specdecode_*", row_tree),
+    Row("live change of N", "SGLang multiplies spec_verify_ct by the tokenizer's launch N, get_spec() "
+                            "(tokenizer_manager.py 3156-3158), whatever N the rounds ran; each round's own "
+                            "N - 1 is ours, under specdecode_num_proposed_drafts", row_live_change_of_n),
     Row("stop string", "a stop string ends the request in the scheduler with its counts "
                        "(schedule_batch.py 1995-2042; batch_result_processor.py 826-836) and "
                        "spec_verify_calls_total counts its rounds", row_stop_string_keeps_statistics),
     Row("no verify rounds", "no spec_* key when spec_verify_ct == 0 (tokenizer_manager.py 3149-3153)",
         row_no_rounds_no_keys),
-    Row("tier 0", "rate/length/counts only when proposed > 0, histogram when non-empty "
-                  "(tokenizer_manager.py 3160, 3192-3201); a tier-0 round is a verify round with N = 1 "
-                  "(eagle_worker_v2.py 1469-1472)", row_tier_zero_proposes_nothing),
+    Row("tier 0", "a tier-0 round is a verify round (eagle_worker_v2.py 1469-1472) counted in spec_verify_ct "
+                  "(batch_result_processor.py 826-833), so proposed = spec_verify_ct x (launch N - 1) > 0 and "
+                  "every key is there, rate 0 (tokenizer_manager.py 3149-3168); histogram when non-empty "
+                  "(:3193-3201)", row_tier_zero_counts_with_launch_n),
     Row("ignore_eos", "ignore_eos skips every token-based stop, stop_token_ids included "
                       "(schedule_batch.py 1856-1858)", row_ignore_eos_drops_stop_token_ids),
     Row("rejection sampling", "--speculative-use-rejection-sampling: topk 1 at T > 0 verifies against the "
@@ -228,8 +241,8 @@ ROWS = [
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
-def test_row(http, row):
-    row.check(http)
+def test_row(http, sglang_src, row):
+    row.check(http, sglang_src)
 
 
 def test_algorithm_none_is_the_plain_baseline(http):

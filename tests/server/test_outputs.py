@@ -10,7 +10,7 @@ def dec(ids):
 
 
 def out(**kw):
-    return RequestOutput(rid="r1", prompt_tokens=3, sampling=Sampling(**kw), decode=dec)
+    return RequestOutput(rid="r1", prompt_tokens=3, sampling=Sampling(**kw), decode=dec, launch_num_draft_tokens=4)
 
 
 def test_cumulative_text_and_final_meta():
@@ -58,9 +58,7 @@ def test_half_multibyte_char_held_back():
 def test_completion_reply_shape():
     o = out()
     o.add(list(b"hi"), finished=True, reason="length", spec=SpecStats(spec_verify_ct=1))
-    r = completion_reply("cmpl-1", "m", [o], None, spec_details=True)
+    r = completion_reply("cmpl-1", "m", [o], None)
     assert r["object"] == "text_completion" and r["choices"][0]["text"] == "hi"
     assert r["choices"][0]["finish_reason"] == "length"
     assert r["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
-    assert r["sglext"]["spec_tokens_details"]["spec_verify_ct"] == 1
-    assert "sglext" not in completion_reply("c", "m", [o], None, spec_details=False)
