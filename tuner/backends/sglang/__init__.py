@@ -125,10 +125,11 @@ class SGLangBackend(LiveBackend):
         missing: tuple[str, ...] = ()
         works = ""
         if self.metrics_missing:
-            missing = ("no /metrics (SGLang was launched without --enable-metrics): the server's tok/s, its "
-                       "acceptance and step gauges and GPU time per graph — fix: " + METRICS_FIX,)
+            missing = ("no /metrics (SGLang was launched without --enable-metrics): no server tok/s, acceptance "
+                       "gauges or GPU time per graph · fix: relaunch SGLang with --enable-metrics "
+                       "(+ SGLANG_ENABLE_METRICS_DEVICE_TIMER=1)",)
             works = ("still works: the load driver's own tok/s and acceptance histograms (l), traces (c), py-spy (y)"
-                     + ("; the phase split, per-position acceptance and live steps from the plugin" if plugin else ""))
+                     + (", the plugin's phase split and live steps" if plugin else ""))
         return Capabilities(
             missing=missing, still_works=works,
             CAN_SET_STEPS=steps_live, CAN_CAPTURE_TRACE=True, CAN_FETCH_TRACE=False,
