@@ -1,4 +1,4 @@
-"""SGLang-style API-key check: `Authorization: Bearer KEY` on every route except health and metrics.
+"""SGLang-style API-key check: `Authorization: Bearer KEY` on every route except health, ready and metrics.
 
 Pure logic over a header value; it must not log or echo the key.
 """
@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import hmac
 
-# SGLang's middleware lets health probes and Prometheus scrapes through without the key.
-OPEN_PREFIXES = ("/health", "/metrics")
+# SGLang's middleware lets health and readiness probes and Prometheus scrapes through without the
+# key (utils/auth.py:102-104).
+OPEN_PREFIXES = ("/health", "/ready", "/metrics")
 
 
 def needs_key(path: str) -> bool:

@@ -3,51 +3,20 @@
 Turns the untrusted body into normalized messages (the dicts the chat template sees), sampling
 parameters and the reply options, or raises BadRequest naming the field. Fields the reference
 engine cannot honour are refused with a 400 that names them, never silently dropped (the table
-`UNSUPPORTED`). Pure: must not render templates, tokenize or touch the engine.
+`inputs.UNSUPPORTED`, shared with /generate and /v1/completions). Pure: must not render templates,
+tokenize or touch the engine.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from refengine.server.inputs import INT64_MAX, BadRequest, Sampling, parse_sampling, short_value, stream_options
+from refengine.server.inputs import (INT64_MAX, SCHEMA_ERROR, BadRequest, Sampling, parse_sampling, refuse_unsupported,
+                                     short_value, stream_options)
 
 # protocol.py:1062-1068 _DEFAULT_SAMPLING_PARAMS, used when a field is absent or null.
 SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
-
-
-def _set(v: Any) -> bool:
-    return v is not None and v is not False and v != [] and v != {}
-
-
-def _not(*defaults: Any) -> Callable[[Any], bool]:
-    return lambda v: v is not None and v not in defaults
-
-
-# Field -> "is this value a request for something the engine does not do". SGLang serves all of
-# them (protocol.py:909-1060); the reference engine has no tool parser, grammar backend, logprobs
-# or penalties, so answering without them would hand back something other than what was asked.
-UNSUPPORTED: tuple[tuple[str, Callable[[Any], bool]], ...] = (
-    ("tools", _set),
-    ("tool_choice", _not("none", "auto")),
-    ("response_format", lambda v: v is not None and not (isinstance(v, dict) and v.get("type") == "text")),
-    ("n", _not(1)),
-    ("logprobs", _set),
-    ("top_logprobs", _not(0)),
-    ("logit_bias", _set),
-    ("frequency_penalty", _not(0, 0.0)),
-    ("presence_penalty", _not(0, 0.0)),
-    ("repetition_penalty", _not(1, 1.0)),
-    ("min_p", _not(0, 0.0)),
-    ("min_tokens", _not(0)),
-    ("regex", _set),
-    ("ebnf", _set),
-    ("stop_regex", _set),
-    ("return_hidden_states", _set),
-    ("continue_final_message", _set),
-    ("lora_path", _set),
-)
 
 
 @dataclass(frozen=True)
@@ -88,7 +57,7 @@ def _content(content: Any, where: str) -> str:
 
 def _messages(raw: Any) -> list[dict[str, Any]]:
     if not isinstance(raw, list):
-        raise BadRequest("messages: expected a list of messages")
+        raise BadRequest("messages: expected a list of messages", err_type=SCHEMA_ERROR)
     if not raw:
         raise BadRequest("Messages cannot be empty.")  # serving_chat.py:1105-1106
     out = []
@@ -120,9 +89,7 @@ def _max_tokens(body: dict) -> int | None:
 def parse_chat(body: Any) -> ChatRequest:
     if not isinstance(body, dict):
         raise BadRequest("expected a JSON object")
-    for name, asks in UNSUPPORTED:
-        if name in body and asks(body[name]):
-            raise BadRequest(f"{name} is not supported by the reference engine (got {body[name]!r:.80})")
+    refuse_unsupported(body)
     messages = _messages(body.get("messages"))
     max_tokens = _max_tokens(body)
     sp = {k: body[k] for k in ("temperature", "top_p", "top_k", "ignore_eos", "stop", "stop_token_ids", "seed")

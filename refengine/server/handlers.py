@@ -48,7 +48,7 @@ from refengine.messages import GenUpdate
 from refengine.server import auth, openai_shapes, sse, wire
 from refengine.server.chat import parse_chat
 from refengine.server.generation import check_fits, reply_dicts, run_all
-from refengine.server.inputs import (MAX_BODY_BYTES, BadRequest, GenerateInput, parse_completion,
+from refengine.server.inputs import (MAX_BODY_BYTES, SCHEMA_ERROR, BadRequest, GenerateInput, parse_completion,
                                      parse_generate, parse_int_query, parse_internal_state, parse_json)
 from refengine.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from refengine.server.outputs import completion_choice, completion_reply
@@ -97,6 +97,18 @@ def error_reply(message: str, status: int = 400, err_type: str = "BadRequestErro
     return json_reply({"error": {"message": message, "type": err_type, "code": status}}, status)
 
 
+def generate_error_reply(message: str, status: int = 400) -> Reply:
+    """/generate's error body as SGLang's _create_error_response writes it (http_server.py:2246-2250):
+    only the message, nested under "error"."""
+    return json_reply({"error": {"message": message}}, status)
+
+
+def not_found_reply(status: int = 404) -> Reply:
+    """Starlette's answer for a path no route has, or a method the route does not take (SGLang
+    serves through FastAPI)."""
+    return json_reply({"detail": "Not Found" if status == 404 else "Method Not Allowed"}, status)
+
+
 def openai_error_reply(message: str, status: int = 400, err_type: str = "BadRequestError") -> Reply:
     """SGLang's ErrorResponse for its OpenAI routes: flat, not nested under "error"
     (openai/protocol.py:106-111, serving_base.py:205-221, http_server.py:635-690)."""
@@ -115,6 +127,13 @@ def health(app: ServerApp, req: Request) -> Reply:
     if stalled is not None:
         return text_reply(f"unhealthy: {stalled}", 503)
     return Reply(200, b"", "text/plain; charset=utf-8")
+
+
+def ready(app: ServerApp, req: Request) -> Reply:
+    """SGLang's GET /ready (http_server.py:714-718): 200 once the server takes requests, else 503;
+    no body either way."""
+    serving = app.ready.is_set() and not app.stopping.is_set() and app.engine_alive()
+    return Reply(200 if serving else 503, b"", "text/plain; charset=utf-8")
 
 
 def health_generate(app: ServerApp, req: Request) -> Reply:
@@ -175,8 +194,21 @@ def generate(app: ServerApp, req: Request, stream: Callable[[], Any]) -> Reply |
     return None
 
 
+def openai_body(req: Request) -> Any:
+    """The parsed body of an OpenAI route. SGLang's validate_json_request (http_server.py:695-706)
+    wants it declared application/json (a missing Content-Type too); that and a body FastAPI cannot
+    parse are request-validation errors, whose type is "Bad Request" (:635-690)."""
+    media = (req.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
+    if media != JSON_MEDIA_TYPE:
+        raise BadRequest("Unsupported Media Type: Only 'application/json' is allowed", err_type=SCHEMA_ERROR)
+    try:
+        return parse_json(req.body)
+    except BadRequest as e:
+        raise BadRequest(str(e), e.status, SCHEMA_ERROR) from None
+
+
 def completions(app: ServerApp, req: Request, stream: Callable[[], Any]) -> Reply | None:
-    batch = parse_completion(parse_json(req.body), app.vocab_size())
+    batch = parse_completion(openai_body(req), app.vocab_size())
     model = batch.extras.get("model") or app.opts.model_name
     cid = "cmpl-" + uuid.uuid4().hex
     gens = [app.new_generation(item, streaming=batch.stream) for item in batch.items]
@@ -224,7 +256,7 @@ def chat_completions(app: ServerApp, req: Request, stream: Callable[[], Any]) ->
     """/v1/chat/completions as serving_chat.py serves it: the model's chat template renders the
     messages (add_generation_prompt), the text is encoded without added special tokens, and the
     reply or stream has SGLang's layout (openai_shapes)."""
-    creq = parse_chat(parse_json(req.body))
+    creq = parse_chat(openai_body(req))
     if app.chat_template is None:
         raise BadRequest(f"this model has no usable chat template: {app.chat_template_error}")
     ctx = app.context_length()
@@ -342,8 +374,10 @@ def _send_all(w: Any, chunks: list[dict], error: str | None) -> None:
 
 
 def _chunk(cid: str, model: str, choice: dict) -> dict:
+    # serving_completions.py:387-403: CompletionStreamResponse.model_dump_json() keeps `usage: null`
+    # (protocol.py:568-582 drops only a null sglext).
     return {"id": cid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [choice]}
+            "choices": [choice], "usage": None}
 
 
 # ----- control -----------------------------------------------------------------------------------
@@ -419,6 +453,7 @@ GET, POST, PUT = "GET", "POST", "PUT"
 ROUTES: dict[str, tuple[tuple[str, ...], Callable[..., Reply | None]]] = {
     "/health": ((GET,), health),
     "/health_generate": ((GET,), health_generate),
+    "/ready": ((GET,), ready),
     "/model_info": ((GET,), model_info),
     "/get_model_info": ((GET,), model_info),
     "/server_info": ((GET,), server_info),
@@ -439,7 +474,9 @@ ROUTES: dict[str, tuple[tuple[str, ...], Callable[..., Reply | None]]] = {
 STREAMING = {"/generate", "/v1/completions", "/v1/chat/completions"}
 OPENAI_ROUTES = {"/v1/completions", "/v1/chat/completions"}
 # Routes that work while the engine is still starting.
-EARLY = {"/health", "/health_generate", "/metrics"}
+EARLY = {"/health", "/health_generate", "/ready", "/metrics"}
+# The media type SGLang's OpenAI routes require (http_server.py:695-706, validate_json_request).
+JSON_MEDIA_TYPE = "application/json"
 
 
 def route(path: str) -> tuple[tuple[str, ...], Callable[..., Reply | None]] | None:
@@ -491,11 +528,11 @@ class Handler(BaseHTTPRequestHandler):
             return
         found = route(path)
         if found is None:
-            self._send(error_reply(f"no route {path}", 404, "NotFoundError"))
+            self._send(not_found_reply(404))
             return
         methods, fn = found
         if method not in methods:
-            self._send(error_reply(f"{method} is not allowed on {path} (use {'/'.join(methods)})", 405))
+            self._send(not_found_reply(405))
             return
         if not self.app.ready.is_set() and path not in EARLY:
             self._send(error_reply("the server is starting", 503, "ServiceUnavailable"))
@@ -511,8 +548,12 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 reply = fn(self.app, req)
         except BadRequest as e:
-            make = openai_error_reply if path in OPENAI_ROUTES else error_reply
-            reply = make(str(e), e.status, e.err_type)
+            if path in OPENAI_ROUTES:
+                reply = openai_error_reply(str(e), e.status, e.err_type)
+            elif path == "/generate":
+                reply = generate_error_reply(str(e), e.status)
+            else:
+                reply = error_reply(str(e), e.status, e.err_type)
         except Exception as e:  # noqa: BLE001 - one broken request must not take the server down
             log.exception("error serving %s %s", method, path)
             reply = error_reply(f"internal error: {type(e).__name__}: {e}", 500, "InternalServerError")

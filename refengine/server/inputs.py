@@ -10,7 +10,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from probes.names import ADAPTIVE_CONFIG, KNOBS, PINNED_STEPS, PLACEMENT, PLACEMENTS
 
@@ -29,6 +29,12 @@ CONFIG_KEYS = KNOBS
 SETTABLE = (*KNOBS, ADAPTIVE_CONFIG, PINNED_STEPS)
 
 
+# The error type SGLang's OpenAI routes give a body its pydantic models refuse (a missing or
+# mistyped field, max_tokens <= 0: http_server.py:635-690), beside "BadRequestError" for what
+# its serving code refuses.
+SCHEMA_ERROR = "Bad Request"
+
+
 class BadRequest(ValueError):
     """A 4xx: the message is shown to the client as is."""
 
@@ -36,6 +42,57 @@ class BadRequest(ValueError):
         super().__init__(message)
         self.status = status
         self.err_type = err_type
+
+
+def _set(v: Any) -> bool:
+    return v is not None and v is not False and v != [] and v != {} and v != ""
+
+
+def _not(*defaults: Any) -> Callable[[Any], bool]:
+    return lambda v: v is not None and v not in defaults
+
+
+# Field -> "is this value a request for something the engine does not do", for every route: the
+# chat body, a /generate `sampling_params` and a /v1/completions body. SGLang serves all of them
+# (SamplingParams, sampling/sampling_params.py:149-189; CompletionRequest, protocol.py:365-455;
+# ChatCompletionRequest, :909-1060); the reference engine has no tool parser, grammar backend,
+# logprobs, penalties or min-token floor, so answering 200 without them would hand back something
+# other than what was asked. A field at its default value is accepted.
+UNSUPPORTED: tuple[tuple[str, Callable[[Any], bool]], ...] = (
+    ("tools", _set),
+    ("tool_choice", _not("none", "auto")),
+    ("response_format", lambda v: v is not None and not (isinstance(v, dict) and v.get("type") == "text")),
+    ("n", _not(1)),
+    ("logprobs", _set),
+    ("top_logprobs", _not(0)),
+    ("logit_bias", _set),
+    ("frequency_penalty", _not(0, 0.0)),
+    ("presence_penalty", _not(0, 0.0)),
+    ("repetition_penalty", _not(1, 1.0)),
+    ("min_p", _not(0, 0.0)),
+    ("min_tokens", _not(0)),
+    ("min_new_tokens", _not(0)),
+    ("regex", _set),
+    ("json_schema", _set),
+    ("ebnf", _set),
+    ("structural_tag", _set),
+    ("stop_regex", _set),
+    ("no_stop_trim", _set),
+    ("beam_width", _not(0, 1)),
+    ("custom_params", _set),
+    ("custom_logit_processor", _set),
+    ("watermark", _set),
+    ("return_hidden_states", _set),
+    ("continue_final_message", _set),
+    ("lora_path", _set),
+)
+
+
+def refuse_unsupported(body: dict) -> None:
+    """A 400 naming the first field of `body` that asks for something the engine does not do."""
+    for name, asks in UNSUPPORTED:
+        if name in body and asks(body[name]):
+            raise BadRequest(f"{name} is not supported by the reference engine (got {short_value(body[name])})")
 
 
 @dataclass(frozen=True)
@@ -186,6 +243,7 @@ def parse_sampling(sp: Any, *, default_max: int = DEFAULT_MAX_NEW_TOKENS, max_na
         sp = {}
     if not isinstance(sp, dict):
         raise BadRequest("sampling_params: expected an object")
+    refuse_unsupported(sp)
     mx = sp.get(max_name, default_max)
     if mx is None:
         mx = default_max
@@ -284,18 +342,21 @@ def parse_completion(body: Any, vocab_size: int | None = None) -> GenerateBatch:
         raise BadRequest("expected a JSON object")
     prompt = body.get("prompt")
     if prompt is None:
-        raise BadRequest("prompt is required")
+        raise BadRequest("prompt is required", err_type=SCHEMA_ERROR)
     if isinstance(prompt, list) and prompt and all(_is_int(x) for x in prompt):
         prompts, batch = _prompts(None, prompt, vocab_size, "prompt")
     elif isinstance(prompt, list) and prompt and all(isinstance(x, list) for x in prompt):
         prompts, batch = _prompts(None, prompt, vocab_size, "prompt")
     else:
         prompts, batch = _prompts(prompt, None, vocab_size, "prompt")
-    if body.get("logprobs") or body.get("suffix") or body.get("best_of", 1) not in (1, None):
-        raise BadRequest("logprobs, suffix and best_of are not supported by the reference engine")
-    n = body.get("n", 1)
-    if n != 1:
-        raise BadRequest("n: only 1 is supported")
+    refuse_unsupported(body)
+    for name, asks in (("suffix", _set), ("best_of", _not(1))):
+        if asks(body.get(name)):
+            raise BadRequest(f"{name} is not supported by the reference engine (got {short_value(body[name])})")
+    mx = body.get("max_tokens")
+    if _is_int(mx) and mx <= 0:
+        # protocol.py:448-453 validate_max_tokens_positive (a pydantic error: 400 in SGLang).
+        raise BadRequest("max_tokens must be positive", err_type=SCHEMA_ERROR)
     sampling = parse_sampling(body, default_max=OPENAI_DEFAULT_MAX_TOKENS, max_name="max_tokens", seed_name="seed")
     stream = _bool(body, "stream")
     if stream and batch:

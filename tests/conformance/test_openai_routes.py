@@ -19,6 +19,7 @@ from refengine.server.app import default_model
 from refengine.server.chat_template import load_chat_template
 from refengine.server.sse import parse as parse_sse
 from refengine.server.tokenizer import load_tokenizer
+from tests.conformance.sglang_judge import completion_response, completion_stream_chunk
 from tests.server.helpers import MODEL_ARGS, checked_server
 
 pytestmark = pytest.mark.slow
@@ -121,20 +122,25 @@ def test_chat_sglext_when_asked(http):
     assert "sglext" not in chat(http, max_tokens=2, **GREEDY).json()
 
 
-def test_completion_reply_shape(http):
+def test_completion_reply_shape(http, sglang_src):
     """serving_completions.py:532-647 (_build_completion_response), protocol.py:528-543: usage as
-    UsageInfo, metadata with the weight version, sglext with every SpecTokensDetails field; a batch
-    of prompts gets a list of details (n > 1 in SGLang's terms)."""
+    UsageInfo, metadata with the weight version, sglext with every SpecTokensDetails field; the body
+    is exactly what SGLang's CompletionResponse serialises it to. :554-564: a list of details only
+    when the request's n > 1, so a batch of prompts with n = 1 gets the first prompt's dict."""
     body = http.post("/v1/completions", json={"prompt": "The capital city of France is", "max_tokens": 6,
                                               **GREEDY, "return_spec_tokens_details": True}).json()
     assert set(body) == {"id", "object", "created", "model", "choices", "usage", "metadata", "sglext"}
+    assert body == completion_response(sglang_src, body)
     assert body["metadata"] == {"weight_version": "default"}
     assert body["usage"]["completion_tokens"] == 6 and body["usage"]["reasoning_tokens"] == 0
     assert body["usage"]["prompt_tokens_details"] is None
     assert len(body["sglext"]["spec_tokens_details"]) == 9
+    first = http.post("/v1/completions", json={"prompt": "a b c", "max_tokens": 3, **GREEDY,
+                                               "return_spec_tokens_details": True}).json()
     both = http.post("/v1/completions", json={"prompt": ["a b c", "d e f"], "max_tokens": 3, **GREEDY,
                                               "return_spec_tokens_details": True}).json()
-    assert [d["spec_verify_ct"] >= 1 for d in both["sglext"]["spec_tokens_details"]] == [True, True]
+    assert both == completion_response(sglang_src, both)
+    assert both["sglext"]["spec_tokens_details"] == first["sglext"]["spec_tokens_details"]
     assert "sglext" not in http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).json()
 
 
@@ -171,23 +177,26 @@ def test_chat_stream_without_usage_or_sglext(http):
     assert all("usage" not in e and "sglext" not in e for e in events[:-1])
 
 
-def test_completions_stream_tail_chunks(http):
-    """serving_completions.py:340-403 the finish reason rides on the last choice chunk, with no
-    usage or sglext; :454-475 sglext in its own chunk (choices [], usage null); :477-496 usage in its
-    own chunk, serialized with exclude_none."""
+def test_completions_stream_tail_chunks(http, sglang_src):
+    """serving_completions.py:340-403 the finish reason rides on the last choice chunk, written by
+    CompletionStreamResponse.model_dump_json(): `usage: null`, no sglext (protocol.py:568-582);
+    :454-475 sglext in its own chunk (choices [], usage null); :477-496 usage in its own chunk,
+    serialized with exclude_none. Every chunk is what SGLang's model serialises it to."""
     events = stream(http, "/v1/completions", {"prompt": "The capital city of France is", "max_tokens": 8,
                                               **GREEDY, "stream_options": {"include_usage": True},
                                               "return_spec_tokens_details": True})
     *choices, ext, usage, done = events
     assert done == "[DONE]"
     assert choices[-1]["choices"][0]["finish_reason"] == "length"
-    assert all("usage" not in c and "sglext" not in c for c in choices)
+    assert all(c["usage"] is None and "sglext" not in c for c in choices)
+    assert all(c == completion_stream_chunk(sglang_src, c) for c in [*choices, ext])
+    assert usage == completion_stream_chunk(sglang_src, usage, exclude_none=True)
     assert ext["choices"] == [] and ext["usage"] is None and ext["sglext"]["spec_tokens_details"]["spec_verify_ct"] >= 1
     assert usage["choices"] == [] and "sglext" not in usage
     assert usage["usage"] == {"prompt_tokens": usage["usage"]["prompt_tokens"], "total_tokens": usage["usage"]["total_tokens"],
                               "completion_tokens": 8, "reasoning_tokens": 0}
     plain = stream(http, "/v1/completions", {"prompt": "The capital city of France is", "max_tokens": 3, **GREEDY})
-    assert plain[-2]["choices"][0]["finish_reason"] == "length" and "usage" not in plain[-2]
+    assert plain[-2]["choices"][0]["finish_reason"] == "length" and plain[-2]["usage"] is None
 
 
 # ----- refusals ------------------------------------------------------------------------------------

@@ -75,7 +75,8 @@ def test_deeply_nested_json_is_400(http):
     r = http.post("/set_internal_state", content=b"[" * 100_000 + b"]" * 100_000,
                   headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and "nested deeper than" in r.json()["error"]["message"], r.text
-    r = http.post("/v1/chat/completions", content=b'{"messages": ' + b"[" * 5000 + b"]" * 5000 + b"}")
+    r = http.post("/v1/chat/completions", content=b'{"messages": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+                  headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and "nested deeper than" in r.json()["message"], r.text
     assert healthy(http)
 

@@ -189,7 +189,7 @@ def test_ten_megabyte_prompts_are_refused_before_tokenizing_and_never_stall_metr
 
     def post(route: str, body: dict) -> None:
         with httpx.Client(base_url=base, timeout=120) as c:
-            replies[route] = c.post(route, content=json.dumps(body))
+            replies[route] = c.post(route, content=json.dumps(body), headers={"Content-Type": "application/json"})
 
     threads = [threading.Thread(target=post, args=rb) for rb in bodies]
     for t in threads:

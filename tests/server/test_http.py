@@ -310,8 +310,12 @@ def test_bad_requests_leave_server_healthy(http, method, path, kw, status):
     r = http.request(method, path, **kw)
     assert r.status_code == status, r.text
     body = r.json()
-    # SGLang's OpenAI routes answer with a flat ErrorResponse, its other routes nest it under "error".
-    assert (body["message"] if path.startswith("/v1/") else body["error"]["message"])
+    # SGLang's OpenAI routes answer with a flat ErrorResponse, its other routes nest it under
+    # "error"; a path or method no route takes gets Starlette's {"detail": ...}.
+    if status in (404, 405):
+        assert body == {"detail": "Not Found" if status == 404 else "Method Not Allowed"}
+    else:
+        assert (body["message"] if path.startswith("/v1/") else body["error"]["message"])
     assert http.get("/health").status_code == 200
     assert len(gen(http, n=4)["output_ids"]) == 4
 
@@ -368,3 +372,34 @@ def test_chunked_and_oversized_bodies(http):
     big = http.post("/generate", content=b" " * (17 << 20))
     assert big.status_code == 413 and "too large" in big.json()["error"]["message"]
     assert http.get("/health").status_code == 200
+
+
+def test_ready_is_200_without_a_body(http):
+    """SGLang's GET /ready (http_server.py:714-718): 200 once serving, no body; open without the
+    key (utils/auth.py:102-104; test_profiles_auth_sse.py checks the exemption)."""
+    r = http.get("/ready")
+    assert r.status_code == 200 and r.content == b""
+
+
+def test_sglang_refusals_and_error_shapes(http):
+    """What SGLang refuses, refused the same way: a /generate error is {"error": {"message"}}
+    (http_server.py:2246-2250); a field the engine would ignore is a 400 naming it on /generate and
+    /v1/completions, as on chat; completions' max_tokens 0 (protocol.py:448-453) and a body not
+    declared application/json (http_server.py:695-706) are 400s of type "Bad Request"."""
+    r = http.post("/generate", json={"input_ids": PROMPT_IDS, "sampling_params": {"regex": "a+"}})
+    assert r.status_code == 400 and r.json() == {
+        "error": {"message": "regex is not supported by the reference engine (got 'a+')"}}, r.text
+    r = http.post("/generate", json={"input_ids": PROMPT_IDS, "sampling_params": {"min_new_tokens": 4}})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("min_new_tokens is not supported")
+    r = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "frequency_penalty": 0.5})
+    assert r.status_code == 400 and r.json()["message"].startswith("frequency_penalty is not supported"), r.text
+    r = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 0})
+    assert r.status_code == 400 and r.json()["message"] == "max_tokens must be positive", r.text
+    assert r.json()["type"] == "Bad Request"
+    for route, body in (("/v1/completions", b'{"prompt": "x", "max_tokens": 2}'),
+                        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}]}')):
+        r = http.post(route, content=body, headers={"Content-Type": "text/plain"})
+        assert r.status_code == 400, r.text
+        assert r.json()["message"] == "Unsupported Media Type: Only 'application/json' is allowed"
+        assert r.json()["type"] == "Bad Request"
+    assert http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "frequency_penalty": 0}).status_code == 200

@@ -54,10 +54,44 @@ def test_completion_openai_defaults_and_extras():
     b = parse_completion({"prompt": "x", "return_spec_tokens_details": True, "temperature": 0})
     assert b.items[0].sampling.max_new_tokens == 16 and b.extras["return_spec_tokens_details"]
     assert parse_completion({"prompt": [1, 2], "max_tokens": 3}).items[0].input_ids == (1, 2)
-    with pytest.raises(BadRequest, match="n: only 1"):
+    with pytest.raises(BadRequest, match="^n is not supported"):
         parse_completion({"prompt": "x", "n": 2})
-    with pytest.raises(BadRequest, match="max_tokens"):
-        parse_completion({"prompt": "x", "max_tokens": -3})
+    # protocol.py:448-453: SGLang's CompletionRequest refuses 0 as well as negatives.
+    for bad in (0, -3):
+        with pytest.raises(BadRequest, match="max_tokens must be positive") as e:
+            parse_completion({"prompt": "x", "max_tokens": bad})
+        assert e.value.err_type == "Bad Request"
+
+
+# Every field SGLang serves and the engine ignores: (field, a value asking for it, its default).
+IGNORED = [
+    ("regex", "a+", None), ("json_schema", '{"type": "object"}', None), ("ebnf", "root ::= 'a'", None),
+    ("frequency_penalty", 0.5, 0.0), ("presence_penalty", 0.5, 0.0), ("repetition_penalty", 1.2, 1.0),
+    ("min_p", 0.1, 0.0), ("min_new_tokens", 4, 0), ("logit_bias", {"1": 5.0}, None), ("n", 2, 1),
+    ("stop_regex", "x$", None), ("no_stop_trim", True, False), ("structural_tag", "{}", None),
+    ("custom_params", {"a": 1}, None),
+]
+
+
+@pytest.mark.parametrize("name, value, default", IGNORED, ids=[f[0] for f in IGNORED])
+def test_generate_refuses_what_it_would_ignore(name, value, default):
+    with pytest.raises(BadRequest, match=f"^{name} is not supported by the reference engine"):
+        parse_generate({"text": "a", "sampling_params": {name: value}})
+    with pytest.raises(BadRequest, match=f"^{name} is not supported"):
+        parse_generate({"text": ["a", "b"], "sampling_params": [{}, {name: value}]})
+    parse_generate({"text": "a", "sampling_params": {name: default}})
+
+
+COMPLETION_IGNORED = [f for f in IGNORED if f[0] not in ("min_new_tokens", "structural_tag", "custom_params")] + [
+    ("min_tokens", 3, 0), ("response_format", {"type": "json_object"}, None), ("logprobs", 2, None),
+    ("suffix", "end", None), ("best_of", 2, 1)]
+
+
+@pytest.mark.parametrize("name, value, default", COMPLETION_IGNORED, ids=[f[0] for f in COMPLETION_IGNORED])
+def test_completion_refuses_what_it_would_ignore(name, value, default):
+    with pytest.raises(BadRequest, match=f"^{name} is not supported by the reference engine"):
+        parse_completion({"prompt": "x", name: value})
+    parse_completion({"prompt": "x", name: default})
 
 
 def test_internal_state_shape_and_keys():

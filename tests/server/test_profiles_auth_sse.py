@@ -41,6 +41,7 @@ def test_api_key():
     assert not auth.authorized("k", "/set_internal_state", "Bearer wrong")
     assert auth.authorized("k", "/set_internal_state", "Bearer k")
     assert auth.authorized("k", "/health", None) and auth.authorized("k", "/metrics", None)
+    assert auth.authorized("k", "/ready", None)  # SGLang's utils/auth.py:102-104
 
 
 def test_sse_round_trip():
@@ -48,3 +49,25 @@ def test_sse_round_trip():
     assert body.startswith(b"data: {") and body.endswith(b"data: [DONE]\n\n")
     assert sse.parse(body) == [{"text": "a", "output_ids": [1]}, {"text": "ab"}, "[DONE]"]
     assert sse.parse(sse.error_event("bad"))[0]["error"]["message"] == "bad"
+
+
+def test_ready_is_503_until_serving_and_after():
+    """GET /ready's rule over the app's three facts (a unit test of the route's logic; the live
+    200 is in test_http.py): starting, stopping or engine gone -> 503, never a body."""
+    import threading
+    import types
+
+    from refengine.server.handlers import ready
+
+    def app(started: bool, stopping: bool, alive: bool):
+        flags = [threading.Event(), threading.Event()]
+        if started:
+            flags[0].set()
+        if stopping:
+            flags[1].set()
+        return types.SimpleNamespace(ready=flags[0], stopping=flags[1], engine_alive=lambda: alive)
+
+    assert ready(app(True, False, True), None).status == 200
+    for facts in ((False, False, True), (True, True, True), (True, False, False)):
+        r = ready(app(*facts), None)
+        assert (r.status, r.body) == (503, b""), facts
