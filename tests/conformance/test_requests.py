@@ -127,7 +127,7 @@ ROWS = [
     Row("already in flight", "a rid already in rid_to_state: the same 400 (tokenizer_manager.py 3833-3836)",
         row_already_in_flight),
     Row("reused after finish", "a finished request's rid leaves rid_to_state and may be reused "
-                               "(tokenizer_manager.py 3638)", row_reused_after_finish),
+                               "(tokenizer_manager.py 2774; 3638 is the abort path)", row_reused_after_finish),
     Row("racing reuse", "concurrent reuse: one runs, the others get the 400; no slot leaks", row_racing_reuse),
     Row("abort reason", "abort finish reasons carry message, status_code and err_type "
                         "(schedule_batch.py 339-345)", row_abort_reason_shape),
