@@ -23,7 +23,7 @@ async def shoot(url: str, out: Path, load: int, seconds: float, presses: list[tu
                 size: tuple[int, int]) -> list[Path]:
     from tuner.app import make_app
     from tuner.backends import connect
-    from tuner.commands.attach import builtin_prompts, gpu_labels, start_nvml
+    from tuner.commands.options import builtin_prompts, gpu_labels, start_nvml
     from tuner.core.session import Session
 
     backend = connect(url)

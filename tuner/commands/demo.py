@@ -23,7 +23,7 @@ READY_TIMEOUT_S = 180.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from tuner.commands.attach import add_load_arguments, add_tui_tune_arguments
+    from tuner.commands.options import add_load_arguments, add_tui_tune_arguments
 
     parser.add_argument("--tp-size", type=int, default=None,
                         help="TP ranks (default: every local GPU, else 2 CPU ranks)")
@@ -92,8 +92,7 @@ def server_args(device: str, tp: int, port: int, emulate: str | None) -> list[st
 
 
 def run(args: argparse.Namespace) -> int:
-    from tuner.backends import ServerError, connect
-    from tuner.commands.attach import run_tui, tui_inputs
+    from tuner.commands.options import TUI_GPUS_EVERY_S, OpenError, open_session, run_tui, tui_inputs
 
     gpus = local_gpu_count()
     device = args.device or ("cuda" if gpus else "cpu")
@@ -120,12 +119,12 @@ def run(args: argparse.Namespace) -> int:
         return 130
     _TEARDOWN.append(lambda: engine.stop(timeout=5.0, grace_s=2.0))
     try:
-        try:
-            backend = connect(engine.url, api_key=os.environ.get("SPECDECODE_API_KEY"))
-        except ServerError as e:
-            print(f"specdecode-tune demo: {e}\n{engine.log_tail()}", file=sys.stderr)
-            return 1
-        return run_tui(backend, args.load, prompts, args.max_new_tokens, tune=limits)
+        # The key, when set, is $SPECDECODE_API_KEY (demo has no key flags), checked like any other.
+        with open_session(args, engine.url, gpus_every_s=TUI_GPUS_EVERY_S) as opened:
+            return run_tui(opened, args.load, prompts, limits, args.max_new_tokens)
+    except OpenError as e:
+        print(f"specdecode-tune demo: {e}\n{engine.log_tail()}", file=sys.stderr)
+        return e.rc
     except KeyboardInterrupt:
         return 130
     finally:

@@ -23,10 +23,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from tuner.commands.keys import add_key_arguments
+from tuner.commands.options import (TUI_GPUS_EVERY_S, OpenError, add_load_arguments, api_key, fail, open_session,
+                                    parse_change, prompts_for)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from tuner.commands.keys import add_key_arguments
-
     parser.add_argument("--log", type=Path, default=None,
                         help="server log file (default: server.log in a new temporary directory)")
     parser.add_argument("--ready-timeout", type=float, default=1800.0, metavar="S",
@@ -46,7 +48,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "serve` rehearses SGLang: only its live controls, the rest by relaunch")
     parser.add_argument("--record", type=Path, default=None, metavar="FILE",
                         help="record the TUI's session (readings, events, relaunches) into FILE")
-    from tuner.commands.attach import add_load_arguments
     add_load_arguments(parser)
     # dest is not "command": the CLI's subparser already stores the subcommand's name there.
     parser.add_argument("server_command", metavar="COMMAND", nargs=argparse.REMAINDER,
@@ -55,19 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def parse_try(text: str) -> dict[str, object]:
     """`speculative_num_steps=5,speculative_eagle_topk=1` → {key: int | float | str}."""
-    out: dict[str, object] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, eq, raw = part.partition("=")
-        if not eq or not key:
-            raise ValueError(f"--try wants KEY=VALUE pairs, got {part!r}")
-        value: object = raw
-        for conv in (int, float):
-            try:
-                value = conv(raw)
-                break
-            except ValueError:
-                pass
-        out[key.strip()] = value
+    out = dict(parse_change(part, "--try") for part in filter(None, (p.strip() for p in text.split(","))))
     if not out:
         raise ValueError("--try needs at least one KEY=VALUE")
     return out
@@ -94,20 +83,17 @@ def run(args: argparse.Namespace, run_app: Callable[[Any], None] | None = None) 
     cmd = list(args.server_command)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
-    from tuner.commands.keys import api_key_of
-
     try:
         check_command(cmd)
         tries = [parse_try(t) for t in args.tries]
-        args.api_key = api_key_of(args)        # ApiKeyError is a ValueError: one line
+        args.api_key = api_key(args)
         if args.load < 0:
             raise ValueError("--load must be 0 or more")
         if args.record is not None and args.no_tui:
             raise ValueError("--record records the TUI's session: drop --no-tui, or run "
                              "`specdecode-tune record URL` beside it")
-        from tuner.commands.attach import prompts_for
         args.prompt_list = prompts_for(args)
-    except (ArgsError, ValueError, OSError) as e:
+    except (ArgsError, ValueError, OSError, OpenError) as e:
         print(f"specdecode-tune launch: {e}", file=sys.stderr)
         return 2
     log_path = args.log or Path(tempfile.mkdtemp(prefix="specdecode-launch-")) / "server.log"
@@ -177,42 +163,27 @@ def _attach(server, args: argparse.Namespace, run_app: Callable[[Any], None]) ->
     """The TUI over the managed server: knob keys it cannot follow live offer a relaunch, the
     server's log feeds the session, and `--record` records it all."""
     from tuner.app import make_app
-    from tuner.backends import ServerError, connect
     from tuner.backends.sglang.managed import LogFeed, ManagedRelaunch
-    from tuner.commands.attach import gpu_labels, start_nvml
-    from tuner.core.session import Session
-    from tuner.core.text import terminal_safe
 
     kind = None if args.server_kind == "auto" else args.server_kind
-    try:
-        backend = connect(server.url, api_key=args.api_key, kind=kind)
-    except ServerError as e:
-        print(terminal_safe(f"specdecode-tune launch: {e}"), file=sys.stderr)
-        return 1
-    recorder = None
-    if args.record is not None:
-        from tuner.recording import Recorder, header_for
-        try:
-            recorder = Recorder(args.record, header_for(backend, command="launch", launch_command=server.launch.display()))
-        except Exception as e:  # noqa: BLE001 - RecordingError, OSError: one line either way
-            backend.stop()
-            print(f"specdecode-tune launch: cannot record to {args.record}: {e}", file=sys.stderr)
-            return 2
-    session = Session(backend, recorder=recorder)
     events, progress = server.on_event, server.on_progress
-    # While the TUI owns the terminal nothing prints: relaunch events go to the session (its log
-    # and the recording), progress to the TUI's bar.
-    relauncher = ManagedRelaunch(server, session.put, session.now)
-    feed = LogFeed(server.log_path, session.put, session.now).start()
-    sampler = start_nvml(session)
     try:
-        run_app(make_app(session, load=args.load, prompts=args.prompt_list, max_new_tokens=args.max_new_tokens,
-                         gpu_labels=gpu_labels(sampler), relauncher=relauncher))
+        with open_session(args, server.url, key=args.api_key, kind=kind, record=args.record,
+                          header={"command": "launch", "launch_command": server.launch.display()},
+                          gpus_every_s=TUI_GPUS_EVERY_S) as opened:
+            session = opened.session
+            # While the TUI owns the terminal nothing prints: relaunch events go to the session (its
+            # log and the recording), progress to the TUI's bar.
+            relauncher = ManagedRelaunch(server, session.put, session.now)
+            feed = LogFeed(server.log_path, session.put, session.now).start()
+            try:
+                run_app(make_app(session, load=args.load, prompts=args.prompt_list, max_new_tokens=args.max_new_tokens,
+                                 gpu_labels=opened.gpu_labels, relauncher=relauncher))
+            finally:
+                feed.stop()
+    except OpenError as e:
+        return fail("launch", e)
     finally:
-        feed.stop()
-        if sampler is not None:
-            sampler.stop()
-        session.close()
         server.on_event, server.on_progress = events, progress
     if args.record is not None:
         print(f"specdecode-tune launch: recorded to {args.record}", file=sys.stderr)

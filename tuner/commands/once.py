@@ -15,6 +15,7 @@ import sys
 import threading
 from typing import Any
 
+from tuner.commands.options import OpenError, add_server_arguments, fail, open_session, parse_change
 from tuner.core import setting as vocab
 from tuner.core.driver import Driver
 from tuner.core.redact import redact_url
@@ -33,10 +34,7 @@ DEFAULT_PROMPTS = [
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from tuner.commands.keys import add_key_arguments
-
-    p.add_argument("url", help="server base URL, e.g. http://127.0.0.1:30000")
-    add_key_arguments(p)
+    add_server_arguments(p)
     p.add_argument("--seconds", type=float, default=3.0, help="how long to watch (default 3)")
     p.add_argument("--set", dest="changes", action="append", default=[], metavar="KEY=VALUE",
                    help="apply a live change first, e.g. --set speculative_num_steps=2 (repeatable)")
@@ -44,19 +42,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", default=None, help="JSONL prompt file for --load (default: a few built-in prompts)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-
-
-def _parse_change(text: str) -> tuple[str, Any]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise ValueError(f"--set wants KEY=VALUE, got {text!r}")
-    try:
-        return key.strip(), int(value)
-    except ValueError:
-        try:
-            return key.strip(), float(value)
-        except ValueError:
-            return key.strip(), value.strip()
 
 
 def _mean(store: Any, series: str, t0: float) -> float:
@@ -165,45 +150,40 @@ def format_table(r: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tuner.backends import ServerError, connect
-    from tuner.backends.load import PromptFileError, load_prompts
-    from tuner.commands.keys import api_key_of
+    from tuner.backends.load import load_prompts
     from tuner.core.ab import settle_end
-    from tuner.core.session import Session
 
-    try:
-        changes = dict(_parse_change(c) for c in args.changes)
-        prompts = load_prompts(args.prompts) if args.prompts else DEFAULT_PROMPTS
-        backend = connect(args.url, api_key=api_key_of(args))
-    except (ServerError, PromptFileError, ValueError) as e:     # ApiKeyError is a ValueError
-        print(terminal_safe(f"specdecode-tune once: {e}"), file=sys.stderr)
-        return 2
     rc = 0
-    with Session(backend) as session:
-        changed = False
-        if changes:
-            res = session.set_config(changes, by="once")
-            changed = res.ok
-            if not res.ok:
-                print(terminal_safe(f"specdecode-tune once: change refused: {res.reason}"), file=sys.stderr)
-                rc = 1
-        if args.load > 0:
-            session.start_load(prompts, args.load, max_new_tokens=args.max_new_tokens)
-            changed = True
-        # Settle first when something changed (tuner.core.windows: the later of 2 s and 20 decode
-        # iterations after it), then watch. Iterations need traffic: without any, the wait ends at
-        # SETTLE_WAIT_MAX_S and the readings say what they say. Nothing changed (a refused change
-        # changes nothing): only the first polls.
-        changed_at = session.now()
-        driver, stop = Driver(session), threading.Event()
-        if changed:
-            driver.run(stop, tick_s=TICK_S, duration_s=SETTLE_WAIT_MAX_S,
-                       until=lambda: session.now() >= settle_end(session.store, changed_at))
-        else:
-            driver.run(stop, tick_s=TICK_S, duration_s=FIRST_READINGS_S)
-        t0 = session.now()
-        driver.run(stop, tick_s=TICK_S, duration_s=args.seconds)
-        session.stop_load()
+    try:
+        changes = dict(parse_change(c) for c in args.changes)
+        prompts = load_prompts(args.prompts) if args.prompts else DEFAULT_PROMPTS
+        with open_session(args, start=True) as opened:
+            session = opened.session
+            changed = False
+            if changes:
+                res = session.set_config(changes, by="once")
+                changed = res.ok
+                if not res.ok:
+                    rc = fail("once", f"change refused: {res.reason}", 1)
+            if args.load > 0:
+                session.start_load(prompts, args.load, max_new_tokens=args.max_new_tokens)
+                changed = True
+            # Settle first when something changed (tuner.core.windows: the later of 2 s and 20 decode
+            # iterations after it), then watch. Iterations need traffic: without any, the wait ends at
+            # SETTLE_WAIT_MAX_S and the readings say what they say. Nothing changed (a refused change
+            # changes nothing): only the first polls.
+            changed_at = session.now()
+            driver, stop = Driver(session), threading.Event()
+            if changed:
+                driver.run(stop, tick_s=TICK_S, duration_s=SETTLE_WAIT_MAX_S,
+                           until=lambda: session.now() >= settle_end(session.store, changed_at))
+            else:
+                driver.run(stop, tick_s=TICK_S, duration_s=FIRST_READINGS_S)
+            t0 = session.now()
+            driver.run(stop, tick_s=TICK_S, duration_s=args.seconds)
+            session.stop_load()
+    except (OpenError, ValueError) as e:     # PromptFileError and a bad --set are ValueErrors
+        return fail("once", e, 2)            # once says any failure to start as its usage error
     # Read after close: a poll still in flight when the time was up (a slow server) has ended by
     # then (its deadline bounds it), and what it found belongs to this look.
     r = readings(session, t0)

@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from tuner.commands.duration import parse_duration
+from tuner.commands.keys import argv_for_record
+from tuner.commands.options import (OpenError, add_load_arguments, add_server_arguments, api_key, fail, open_session,
+                                    parse_change, prompts_for)
 from tuner.core.driver import Driver, ScheduledChange
 from tuner.core.event_text import event_text
 from tuner.core.events import EventKind as K
@@ -47,34 +50,27 @@ def record_store():
 
 
 def parse_set_at(text: str) -> ScheduledChange:
-    from tuner.commands.once import _parse_change
-
     when, sep, change = str(text).partition(":")
     if not sep:
         raise argparse.ArgumentTypeError(f"--set-at wants WHEN:KEY=VALUE, got {text!r}")
     try:
-        key, value = _parse_change(change)
+        key, value = parse_change(change, "--set-at")
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return ScheduledChange(0.0 if when.strip() in ("0", "") else parse_duration(when), key, value)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from tuner.commands.keys import add_key_arguments
-
-    p.add_argument("url", metavar="URL", help="the server, e.g. http://127.0.0.1:30000")
+    add_server_arguments(p)
     p.add_argument("--out", "-o", type=Path, required=True, metavar="FILE", help="the recording to write (SQLite)")
     p.add_argument("--duration", type=parse_duration, default=None, metavar="D",
                    help="stop after D (90, 5m, 2h; default: until Ctrl-C or SIGTERM)")
-    p.add_argument("--load", type=int, default=0, metavar="N", help="keep N generate requests in flight")
-    p.add_argument("--prompts", type=Path, default=None, help="JSONL prompts for --load (default: built-in)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per load request")
+    add_load_arguments(p, tui=False)
     p.add_argument("--capture-trace-every", type=parse_duration, default=None, metavar="D",
                    help="capture a profiler trace on every rank every D (analysed and stored in the file)")
     p.add_argument("--capture-steps", type=int, default=5, metavar="N", help="decode steps per trace (default 5)")
     p.add_argument("--set-at", type=parse_set_at, action="append", default=[], metavar="WHEN:KEY=VALUE",
                    help="change a setting WHEN after the start, e.g. 20s:speculative_num_steps=4 (repeatable)")
-    add_key_arguments(p)
     p.add_argument("--overwrite", action="store_true",
                    help="replace FILE if it is an existing recording or an empty file (nothing else)")
     p.add_argument("--nvml-hz", type=float, default=10.0, metavar="HZ",
@@ -191,8 +187,6 @@ def _setting(active: Any) -> str:
 
 def _command_line(argv: list[str], key: str | None = None) -> str:
     """The command line as stored in the recording: the key never, however it was spelled."""
-    from tuner.commands.keys import argv_for_record
-
     return "specdecode-tune " + " ".join(shlex.quote(a) for a in argv_for_record(argv, key))
 
 
@@ -219,87 +213,68 @@ class _Stopper:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tuner.backends import ServerError, connect
-    from tuner.backends.load import builtin_prompts
-    from tuner.commands.attach import gpu_labels, start_nvml
-    from tuner.commands.keys import ApiKeyError, api_key_of
-    from tuner.core.session import Session
-    from tuner.recording import Recorder, RecordingError, header_for
-
-    def fail(msg: str, rc: int = 1) -> int:
-        print(terminal_safe(f"specdecode-tune record: {msg}"), file=sys.stderr)
-        return rc
-
-    if args.load < 0:
-        return fail("--load must be 0 or more", 2)
-    if args.capture_steps < 1:
-        return fail("--capture-steps must be 1 or more", 2)
-    if not (args.nvml_hz == 0 or 0.1 <= args.nvml_hz <= 100):
-        return fail("--nvml-hz must be 0 (no NVML) or between 0.1 and 100", 2)
     from tuner.recording.outputs import OutputError, check_output
     from tuner.recording.recorder import not_replaceable_recording
+
+    if args.load < 0:
+        return fail("record", "--load must be 0 or more", 2)
+    if args.capture_steps < 1:
+        return fail("record", "--capture-steps must be 1 or more", 2)
+    if not (args.nvml_hz == 0 or 0.1 <= args.nvml_hz <= 100):
+        return fail("record", "--nvml-hz must be 0 (no NVML) or between 0.1 and 100", 2)
     try:   # before connecting: a refused --out costs the operator nothing
         check_output(args.out, overwrite=args.overwrite, may_replace=not_replaceable_recording)
+        prompts = prompts_for(args)
     except OutputError as e:
-        return fail(str(e), 2)
-    try:
-        from tuner.backends.load import load_prompts
-        prompts = load_prompts(args.prompts) if args.prompts else builtin_prompts()
+        return fail("record", e, 2)
     except (OSError, ValueError) as e:
-        return fail(f"prompts: {e}", 2)
+        return fail("record", f"prompts: {e}", 2)
+    t0 = time.monotonic()
     try:
-        api_key = api_key_of(args)
-    except ApiKeyError as e:
-        return fail(str(e), 2)
-    try:
-        backend = connect(args.url, api_key=api_key)
-    except ServerError as e:
-        return fail(str(e))
+        key = api_key(args)
+        record_opts = {"duration_s": args.duration, "load": args.load, "max_new_tokens": args.max_new_tokens,
+                       "capture_trace_every_s": args.capture_trace_every, "capture_steps": args.capture_steps,
+                       "set_at": [{"at_s": c.at_s, "key": c.key, "value": c.value} for c in args.set_at]}
+        header = {"command": _command_line(sys.argv[1:], key), "record": record_opts}
+        with open_session(args, key=key, check=lambda b: _can_capture(args, b), record=args.out, header=header,
+                          overwrite=args.overwrite, store=record_store(), start=True,
+                          gpus_every_s=1.0 / args.nvml_hz if args.nvml_hz > 0 else None) as opened:
+            driver = _record(args, opened, prompts)
+    except OpenError as e:
+        return fail("record", e)
+    if opened.recorder.error:
+        return fail("record", opened.recorder.error)
+    print(f"specdecode-tune record: wrote {args.out} ({opened.recorder.written} records, {driver.captures} trace "
+          f"captures, {_mb(_size(args.out))}, {time.monotonic() - t0:.0f} s); see it with `specdecode-tune replay "
+          f"{args.out}` or `specdecode-tune report {args.out} --out report.html`", file=sys.stderr)
+    return 0
+
+
+def _can_capture(args: argparse.Namespace, backend: Any) -> None:
     if args.capture_trace_every and not backend.capabilities.CAN_CAPTURE_TRACE:
-        backend.stop()
-        return fail(f"{redact_url(args.url)} cannot capture profiler traces (drop --capture-trace-every)", 2)
-    record_opts = {"duration_s": args.duration, "load": args.load, "max_new_tokens": args.max_new_tokens,
-                   "capture_trace_every_s": args.capture_trace_every, "capture_steps": args.capture_steps,
-                   "set_at": [{"at_s": c.at_s, "key": c.key, "value": c.value} for c in args.set_at]}
-    try:
-        recorder = Recorder(args.out, header_for(backend, command=_command_line(sys.argv[1:], api_key), record=record_opts),
-                            overwrite=args.overwrite)
-    except RecordingError as e:
-        backend.stop()
-        return fail(str(e))
-    session = Session(backend, recorder=recorder, store=record_store())
-    progress = Progress(sys.stderr, every_s=args.progress_every)
-    stop = threading.Event()
+        raise OpenError(f"{redact_url(args.url)} cannot capture profiler traces (drop --capture-trace-every)", 2)
+
+
+def _record(args: argparse.Namespace, opened: Any, prompts: list[dict]) -> Driver:
+    """Record until --duration, a signal or the first write failure; the driver, for its counts."""
     from tuner.tuning.controller_watch import ControllerWatch
+
+    session, recorder = opened.session, opened.recorder
+    progress = Progress(sys.stderr, every_s=args.progress_every)
     driver = Driver(session, schedule=args.set_at, capture_every_s=args.capture_trace_every,
                     capture_steps=args.capture_steps, on_event=say_event(progress),
                     watch=ControllerWatch(session))
-    sampler = None
-    t0 = time.monotonic()
-    with _Stopper(stop):
-        try:
-            session.start()
-            sampler = start_nvml(session, 1.0 / args.nvml_hz) if args.nvml_hz > 0 else None
-            if sampler is not None:
-                recorder.set_header("gpus", [{"index": d.index, "name": d.name, "bus_id": d.bus_id, "uuid": d.uuid,
-                                              "rank": d.rank, "label": gpu_labels(sampler).get(d.index)}
-                                             for d in sampler.devices])
+    stop = threading.Event()
+    try:
+        with _Stopper(stop):
             if args.load > 0:
                 session.start_load(prompts, args.load, max_new_tokens=args.max_new_tokens)
-            progress.say(f"recording {redact_url(args.url)} ({backend.kind}) into {args.out}; "
+            progress.say(f"recording {redact_url(args.url)} ({opened.backend.kind}) into {args.out}; "
                          + (f"for {_hms(args.duration)}" if args.duration else "Ctrl-C or SIGTERM stops"))
             # The first write failure (disk full, file removed) ends the recording at once: a long
             # one must not run on for hours with nothing written.
             driver.run(stop, tick_s=TICK_S, duration_s=args.duration, until=lambda: recorder.error is not None,
                        on_tick=lambda: progress.update(status_line(driver, args.out, args.duration)))
-        finally:
-            if sampler is not None:
-                sampler.stop()
-            session.close()
-            progress.end()
-    if recorder.error:
-        return fail(recorder.error)
-    print(f"specdecode-tune record: wrote {args.out} ({recorder.written} records, {driver.captures} trace captures, "
-          f"{_mb(_size(args.out))}, {time.monotonic() - t0:.0f} s); see it with `specdecode-tune replay {args.out}` "
-          f"or `specdecode-tune report {args.out} --out report.html`", file=sys.stderr)
-    return 0
+    finally:
+        progress.end()
+    return driver

@@ -19,7 +19,35 @@ import json
 import threading
 from typing import Any, Callable, Sequence
 
-from probes.names import STEPS
+from pathlib import Path
+
+from probes.names import SHARDED, STEPS
+
+SCHEDULE_PLACEMENTS = [SHARDED]
+"""A schedule's tiers are chain steps per batch size on one placement: the draft inside the TP
+group, the only one SGLang has (--placements widens the table, not the export)."""
+
+
+def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--schedule", action="store_true",
+                        help="tune per batch size: sweep the load 1, 2, 4, ... (--load 0: the server's own "
+                             "traffic), fit each batch bucket and export SGLang's adaptive config")
+    parser.add_argument("--max-load", type=int, default=None, metavar="N",
+                        help="with --schedule: the highest load swept (default: the server's max_running_requests)")
+    parser.add_argument("--adaptive-config", type=Path, default=None, metavar="FILE",
+                        help="with --schedule: write SGLang's --speculative-adaptive-config JSON here")
+
+
+def schedule_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the schedule's flags (one line), or None."""
+    if args.schedule and args.apply:
+        return ("--schedule leaves the server as it found it; launch with the exported adaptive config "
+                "instead of --apply")
+    if not args.schedule and (args.max_load is not None or args.adaptive_config is not None):
+        return "--max-load and --adaptive-config need --schedule"
+    if args.max_load is not None and args.max_load < 1:
+        return "--max-load must be at least 1"
+    return None
 
 
 class ScheduleError(Exception):
@@ -116,6 +144,8 @@ def run_schedule(args: argparse.Namespace, backend: Any, session: Any, driver: A
     def fail(msg: str, rc: int) -> int:
         print(f"specdecode-tune tune: {msg}", file=sys.stderr)
         return rc
+
+    say(f"tuning a schedule on {args.url} ({backend.kind})")
 
     try:
         check_server(backend)
