@@ -119,6 +119,19 @@ class Eagle3Config:
         if not eagle.get("use_aux_hidden_state", True):
             raise ValueError("eagle_config.use_aux_hidden_state = false is not supported")
         ids = eagle.get("eagle_aux_hidden_state_layer_ids")
+        # SGLang sizes fc by the aux count (llama_eagle3.py:160-166: num_aux_hidden_states, else the
+        # layer ids' count, else 3); this engine captures exactly 3 target layers.
+        n_aux = d.get("num_aux_hidden_states") or (len(ids) if ids else 3)
+        if n_aux != 3:
+            raise ValueError(f"EAGLE-3 heads over {n_aux} target layers are not supported by this engine "
+                             "(it feeds exactly 3 aux hidden states; SGLang loads any count)")
+        target_hidden = d.get("target_hidden_size") or d["hidden_size"]
+        if target_hidden != d["hidden_size"]:
+            # SGLang then keeps the head's own embedding instead of sharing the target's
+            # (models/llama.py:910-916); this engine always shares the target's.
+            raise ValueError(f"EAGLE-3 heads with target_hidden_size ({target_hidden}) != hidden_size "
+                             f"({d['hidden_size']}) are not supported by this engine (it shares the "
+                             "target's embedding; SGLang keeps the head's own)")
         rope = d.get("rope_parameters") or {}
         tied = bool(d.get("tie_word_embeddings", False))
         source = "target_embedding" if tied else ("target_lm_head" if d.get("draft_vocab_size") is None else "own")
@@ -128,7 +141,7 @@ class Eagle3Config:
             head_dim=d.get("head_dim") or d["hidden_size"] // heads,
             vocab_size=d["vocab_size"],
             draft_vocab_size=d["vocab_size"] if source != "own" else d["draft_vocab_size"],
-            target_hidden_size=d.get("target_hidden_size") or d["hidden_size"],
+            target_hidden_size=target_hidden,
             rms_norm_eps=d.get("rms_norm_eps", 1e-5),
             rope_theta=float(d.get("rope_theta", rope.get("rope_theta", 10000.0))),
             rope_scaling=d.get("rope_scaling"),

@@ -121,7 +121,8 @@ def test_own_lm_head_is_still_required_when_the_head_has_its_own_vocabulary(tmp_
 def test_target_head_of_another_width_is_a_load_error(tmp_path):
     config, state = head_state(draft_vocab=V)
     del config["draft_vocab_size"]
-    config["hidden_size"] = 16
+    # A head that says it drafts for a 16-wide target, given a 32-wide one.
+    config["hidden_size"] = config["target_hidden_size"] = 16
     config["head_dim"] = 4
     torch.manual_seed(2)
     head = Eagle3Head(Eagle3Config.from_dict(config))
@@ -166,3 +167,17 @@ def test_config_round_trip_keeps_the_rules():
     cfg = Eagle3Config.from_dict(d)
     again = Eagle3Config.from_dict(cfg.to_dict())
     assert (again.lm_head_source, again.norm_output, again.draft_vocab_size) == ("target_lm_head", True, V)
+
+
+@pytest.mark.parametrize("change, match", [
+    # llama_eagle3.py:160-166: fc's width is the aux count (num_aux_hidden_states, else the ids').
+    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3, 4]}}, "over 4 target layers"),
+    ({"num_aux_hidden_states": 2}, "over 2 target layers"),
+    # models/llama.py:910-916: SGLang keeps the head's own embedding when the widths differ.
+    ({"target_hidden_size": 2 * H}, "target_hidden_size"),
+])
+def test_heads_sglang_loads_but_the_engine_cannot_are_refused_at_load(tmp_path, change, match):
+    config, state = head_state()
+    with pytest.raises(ValueError, match=match):
+        loader.load_eagle3(write_head(tmp_path / "head", {**config, **change}, state))
+    Eagle3Config.from_dict({**config, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}})

@@ -94,7 +94,9 @@ def test_eagle3_head_loads_both_file_kinds(tmp_path, fmt):
 def test_loader_errors_name_the_problem(tmp_path):
     head = presets.build_head("tiny-eagle3")
     loader.save_eagle3(head, tmp_path)
-    cfg = (tmp_path / "config.json").read_text().replace('"hidden_size": 64', '"hidden_size": 32')
+    # Both widths: a head whose widths differ is refused before its tensors are read.
+    cfg = (tmp_path / "config.json").read_text().replace('"hidden_size": 64', '"hidden_size": 32') \
+        .replace('"target_hidden_size": 64', '"target_hidden_size": 32')
     (tmp_path / "config.json").write_text(cfg)
     with pytest.raises(loader.LoadError, match="shape"):
         loader.load_eagle3(tmp_path)
