@@ -125,6 +125,18 @@ class LiveBackend(Backend):
             return dict(self._info)
 
     @property
+    def raw_info(self) -> dict[str, Any]:
+        """The newest /server_info body as the server sent it (doctor judges its launch keys)."""
+        with self._lock:
+            return dict(self._raw_info)
+
+    @property
+    def http(self) -> HttpClient:
+        """The control client, for one-off reads beside the pollers (doctor's checks): this
+        backend's URL, key and deadlines, never a poller's own client."""
+        return self._http["control"]
+
+    @property
     def rank_info(self) -> list[dict[str, Any]]:
         with self._lock:
             return [dict(r) for r in self._rank_info]

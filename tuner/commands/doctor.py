@@ -18,8 +18,9 @@ list and its timers from the phase stream, and only what needs `/metrics` names 
 Live steps are judged from the tiers the plugin publishes (specdecode_pinnable_steps): a launch
 whose slots leave a tier out is told which steps it can pin and how `sglang-flags` adds the rest.
 
-It only reads, with two exceptions: the phase-timer lease that `attach` takes too, and with --probe
-one short `/generate`, so the timers have iterations to time. It never prints a key.
+It reads through the server's backend (tuner.backends: its client, key and deadlines), with two
+exceptions to reading: the SGLang backend's phase-timer lease (the one `attach` holds), and with
+--probe one short `/generate`, so the timers have iterations to time. It never prints a key.
 Exit status: 0 when every required capability works (--require, default all), 1 when one is missing,
 2 when the server cannot be reached or the arguments are bad.
 Must not change a setting or start anything.
@@ -29,17 +30,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from probes.names import ADAPTIVE, R_PHASE_MS, STEPS, TOPK
+from tuner.commands.options import OpenError, add_server_arguments, fail, open_session
 from tuner.core.text import terminal_safe
 
 OK, MISSING, UNKNOWN, NOTE = "ok", "missing", "unknown", "note"
 SGLANG_VERSION = "0.5.23"      # the version the plugin's hooks were checked against
-LEASE_S = 60                   # the lease attach takes (tuner.backends.sglang.LEASE_S)
 PLUGIN_FIX = ("install the plugin into the SERVER's Python: `pip install --no-deps specdecode-tune`; if "
               "SGLANG_PLUGINS is set, include `specdecode`; relaunch")
 SEE_PLUGIN = "install the plugin (see `plugin routes`)"
@@ -65,10 +66,7 @@ class Check:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from tuner.commands.keys import add_key_arguments
-
-    p.add_argument("url", help="server base URL, e.g. http://127.0.0.1:30000")
-    add_key_arguments(p)
+    add_server_arguments(p)
     p.add_argument("--wait-s", type=float, default=3.0,
                    help="how long to watch for decode iterations when checking the phase timers (default 3)")
     p.add_argument("--probe", action="store_true",
@@ -88,25 +86,11 @@ def _require(text: str) -> frozenset[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tuner.backends import ServerError, connect
-    from tuner.commands.keys import api_key_of
-
-    try:
-        key = api_key_of(args)
-        backend = connect(args.url, api_key=key)
-    except (ServerError, ValueError) as e:       # ApiKeyError is a ValueError
-        print(terminal_safe(f"specdecode-tune doctor: {e}"), file=sys.stderr)
-        return 2
-    from tuner.backends.http import HttpClient
-
-    http = HttpClient(args.url, key)
-    try:
-        head, checks = diagnose(http, backend.kind, args.wait_s, args.probe)
-    except ServerError as e:
-        print(terminal_safe(f"specdecode-tune doctor: {e}"), file=sys.stderr)
-        return 2
-    finally:
-        http.close()
+    try:     # the session is never started: doctor reads on its own schedule, not the pollers'
+        with open_session(args) as opened:
+            head, checks = diagnose(opened.backend, args.wait_s, args.probe)
+    except OpenError as e:
+        return fail("doctor", e, 2)       # unreachable is 2 here (the exit statuses above)
     required = args.require or frozenset(CAPABILITIES)
     failed = [c for c in checks if c.status == MISSING and c.id in required]
     if args.json:
@@ -135,13 +119,12 @@ def format_checks(head: str, checks: list[Check], required: frozenset[str] = fro
     return "\n".join(lines)
 
 
-def diagnose(http, kind: str, wait_s: float = 3.0, probe: bool = False) -> tuple[str, list[Check]]:
-    """(a one-line description of the server, the checks in order). Raises ServerError only when
-    /server_info cannot be read; every other failed read is a check's finding."""
+def diagnose(backend, wait_s: float = 3.0, probe: bool = False) -> tuple[str, list[Check]]:
+    """(a one-line description of the server, the checks in order) of a connected backend, from
+    the /server_info it read; every failed read here is a check's finding."""
     from tuner.backends.common_info import common_info, internal_state
 
-    raw = http.get_json("/server_info")
-    raw = raw if isinstance(raw, dict) else {}
+    http, kind, raw = backend.http, backend.kind, backend.raw_info
     info = common_info(kind, raw)
     st = internal_state(raw)
     sglang = kind == "sglang"
@@ -163,7 +146,7 @@ def diagnose(http, kind: str, wait_s: float = 3.0, probe: bool = False) -> tuple
     has_plugin = plugin.status == OK
     # The timers run first: their lease (and --probe's request) is what makes an idle SGLang's ranks
     # write their streams, which is where ranks are read from without /metrics.
-    timers = _timers(http, metrics, wait_s, probe, sglang, has_plugin)
+    timers = _timers(backend, metrics, wait_s, probe, has_plugin)
     if metrics is None and sglang and has_plugin:
         _, streams = _plugin_routes(http)
     checks.append(_ranks(metrics, tp, sglang, streams if has_plugin else None))
@@ -179,8 +162,8 @@ def diagnose(http, kind: str, wait_s: float = 3.0, probe: bool = False) -> tuple
 
 def _speculation(raw: dict, st: dict) -> Check:
     algo = st.get("speculative_algorithm", raw.get("speculative_algorithm"))
-    steps = st.get("speculative_num_steps", raw.get("speculative_num_steps"))
-    topk = st.get("speculative_eagle_topk", raw.get("speculative_eagle_topk"))
+    steps = st.get(STEPS, raw.get(STEPS))
+    topk = st.get(TOPK, raw.get(TOPK))
     if not algo or str(algo).upper() == "NONE":
         return Check("speculation", MISSING, "no speculative algorithm: nothing to profile or tune",
                      "launch with --speculative-algorithm EAGLE3 --speculative-draft-model-path HEAD")
@@ -277,9 +260,10 @@ def _progress(http, metrics) -> tuple[float, float]:
         return float("nan"), secs
 
 
-def _timers(http, metrics, wait_s: float, probe: bool, sglang: bool, plugin: bool = True) -> Check:
+def _timers(backend, metrics, wait_s: float, probe: bool, plugin: bool = True) -> Check:
     from tuner.backends.http import ServerError
 
+    http, sglang = backend.http, backend.kind == "sglang"
     if sglang and not plugin:
         return Check("phase timers", MISSING, "the plugin is not loaded", SEE_PLUGIN)
     # The reference engine's counter appears with its first decoded iteration: a server that has not
@@ -292,7 +276,7 @@ def _timers(http, metrics, wait_s: float, probe: bool, sglang: bool, plugin: boo
         return Check("phase timers", MISSING, "no specdecode:phase_seconds_total in /metrics", SEE_PLUGIN)
     if sglang:
         try:   # the lease attach takes: timers run only while someone watches
-            status, body = http.post_json("/set_internal_state", {"server_args": {"specdecode_timers": LEASE_S}})
+            status, body = backend.take_timer_lease()
             if status != 200 or body != [True]:
                 return Check("phase timers", MISSING, f"the timer lease was refused (HTTP {status} {body!r:.40})",
                              SEE_PLUGIN)
@@ -351,7 +335,7 @@ def _stream_progress(http, after: int = 0) -> tuple[float, float]:
             if not recs or not isinstance(nxt, int) or nxt <= after:
                 break
             for r in recs:
-                ph = r.get("phase_ms") if isinstance(r, dict) else None
+                ph = r.get(R_PHASE_MS) if isinstance(r, dict) else None
                 if isinstance(ph, dict):
                     secs += sum(v for v in ph.values() if isinstance(v, (int, float))) / 1e3
             after = nxt
@@ -388,8 +372,8 @@ def _live_steps(raw: dict, st: dict, sglang: bool, plugin: bool) -> Check:
 
     if not sglang:
         return Check("live settings", OK, "steps, topk, draft tokens and placement change live")
-    adaptive = bool(st.get("speculative_adaptive", raw.get("speculative_adaptive", False)))
-    topk = st.get("speculative_eagle_topk", raw.get("speculative_eagle_topk"))
+    adaptive = bool(st.get(ADAPTIVE, raw.get(ADAPTIVE, False)))
+    topk = st.get(TOPK, raw.get(TOPK))
     relaunch = ("launch with --speculative-adaptive --speculative-eagle-topk 1 and a config whose every slot "
                 "lists the steps you want: " + FLAGS_FIX.format(steps="1,2,3,5"))
     if not plugin:

@@ -76,12 +76,16 @@ class SGLangBackend(LiveBackend):
         if self.plugin is not None and now - self._lease_at >= RENEW_EVERY_S:
             # Phase timers cost a little; they run only while someone watches (the lease expires).
             try:
-                status, body = self._http["info"].post_json("/set_internal_state",
-                                                            {"server_args": {TIMERS_KEY: LEASE_S}})
+                status, _ = self.take_timer_lease()
                 if status == 200:
                     self._lease_at = now
             except ServerError:
                 pass
+
+    def take_timer_lease(self) -> tuple[int, Any]:
+        """Ask the plugin to run its phase timers for LEASE_S more seconds: (HTTP status, body),
+        `[True]` when it took it; ServerError when the request fails."""
+        return self._http["info"].post_json("/set_internal_state", {"server_args": {TIMERS_KEY: LEASE_S}})
 
     @property
     def capabilities(self) -> Capabilities:
