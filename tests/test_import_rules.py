@@ -46,3 +46,14 @@ def test_import_linter_contracts_hold():
     exe = Path(sys.executable).with_name("lint-imports")
     out = subprocess.run([str(exe)], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+
+
+def test_the_independence_contract_lists_every_command():
+    """A new command joins the contract that keeps the commands siblings (pyproject.toml)."""
+    import tomllib
+
+    from tuner.cli import COMMANDS
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    [siblings] = [c for c in contracts if c["type"] == "independence" and "tuner.commands.tune" in c["modules"]]
+    assert sorted(siblings["modules"]) == sorted(f"tuner.commands.{module}" for module, _ in COMMANDS.values())
