@@ -72,6 +72,9 @@ class TunerOptions:
     ab_pairs: int = 2                # candidate/incumbent segment pairs per verification ...
     ab_max_pairs: int = 4            # ... extended one pair at a time while the interval spans 1
     noise_floor: float = 0.02        # predicted gains below this are within noise
+    measured_margin: float = 0.10    # a probe's tok/s this far above the incumbent's is a lead the
+                                     # model's prediction must not overrule: it is A/B'd next (one
+                                     # probe is ~1 s of server time, so smaller leads are its noise)
     max_rounds: int = 3              # verifications at most
     apply_best: bool = True          # leave the best applied (else restore the starting setting)
     stall_s: float = 20.0            # no iteration of a setting for this long: say so
@@ -161,6 +164,9 @@ class TuningResult:
     # What the cost model says about the result (recommendations, SGLang flags, the acceptance-only
     # prediction, the placement what-if): derive_advice(), computed once when the tuner finishes.
     advice: Mapping[str, Any] = field(default_factory=dict)
+    # Settings measured faster than the pick beyond the probes' noise and never judged by an A/B:
+    # said beside the result, never silently dropped (probe tok/s, ratio to the pick's).
+    unverified_leads: tuple[tuple[Setting, float], ...] = ()
 
     def to_json(self) -> dict:
         ao = self.acceptance_only
@@ -177,6 +183,7 @@ class TuningResult:
                 "measured_tok_s": self.measured_tok_s.get(ao)},
             "what_if": self.advice.get("what_if"),
             "model": self.model.to_json() if self.model is not None else None,
+            "unverified_leads": [{**s.to_json(), "ratio": r} for s, r in self.unverified_leads],
         }
 
 
@@ -602,14 +609,45 @@ class Tuner:
         cand = best(pool)
         inc_pred = self._predicted(self._incumbent)
         if cand is None or cand.setting == self._incumbent:
-            return self._next_round(now, "the previous best is the predicted best"
-                                    if self._rounds else "the starting setting is the predicted best")
+            return self._lead_or_stop(now, "the previous best is the predicted best"
+                                      if self._rounds else "the starting setting is the predicted best")
         if inc_pred is not None and inc_pred.tok_s:
             gain = cand.tok_s / inc_pred.tok_s - 1           # type: ignore[operator]
         else:
             gain = math.inf
         if gain < self.opts.noise_floor:
-            return self._next_round(now, f"next candidate predicted {gain * 100:+.1f} %, within noise")
+            return self._lead_or_stop(now, f"next candidate predicted {gain * 100:+.1f} %, within noise")
+        return self._start_ab(now, cand, gain, inc_pred)
+
+    def _lead_or_stop(self, now: float, reason: str) -> None:
+        """The model has nothing better to try: a setting measured clearly faster than the incumbent
+        is judged by an A/B first (a measurement beats the model); else stop with `reason`."""
+        lead = self._measured_lead()
+        found = self._predicted(lead[0]) if lead is not None else None
+        if lead is None or found is None or not self._ab_budget_left(now):
+            return self._next_round(now, reason)
+        return self._start_ab(now, found, lead[1] - 1, self._predicted(self._incumbent) if self._incumbent else None)
+
+    def _measured_lead(self) -> tuple[Setting, float] | None:
+        """The measured setting furthest ahead of the incumbent beyond `measured_margin`, not yet
+        judged by an A/B (ratio of probe tok/s), or None."""
+        inc = self._incumbent
+        base = self.measured.get(inc) if inc is not None else None
+        if not base or base <= 0:
+            return None
+        leads = [(s, v / base) for s, v in self.measured.items()
+                 if s != inc and s in self.space and s not in self._rejected and s not in self._verified
+                 and v / base > 1 + self.opts.measured_margin]
+        return max(leads, key=lambda x: x[1]) if leads else None
+
+    def _ab_budget_left(self, now: float) -> bool:
+        """Whether one more verification (its pairs, each segment settled) and the held-back probes
+        fit in the budget."""
+        one = self.opts.ab_pairs * 2 * (self.opts.settle_s + self.opts.ab_segment_s)
+        return now - self._t0 + one + self._completion_reserve() < self.opts.budget_s
+
+    def _start_ab(self, now: float, cand: Prediction, gain: float, inc_pred: Prediction | None) -> None:
+        assert self._incumbent is not None
         if self._rounds >= self.opts.max_rounds:
             return self._finish(now, f"{self.opts.max_rounds} verifications done")
         self._candidate = cand
@@ -693,10 +731,21 @@ class Tuner:
                                                      "reason": f"measured {(ratio - 1) * 100:+.1f} % "
                                                                f"[{(lo - 1) * 100:+.1f}, {(hi - 1) * 100:+.1f}]"})
             return self._next_round(now, None)
-        # Within noise: keep the previous best (no change is the cheaper bet) and stop.
+        # Within noise: keep the previous best (no change is the cheaper bet), and while the budget
+        # allows another A/B, try the next-best candidate rather than stopping on one tie.
         self._rejected.add(cand)
-        return self._next_round(now, f"next candidate measured {(ratio - 1) * 100:+.1f} % "
-                                     f"[{(lo - 1) * 100:+.1f}, {(hi - 1) * 100:+.1f}], within noise")
+        reason = (f"next candidate measured {(ratio - 1) * 100:+.1f} % "
+                  f"[{(lo - 1) * 100:+.1f}, {(hi - 1) * 100:+.1f}], within noise")
+        return self._next_round(now, None if self._ab_budget_left(now) else reason)
+
+    def _unverified_leads(self, best_s: Setting) -> tuple[tuple[Setting, float], ...]:
+        base = self.measured.get(best_s)
+        if not base or base <= 0:
+            return ()
+        judged = self._rejected | self._verified
+        return tuple(sorted(((s, v / base) for s, v in self.measured.items()
+                             if s != best_s and s not in judged and v / base > 1 + self.opts.measured_margin),
+                            key=lambda x: -x[1]))
 
     def _completion_reserve(self) -> float:
         """Seconds the held-back probes will take (each as long as the longest probe so far): an
@@ -748,7 +797,8 @@ class Tuner:
             probes=self._probes, verifications=tuple(self.verifications),
             predictions=tuple(self.predictions), model=self.model, acceptance_only=ao,
             measured_tok_s=dict(self.measured),
-            advice=derive_advice(best_s, self.predictions, self.model, ao, bs))
+            advice=derive_advice(best_s, self.predictions, self.model, ao, bs),
+            unverified_leads=self._unverified_leads(best_s))
         self._emit(EventKinds.FINISHED, now, self.result.to_json())
         self.state = "done"
         self.stage = "done"

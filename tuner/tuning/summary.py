@@ -129,6 +129,10 @@ def summary(result: Mapping[str, Any]) -> list[str]:
              f"started at {label(result['initial'])}; now applied: {label(result['applied'])}; "
              f"{result['elapsed_s']:.0f} s, {result['probes']} probes, {len(result['verifications'])} "
              f"A/B verification(s), bs {result['bs']}"]
+    for lead in result.get("unverified_leads") or []:
+        # Never a pick while a measured setting beats it beyond noise without saying so.
+        lines.append(f"  note: {label(lead)} measured {(lead.get('ratio', 1) - 1) * 100:+.0f} % over the pick in "
+                     "its probe and was never judged by an A/B (the budget ran out)")
     for v in result.get("verifications", []):
         pr = v.get("predicted_ratio")
         lines.append(f"  A/B {label(v['setting'])} vs {label(v['incumbent'])}: {v['verdict']}, measured "
