@@ -23,6 +23,11 @@ prints the median and range over several runs' files (the figures move with the 
 
 alternates two settings (A B B A ...), each reading the grid's own, with its server-side busy rate:
 whether a near tie the grid decided is a difference or the instrument's noise.
+    python benchmarks/tuner_vs_grid.py --tune-runs 5 --budget 60 --emulate-comm-latency none
+
+runs the tuner 5 times on one server under the same load (each from the start setting), then one
+grid: does the tuner give the same answer twice? A run passes when its pick's grid tok/s lies inside
+the 95 % interval (t over the grid's passes) of the grid's best setting; the goal is 4 of 5.
 Nothing here asserts a time: the figures are the result.
 """
 
@@ -167,6 +172,57 @@ def run_tuner(session, drv, space, budget_s, start: Setting) -> tuple[Tuner, flo
               if e.kind.startswith("tuning_") and e.t >= t0]
     tuner.close()
     return tuner, session.now() - t0, events
+
+
+T975 = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36}
+
+
+def settle_runs(args, emulate: str | None) -> dict:
+    """--tune-runs: the tuner N times, then one grid over the same server and load."""
+    serve_args = ["--tp-size", str(args.tp_size), "--device", args.device, "--host", "127.0.0.1", "--port", "0",
+                  "--max-running-requests", str(args.load), "--speculative-num-steps", str(args.start_steps),
+                  *shipped_model_args(), *args.server_args]
+    if emulate:
+        serve_args += ["--emulate-comm-latency", emulate]
+    log = Path(tempfile.mkdtemp(prefix="tuner-bench-")) / "server.log"
+    print(f"== {args.tune_runs} tune runs then one grid: {' '.join(serve_command(serve_args)[1:])}", flush=True)
+    engine = EngineProcess.start(serve_args, log_path=log, timeout_s=300.0, cwd=ROOT)
+    try:
+        session = Session(connect(engine.url)).start()
+        drv = Driver(session)
+        session.start_load(builtin_prompts(), args.load, args.max_new_tokens)
+        feed = HttpPhaseFeed(engine.url)
+        drv.wait(5.0)
+        space = settings_space(args.max_steps, placements=args.placements)
+        picks = []
+        for i in range(args.tune_runs):
+            tuner, wall, _ = run_tuner(session, drv, space, args.budget, Setting(args.start_steps))
+            res = tuner.result
+            picks.append({"run": i, "best": res.best.to_json() if res else None, "wall_s": round(wall, 1),
+                          "stop": res.stop_reason if res else tuner.status,
+                          "verifications": [v.verdict for v in res.verifications] if res else []})
+            print(f"  tune run {i + 1}: {res.best.label() if res else tuner.status} ({wall:.0f} s; "
+                  f"{picks[-1]['stop']})", flush=True)
+        runs, grid_wall, phase_runs = run_grid(session, feed, drv, space, args.repeats, args.measure_s)
+        means = {s: statistics.mean(v) for s, v in runs.items() if v}
+        best = max(means, key=means.get)
+        b = runs[best]
+        half = T975.get(len(b), 1.96) * statistics.stdev(b) / math.sqrt(len(b)) if len(b) >= 2 else math.nan
+        lo = means[best] - half
+        for pk in picks:
+            s = Setting.from_json(pk["best"]) if pk["best"] else None
+            pk["grid_tok_s"] = means.get(s) if s else None
+            pk["inside"] = bool(s is not None and s in means and means[s] >= lo)   # unmeasured: not inside
+        met = sum(pk["inside"] for pk in picks)
+        feed.close()
+        session.close()
+        return {"emulate_comm_latency": emulate, "host": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()},
+                "budget_s": args.budget, "space": len(space), "repeats": args.repeats,
+                "grid": [{**s.to_json(), "runs": runs[s], "mean": means.get(s)} for s in space],
+                "grid_best": {**best.to_json(), "tok_s": means[best], "ci95": [lo, means[best] + half]},
+                "picks": picks, "inside": met, "goal_met": met >= args.tune_runs - 1}
+    finally:
+        engine.stop(timeout=20.0)
 
 
 def scenario(args, emulate: str | None) -> dict:
@@ -398,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-arg", action="append", default=[], dest="server_args",
                    help="extra argument for serve (repeatable)")
     p.add_argument("--out", type=Path, default=None, help="write all figures as JSON")
+    p.add_argument("--tune-runs", type=int, default=0,
+                   help="instead: the tuner this many times on one server, then one grid (does it settle?)")
     p.add_argument("--head-to-head", default=None, metavar="S:P,S:P",
                    help="instead of grid and tuner: alternate two settings (e.g. 4:replicated,5:replicated) "
                         "--repeats readings each, client and server-side tok/s")
@@ -416,6 +474,21 @@ def main(argv: list[str] | None = None) -> int:
                       f"  server median {v['server_median']:.1f} tok/s", flush=True)
             if args.out:
                 args.out.write_text(json.dumps({"argv": argv, "head_to_head": results}, indent=1, default=str) + "\n")
+        return 0
+    if args.tune_runs:
+        for e in scenarios:
+            r = settle_runs(args, None if e == "none" else e)
+            print(f"grid best {Setting.from_json(r['grid_best']).label()} {r['grid_best']['tok_s']:.1f} tok/s, 95 % "
+                  f"[{r['grid_best']['ci95'][0]:.1f}, {r['grid_best']['ci95'][1]:.1f}]", flush=True)
+            for pk in r["picks"]:
+                print(f"  run {pk['run'] + 1}: {Setting.from_json(pk['best']).label() if pk['best'] else '-'} "
+                      f"grid {pk['grid_tok_s'] or float('nan'):.1f} tok/s: {'inside' if pk['inside'] else 'OUTSIDE'}",
+                      flush=True)
+            print(f"{r['inside']} of {len(r['picks'])} picks inside the best's interval: goal (>= "
+                  f"{len(r['picks']) - 1}) {'MET' if r['goal_met'] else 'MISSED'}", flush=True)
+            if args.out:
+                args.out.write_text(json.dumps({"argv": argv or sys.argv[1:], "settle": r}, indent=1, default=str)
+                                    + "\n")
         return 0
     results = []
     for e in scenarios:
