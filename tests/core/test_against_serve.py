@@ -16,7 +16,7 @@ from harness import wait_until
 from tuner.backends import connect
 from tuner.backends.base import DRAFT_TOKENS, PLACEMENT, STEPS
 from tuner.backends.refengine import RefEngineBackend
-from tuner.commands.once import DEFAULT_PROMPTS
+from tuner.backends.load import builtin_prompts
 from tuner.core import series as S
 from tuner.core.events import EventKind
 from tuner.core.session import Session
@@ -71,7 +71,7 @@ def test_live_change_is_seen_in_the_next_readings_and_replays_record_for_record(
     session = Session(backend, recorder=Tee(Recorder(path, header_for(backend, command="test"))))
     session.start()
     try:
-        session.start_load(DEFAULT_PROMPTS, 2, max_new_tokens=32)
+        session.start_load(builtin_prompts(), 2, max_new_tokens=32)
         assert wait_for(session, lambda: len(session.store.window(S.phase_ms("draft")).finite()) >= 3)
         assert session.store.value(S.SPEC_NUM_STEPS) == 3
         res = session.set_config({STEPS: 2, PLACEMENT: "replicated"})

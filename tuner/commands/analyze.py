@@ -15,6 +15,8 @@ import sys
 import time
 from typing import Any, Callable
 
+from tuner.commands.options import fail
+
 MODE_TEXT = {
     "gpu": "gpu (kernels attributed through their launching calls to the enclosing phase span)",
     "cpu": "cpu (no kernels: CPU ops inside the phase spans of the engine thread)",
@@ -34,11 +36,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         analysis = analyze_path(args.path)
     except (TraceFormatError, TraceAnalysisError) as e:
-        print(f"specdecode-tune analyze: {being_written(args.path, str(e)) or e}", file=sys.stderr)
-        return 1
+        return fail("analyze", being_written(args.path, str(e)) or e, 1)
     except OSError as e:
-        print(f"specdecode-tune analyze: {args.path}: {e.strerror or e}", file=sys.stderr)
-        return 1
+        return fail("analyze", f"{args.path}: {e.strerror or e}", 1)
     data = analysis.to_dict()
     text = json.dumps(data, indent=1) + "\n" if args.json else format_table(data)
     try:

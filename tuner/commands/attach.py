@@ -25,10 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.load < 0:
         return fail("attach", "--load must be 0 or more", 2)
-    inputs = tui_inputs(args, "attach")
-    if inputs is None:
-        return 2
     try:
+        inputs = tui_inputs(args)
         with open_session(args, gpus_every_s=TUI_GPUS_EVERY_S) as opened:
             return run_tui(opened, args.load, *inputs, args.max_new_tokens)
     except OpenError as e:

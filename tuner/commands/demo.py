@@ -92,15 +92,15 @@ def server_args(device: str, tp: int, port: int, emulate: str | None) -> list[st
 
 
 def run(args: argparse.Namespace) -> int:
-    from tuner.commands.options import TUI_GPUS_EVERY_S, OpenError, open_session, run_tui, tui_inputs
+    from tuner.commands.options import TUI_GPUS_EVERY_S, OpenError, fail, open_session, run_tui, tui_inputs
 
     gpus = local_gpu_count()
     device = args.device or ("cuda" if gpus else "cpu")
     tp = args.tp_size or (gpus if device == "cuda" and gpus else 2)
-    inputs = tui_inputs(args, "demo")
-    if inputs is None:
-        return 2
-    prompts, limits = inputs
+    try:
+        prompts, limits = tui_inputs(args)
+    except OpenError as e:
+        return fail("demo", e)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit_on_signal)
     log_dir = Path(tempfile.mkdtemp(prefix="specdecode-demo-"))

@@ -2,16 +2,17 @@
 
 Reading and checking the key file is probes.api_key (the engine's `serve` uses the same rules).
 This module only wires the flags and turns a bad key file into the command's one-line error. It must
-never print the key; `argv_for_record` is how a command line is stored or shown.
+never print the key; `argv_for_record` (and `command_line`) is how a command line is stored or shown.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 
 from probes.api_key import ENV_VAR, ApiKeyError, redact_argv, resolve_api_key
 
-__all__ = ["add_key_arguments", "api_key_of", "argv_for_record", "ApiKeyError"]
+__all__ = ["add_key_arguments", "api_key_of", "argv_for_record", "command_line", "ApiKeyError"]
 
 
 def add_key_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,3 +43,8 @@ def argv_for_record(argv: list[str], key: str | None) -> list[str]:
             else:
                 hide = True
     return out
+
+
+def command_line(argv: list[str], key: str | None = None) -> str:
+    """The command line as a recording stores it: the key never, however it was spelled."""
+    return "specdecode-tune " + " ".join(shlex.quote(a) for a in argv_for_record(argv, key))

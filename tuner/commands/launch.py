@@ -94,8 +94,7 @@ def run(args: argparse.Namespace, run_app: Callable[[Any], None] | None = None) 
                              "`specdecode-tune record URL` beside it")
         args.prompt_list = prompts_for(args)
     except (ArgsError, ValueError, OSError, OpenError) as e:
-        print(f"specdecode-tune launch: {e}", file=sys.stderr)
-        return 2
+        return fail("launch", e, 2)
     log_path = args.log or Path(tempfile.mkdtemp(prefix="specdecode-launch-")) / "server.log"
     launch = Launch(tuple(cmd))
     if args.pin_steps:
@@ -104,8 +103,7 @@ def run(args: argparse.Namespace, run_app: Callable[[Any], None] | None = None) 
             cfg_path = log_path.parent / "adaptive-pinning.json"
             launch, cfg = with_pinning(launch, steps, cfg_path)
         except (ArgsError, ValueError) as e:
-            print(f"specdecode-tune launch: --pin-steps: {e}", file=sys.stderr)
-            return 2
+            return fail("launch", f"--pin-steps: {e}", 2)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         cfg_path.write_text(json.dumps(cfg) + "\n")
 

@@ -10,27 +10,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import sys
 import threading
-from typing import Any
 
-from tuner.commands.options import OpenError, add_server_arguments, fail, open_session, parse_change
-from tuner.core import setting as vocab
+from tuner.commands.once_readout import format_table, readings
+from tuner.commands.options import (OpenError, add_load_arguments, add_server_arguments, fail, open_session,
+                                    parse_change, prompts_for)
 from tuner.core.driver import Driver
-from tuner.core.redact import redact_url
 from tuner.core.text import terminal_safe
 
 TICK_S = 0.1
 FIRST_READINGS_S = 0.5        # rates need two polls
 SETTLE_WAIT_MAX_S = 10.0      # settling waits for decode iterations, which need traffic
-
-DEFAULT_PROMPTS = [
-    {"text": "The quick brown fox jumps over the lazy dog. " * 4},
-    {"text": "def fibonacci(n):\n    if n < 2:\n        return n\n    return"},
-    {"text": "Once upon a time, in a small village by the sea, there lived"},
-    {"text": "import os\nimport sys\n\ndef main():\n"},
-]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,125 +28,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, default=3.0, help="how long to watch (default 3)")
     p.add_argument("--set", dest="changes", action="append", default=[], metavar="KEY=VALUE",
                    help="apply a live change first, e.g. --set speculative_num_steps=2 (repeatable)")
-    p.add_argument("--load", type=int, default=0, metavar="N", help="keep N streaming requests in flight while watching")
-    p.add_argument("--prompts", default=None, help="JSONL prompt file for --load (default: a few built-in prompts)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    add_load_arguments(p, tui=False)
+    p.set_defaults(max_new_tokens=64)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
-def _mean(store: Any, series: str, t0: float) -> float:
-    vals = store.window(series, t0).finite()
-    return sum(vals) / len(vals) if vals else math.nan
-
-
-def readings(session: Any, t0: float) -> dict[str, Any]:
-    """What the session saw since t0, as one JSON-ready dict (NaN -> None)."""
-    from tuner.core import series as S
-
-    st = session.store
-    out: dict[str, Any] = {
-        "server": {k: session.server_info().get(k) for k in ("kind", "version", "model", "tp_size")},
-        "url": redact_url(getattr(session.backend, "url", "")),
-        "connection": session.connection().text(),
-        "active": session.active_config(),
-        "tok_per_s": _mean(st, S.SERVER_TOK_PER_S, t0),
-        "client_tok_per_s": _mean(st, S.LOAD_TOK_PER_S, t0),
-        "accept_len": _mean(st, S.SPEC_ACCEPT_LEN, t0),
-        "accept_rate": _mean(st, S.SPEC_ACCEPT_RATE, t0),
-        "iter_per_s": _mean(st, S.SERVER_ITER_PER_S, t0),
-        "batch_size": _mean(st, S.SERVER_BATCH, t0),
-        "accept_pos": {}, "accept_cond": {}, "phase_ms": {}, "phase_comm_ms": {}, "phase_share_pct": {},
-    }
-    for name in st.series_names("spec/accept_pos/"):
-        out["accept_pos"][name.rsplit("/", 1)[1]] = _mean(st, name, t0)
-    for name in st.series_names("spec/accept_cond/"):
-        out["accept_cond"][name.rsplit("/", 1)[1]] = _mean(st, name, t0)
-    for phase in S.PHASES:
-        for key, fn in (("phase_ms", S.phase_ms), ("phase_comm_ms", S.phase_comm_ms),
-                        ("phase_share_pct", S.phase_share_pct)):
-            if st.latest(fn(phase)) is not None:
-                out[key][phase] = _mean(st, fn(phase), t0)
-    for key, series in (("wall_ms", S.PHASE_WALL_MS), ("idle_ms", S.PHASE_IDLE_MS)):
-        out[key] = _mean(st, series, t0)
-    caps = session.backend.capabilities if session.backend is not None else None
-    out["live"] = {k: (caps.why_not(k) or "live") for k in vocab.args()} if caps else {}
-    out["live_values"] = {k: list(v) for k, v in caps.live_values.items()} if caps else {}
-    out["value_notes"] = ({k: {str(x): t for x, t in v.items()} for k, v in caps.value_notes.items()}
-                          if caps else {})
-    out["missing"] = list(caps.missing) if caps else []
-    from tuner.tuning.comm_whatif import session_remedies
-
-    out["remedies"] = session_remedies(session)
-    out["still_works"] = caps.still_works if caps else ""
-    out["has_phase_timers"] = bool(caps and caps.HAS_PHASE_TIMERS)
-    out["problems"] = [e.data.get("error") for e in st.events(("poll_error", "load_error"))]
-    return _nan_to_none(out)
-
-
-def _nan_to_none(x: Any) -> Any:
-    if isinstance(x, float) and math.isnan(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _nan_to_none(v) for k, v in x.items()}
-    return x
-
-
-def _f(x: Any, fmt: str = "{:.2f}") -> str:
-    return "n/a" if x is None else fmt.format(x)
-
-
-def format_table(r: dict[str, Any]) -> str:
-    s, a = r["server"], r["active"]
-    lines = [
-        f"server    {s.get('kind')} {s.get('version')} · {s.get('model')} · TP {s.get('tp_size')} · {r['url']} ({r['connection']})",
-        "setting   " + " · ".join(f"{k.replace('speculative_', '')}={v}" for k, v in a.items()
-                                  if k.startswith("speculative_") and k != "speculative_algorithm"),
-        f"tok/s     {_f(r['tok_per_s'], '{:.1f}')} (server)"
-        + (f"   {_f(r['client_tok_per_s'], '{:.1f}')} (client)" if r["client_tok_per_s"] is not None else "")
-        + f"   iterations/s {_f(r['iter_per_s'], '{:.1f}')}   batch {_f(r['batch_size'], '{:.1f}')}",
-        f"accept    length {_f(r['accept_len'])}   rate {_f(r['accept_rate'])}",
-    ]
-    if r["accept_pos"]:
-        ks = sorted(r["accept_pos"], key=int)
-        lines.append("p_k       " + "  ".join(f"p{k} {_f(r['accept_pos'][k])}" for k in ks))
-        lines.append("a_k       " + "  ".join(f"a{k} {_f(r['accept_cond'].get(k))}" for k in ks))
-    if r["phase_ms"]:
-        lines.append(f"phase     {'ms/iter':>9} {'comm ms':>9}")
-        for p, v in r["phase_ms"].items():
-            lines.append(f"  {p:<14}{_f(v, '{:9.3f}')} {_f(r['phase_comm_ms'].get(p), '{:9.3f}')}")
-        lines.append(f"  {'wall':<14}{_f(r.get('wall_ms'), '{:9.3f}')}   idle {_f(r.get('idle_ms'), '{:.3f}')}")
-    elif r["phase_share_pct"]:
-        lines.append("phase     " + "  ".join(f"{p} {_f(v, '{:.1f}')}%" for p, v in r["phase_share_pct"].items())
-                     + "  (share of wall time; no iteration count)")
-    elif r.get("has_phase_timers"):
-        lines.append("phase     n/a (no decode iterations while watching: try --load N)")
-    else:
-        lines.append("phase     n/a (no phase timers on this server)")
-    lines.append("live      " + "  ".join(f"{k.replace('speculative_', '')}: {'yes' if v == 'live' else 'no'}"
-                                          for k, v in r["live"].items()))
-    for k, vals in r.get("live_values", {}).items():
-        notes = r.get("value_notes", {}).get(k, {})
-        lines.append(f"          {k.replace('speculative_', '')} takes {', '.join(map(str, vals)) or 'nothing'} live"
-                     + "".join(f"; {v} {t}" for v, t in notes.items()))
-    for m in r.get("remedies", []):
-        lines.append(f"remedy    {m}")
-    for m in r.get("missing", []):
-        lines.append(f"missing   {m}")
-    if r.get("missing") and r.get("still_works"):
-        lines.append(f"          {r['still_works']}")
-    for p in dict.fromkeys(r["problems"]):
-        lines.append(f"problem   {p}")
-    return "\n".join(lines)
-
-
 def run(args: argparse.Namespace) -> int:
-    from tuner.backends.load import load_prompts
     from tuner.core.ab import settle_end
 
     rc = 0
     try:
         changes = dict(parse_change(c) for c in args.changes)
-        prompts = load_prompts(args.prompts) if args.prompts else DEFAULT_PROMPTS
+        prompts = prompts_for(args)
         with open_session(args, start=True) as opened:
             session = opened.session
             changed = False

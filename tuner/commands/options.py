@@ -10,8 +10,8 @@ command imports from another (an import-linter contract holds the commands indep
   the exit status its cause deserves (2: the command's own inputs, such as the key file or the
   recording's path; 1: the server).
 
-Must not print, except tui_inputs' one-line error (the command says an OpenError its own way); the
-TUI's app is imported only inside `run_tui`.
+Must not print but through `fail` (the command says an OpenError its own way); the TUI's app is
+imported only inside `run_tui`.
 """
 
 from __future__ import annotations
@@ -108,30 +108,26 @@ def prompts_for(args: argparse.Namespace) -> list[dict]:
     return load_prompts(args.prompts) if args.prompts else builtin_prompts()
 
 
-def tui_inputs(args: argparse.Namespace, prog: str) -> tuple[list[dict], dict] | None:
-    """(prompts, make_app's tune_* keywords) from attach's and demo's flags, or None after a
-    one-line error on stderr."""
+def tui_inputs(args: argparse.Namespace) -> tuple[list[dict], dict]:
+    """(prompts, make_app's tune_* keywords) from attach's and demo's flags; OpenError (rc 2)."""
     from tuner.commands.duration import parse_duration
-
-    def fail_(msg: str) -> None:
-        print(f"specdecode-tune {prog}: {msg}", file=sys.stderr)
 
     try:
         prompts = prompts_for(args)
     except (OSError, ValueError) as e:
-        return fail_(f"prompts: {e}")
+        raise OpenError(f"prompts: {e}", 2) from None
     try:
         budget = parse_duration(args.tune_budget)
     except ValueError as e:
-        return fail_(f"--tune-budget: {e}")
+        raise OpenError(f"--tune-budget: {e}", 2) from None
     if not 1 <= args.tune_max_steps <= MAX_STEPS_BOUND:
-        return fail_(f"--tune-max-steps must be between 1 and {MAX_STEPS_BOUND}")
+        raise OpenError(f"--tune-max-steps must be between 1 and {MAX_STEPS_BOUND}", 2)
     lists = {}
     for flag, text in (("--tune-topk", args.tune_topk), ("--tune-draft-tokens", args.tune_draft_tokens)):
         try:
             lists[flag] = tuple(int_list(text))
         except argparse.ArgumentTypeError as e:
-            return fail_(f"{flag}: {e}")
+            raise OpenError(f"{flag}: {e}", 2) from None
     return prompts, {"tune_budget_s": budget, "tune_max_steps": args.tune_max_steps,
                      "tune_topks": lists["--tune-topk"] or (1,), "tune_draft_tokens": lists["--tune-draft-tokens"]}
 

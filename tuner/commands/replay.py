@@ -11,6 +11,8 @@ import math
 import sys
 from pathlib import Path
 
+from tuner.commands.options import fail
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", type=Path, metavar="FILE", help="a recording made by `specdecode-tune record`")
@@ -38,19 +40,15 @@ def run(args: argparse.Namespace) -> int:
 
     # `not x > 0` also refuses NaN, which passes every comparison-based `<= 0` check.
     if not (math.isfinite(args.speed) and args.speed > 0):
-        print("specdecode-tune replay: --speed must be a number above 0", file=sys.stderr)
-        return 2
+        return fail("replay", "--speed must be a number above 0", 2)
     if not (math.isfinite(args.start) and args.start >= 0):
-        print("specdecode-tune replay: --start must be a number of seconds, 0 or more", file=sys.stderr)
-        return 2
+        return fail("replay", "--start must be a number of seconds, 0 or more", 2)
     if not args.file.exists():
-        print(f"specdecode-tune replay: {args.file}: no such file", file=sys.stderr)
-        return 1
+        return fail("replay", f"{args.file}: no such file", 1)
     try:
         session = open_replay(args.file, args.start, args.speed, args.paused)
     except RecordingError as e:
-        print(f"specdecode-tune replay: {e}", file=sys.stderr)
-        return 1
+        return fail("replay", e, 1)
     from tuner.app import make_app
 
     if session.backend.problem:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
+from tuner.commands.options import fail
 from tuner.core.text import terminal_safe
 
 def _steps(text: str) -> list[int]:
@@ -50,11 +50,6 @@ def _say(text: str) -> None:
     print(terminal_safe(text))
 
 
-def _fail(rc: int, text: str) -> int:
-    print(terminal_safe(f"specdecode-tune sglang-flags: {text}"), file=sys.stderr)
-    return rc
-
-
 def _server_info(args: argparse.Namespace) -> dict:
     src = args.source
     if src.startswith(("http://", "https://")):
@@ -85,19 +80,19 @@ def run(args: argparse.Namespace) -> int:
     try:
         raw = _server_info(args)
     except (ServerError, ValueError, OSError) as e:        # ApiKeyError is a ValueError
-        return _fail(2, str(e))
+        return fail("sglang-flags", str(e), 2)
     try:
         config = parse_config(read_json(args.config)) if args.config is not None else None
         lau = launch_of(raw, config)
         p = plan(lau, args.steps, str(args.out), args.freeze_policy)
     except (FlagsError, AdaptiveConfigError) as e:
-        return _fail(1, str(e))
+        return fail("sglang-flags", str(e), 1)
     except ValueError as e:                                # the --config file (JsonFileError)
-        return _fail(2, str(e))
+        return fail("sglang-flags", str(e), 2)
     try:
         write_text(args.out, json.dumps(p.config, indent=2) + "\n")
     except OutputError as e:
-        return _fail(1, f"--out: {e}")
+        return fail("sglang-flags", f"--out: {e}", 1)
     if args.json:
         print(json.dumps({"config": p.config, "flags": p.flags, "out": str(args.out),
                           "graphs_before": p.graphs_before, "graphs_after": p.graphs_after,

@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import threading
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from pathlib import Path
-
 from probes.names import SHARDED, STEPS
+from tuner.commands.options import fail
 
 SCHEDULE_PLACEMENTS = [SHARDED]
 """A schedule's tiers are chain steps per batch size on one placement: the draft inside the TP
@@ -136,27 +136,22 @@ def sweep(args: argparse.Namespace, backend: Any, session: Any, driver: Any, spa
 def run_schedule(args: argparse.Namespace, backend: Any, session: Any, driver: Any, space: Sequence[Any],
                  prompts: list[dict], budget_s: float, say: Callable[[str], None]) -> int:
     """The whole `tune --schedule`: check, sweep, fit, print, write. Returns the exit status."""
-    import sys
-
     from tuner.recording.outputs import OutputError, write_text
     from tuner.tuning.schedule import fit_schedule, table_lines
-
-    def fail(msg: str, rc: int) -> int:
-        print(f"specdecode-tune tune: {msg}", file=sys.stderr)
-        return rc
 
     say(f"tuning a schedule on {args.url} ({backend.kind})")
 
     try:
         check_server(backend)
     except ScheduleError as e:
-        return fail(str(e), 1)
+        return fail("tune", str(e), 1)
     try:
         iters, loads, problems = sweep(args, backend, session, driver, space, prompts, budget_s, say)
     except ScheduleError as e:
-        return fail(str(e), 1)
+        return fail("tune", str(e), 1)
     if not iters:
-        return fail("no settled decode iteration at any load: " + ("; ".join(problems) or "is the server serving?"), 1)
+        return fail("tune", "no settled decode iteration at any load: "
+                    + ("; ".join(problems) or "is the server serving?"), 1)
     tp = (backend.info or {}).get("tp_size")
     expected = expected_batches(loads, max_running(backend), args.max_load)
     sched = fit_schedule(iters, space, tp if isinstance(tp, int) else None, expected=expected, loads=loads)
@@ -183,7 +178,7 @@ def run_schedule(args: argparse.Namespace, backend: Any, session: Any, driver: A
             write_text(args.json_out, json.dumps(doc, indent=1, allow_nan=False) + "\n")
             say(f"schedule written to {args.json_out}")
     except OutputError as e:
-        return fail(str(e), 1)
+        return fail("tune", str(e), 1)
     return 0
 
 
