@@ -34,6 +34,7 @@ class StandIn:
         self.posts: list[Any] = []
         self.refuse_next: str | None = None
         self.generate_tokens = 5
+        self.incremental = False          # stream output ids as deltas (SGLang --incremental-streaming-output)
         self.startup_time = time.time()
         self.state_extra: dict[str, Any] = {}   # more internal_states[0] keys (a pin, adaptive, ...)
         self._httpd: ThreadingHTTPServer | None = None
@@ -199,8 +200,11 @@ class StandIn:
                     ids: list[int] = []
                     try:
                         for i in range(standin.generate_tokens):
-                            ids = ids + [100 + i, 200 + i] if i % 2 else ids + [100 + i]   # uneven chunks
-                            chunk = {"text": "x" * len(ids), "output_ids": ids, "meta_info": {"id": "r"}}
+                            new = [100 + i, 200 + i] if i % 2 else [100 + i]               # uneven chunks
+                            ids = ids + new
+                            # SGLang's --incremental-streaming-output sends only the new ids
+                            sent = new if standin.incremental else ids
+                            chunk = {"text": "x" * len(sent), "output_ids": sent, "meta_info": {"id": "r"}}
                             self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                         self.wfile.write(b"data: [DONE]\n\n")
                     except (BrokenPipeError, ConnectionResetError):

@@ -31,6 +31,20 @@ def test_tokens_are_counted_by_output_ids(standin):
     assert any(v > 0 for v in s.store.window(S.LOAD_TOK_PER_S).v)
 
 
+@pytest.mark.parametrize("incremental", [True, False])
+def test_incremental_streaming_sums_the_chunks(standin, incremental):
+    """SGLang with --incremental-streaming-output streams each chunk's new ids only (review N15):
+    read as cumulative, 9 tokens would count as 2."""
+    standin.generate_tokens, standin.incremental = 6, True
+    s = Session()
+    drv = LoadDriver(standin.url, s.bus, s.clock, [{"text": "hi"}], concurrency=1, max_new_tokens=9,
+                     incremental=incremental)
+    drv.start()
+    wait_until(lambda: drv.requests >= 3, 60, "three requests", interval=0.02)
+    drv.stop()
+    assert drv.done_tokens == (9 if incremental else 2) * drv.requests
+
+
 def test_errors_are_folded_into_one_event(standin):
     standin.mode = "500"
     s = Session()

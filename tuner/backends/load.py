@@ -120,7 +120,8 @@ class LoadDriver:
 
     def __init__(self, url: str, bus: Bus, clock: Clock, prompts: list[dict[str, Any]], concurrency: int,
                  max_new_tokens: int = 128, api_key: str | None = None,
-                 sampling_params: dict[str, Any] | None = None, context_buckets: bool = False) -> None:
+                 sampling_params: dict[str, Any] | None = None, context_buckets: bool = False,
+                 incremental: bool = False) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if not prompts:
@@ -148,6 +149,9 @@ class LoadDriver:
         self._last_error = ""
         self._live: dict[int, int] = {}    # worker -> tokens of its current request so far
         self.context_buckets = context_buckets
+        # SGLang launched --incremental-streaming-output sends each chunk's new ids only
+        # (arg_groups/fields/serving.py:274-277): then the chunks are summed, not the longest taken.
+        self.incremental = incremental
         self._buckets: dict[str, list[float]] = {}   # context bucket -> histogram not yet reported
 
     # -- life cycle -------------------------------------------------------------------------------
@@ -240,11 +244,13 @@ class LoadDriver:
             if isinstance(obj, dict) and "error" in obj:
                 e = obj["error"]
                 return "/generate: " + str(e.get("message", e) if isinstance(e, dict) else e), False
-            # Chunks are cumulative: output_ids is the whole list so far, so take its length.
+            # Chunks are cumulative by default: output_ids is the whole list so far, so take its
+            # length; with incremental streaming each chunk holds only its new ids.
             ids = obj.get("output_ids") if isinstance(obj, dict) else None
             if isinstance(ids, list):
                 with self._lock:
-                    self._live[i] = max(self._live.get(i, 0), len(ids))
+                    before = self._live.get(i, 0)
+                    self._live[i] = before + len(ids) if self.incremental else max(before, len(ids))
             if self.context_buckets and isinstance(obj, dict):
                 self._file_request(obj.get("meta_info"))
         return ("/generate: the stream ended without [DONE]" if not self._stop.is_set() else None), False

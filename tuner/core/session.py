@@ -157,6 +157,8 @@ class Session:
         # from the finished requests' own statistics; with one, the records' per-round ctx does.
         caps = getattr(self.backend, "capabilities", None)
         kwargs.setdefault("context_buckets", not getattr(caps, "HAS_PHASE_STREAM", False))
+        launch = (getattr(self.backend, "info", {}) or {}).get("launch") or {}
+        kwargs.setdefault("incremental", bool(launch.get("incremental_streaming_output")))
         self.load = LoadDriver(self.backend.url, self.bus, self.clock, prompts, concurrency,
                                max_new_tokens=max_new_tokens, api_key=getattr(self.backend, "api_key", None),
                                **kwargs)
