@@ -327,3 +327,32 @@ def test_the_capture_analysis_in_the_tui_predicts_the_pcie_ipc_relaunch(shapes):
     assert "pcie_ipc_ar.py" in text and "not an SGLang 0.5.23 setting, for reference" in text
     assert "to apply: relaunch the server with SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1" in text
     assert any("only a server `specdecode-tune launch` owns" in n for n in notes), notes
+
+
+@pytest.mark.parametrize("size", [(100, 30), (80, 24)])
+def test_the_no_metrics_notice_leaves_the_small_terminal_checks_standing(shapes, size):
+    """The notice is a panel this issue adds: the small-terminal rules (tests/tui/test_small_terminals)
+    hold with it shown: at 100x30 the header, the phase split, the A/B panel and the footer's keys;
+    at 80x24 the A/B line and u, ? and q."""
+    from tuner.app import make_app
+    from tuner.backends import connect
+    from tuner.core.session import Session
+    from tui.helpers import screen_lines, wait_for
+
+    async def scenario():
+        session = Session(connect(shapes["no_metrics"]))
+        app = make_app(session, load=0)
+        async with app.run_test(size=size) as pilot:
+            await wait_for(pilot, lambda: app.screen.query_one("#notice").display, why="the notice panel")
+            await wait_for(pilot, lambda: any("█ verify" in r for r in screen_lines(app)), why="the phase split")
+            rows = screen_lines(app)
+        session.close()
+        return rows
+    rows = asyncio.run(scenario())
+    has = lambda text: any(text in r for r in rows)      # noqa: E731
+    assert rows[0].startswith(" specdecode-tune ▸ sglang") and has("launched without --enable-metrics")
+    assert has("change a setting to compare")            # the A/B panel
+    for key in ("u tune", "? help", "q quit"):
+        assert key in rows[-1], (key, rows[-1])
+    if size == (100, 30):
+        assert has("decode iteration") and has("█ verify")
