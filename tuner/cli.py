@@ -38,6 +38,14 @@ ENGINE_COMMANDS: dict[str, str] = {
 }
 
 
+def commands_markdown() -> str:
+    """The README's command table, from the two tables above (tests/test_readme.py keeps them equal)."""
+    rows = ["| command | what it does |", "|---|---|"]
+    rows += [f"| `{name}` | {text} |" for name, (_, text) in COMMANDS.items()]
+    rows += [f"| `{name}` | {text} (runs `python -m refengine {name}`) |" for name, text in ENGINE_COMMANDS.items()]
+    return "\n".join(rows)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse's parser whose usage errors never echo a key (`--api-ke=K could match ...`)."""
 

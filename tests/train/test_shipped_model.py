@@ -14,7 +14,7 @@ import pytest
 from refengine.data import TINY_DIR, TINY_DRAFT_DIR, TINY_PROMPTS, TINY_TARGET_DIR
 from refengine.train.corpus import read_prompts
 
-# README "The tiny model": τ at 3 chain steps, greedy, measured 3.3–3.4 on held-out prompts.
+# docs/engine.md "The tiny model": τ at 3 chain steps, greedy, measured 3.3–3.4 on held-out prompts.
 TAU_FLOOR_STEPS3 = 2.5
 SIZE_CAP = 25 * 1024 * 1024
 

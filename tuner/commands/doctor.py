@@ -47,7 +47,7 @@ SEE_PLUGIN = "install the plugin (see `plugin routes`)"
 METRICS_FIX = "relaunch SGLang with --enable-metrics"
 HOOKS_LINE = "`specdecode plugin 2 registered 10 hooks (scheduler process)`"
 
-# --require names -> the check they stand for (the README's doctor table lists them)
+# --require names -> the check they stand for (docs/sglang.md's doctor table lists them)
 CAPABILITIES: dict[str, str] = {
     "speculation": "speculation", "metrics": "metrics (/metrics)", "gpu-time": "GPU time per graph",
     "plugin": "plugin routes (HTTP)", "ranks": "plugin in the schedulers", "timers": "phase timers",
