@@ -267,22 +267,6 @@ class Backend(ABC):
             return TP1_PLACEMENT
         return self.capabilities.why_not(key)
 
-    def why_not_value(self, key: str, value: Any) -> str | None:
-        """None when `key` can be set to `value` live, else the reason (and what would work)."""
-        reason = self.why_not(key)
-        if reason is not None:
-            return reason
-        allowed = self.live_values.get(key)
-        if allowed is None or value in allowed:
-            return None
-        if self.value_refusal is not None:
-            return self.value_refusal(key, value)
-        return f"{vocab.word(key)} {value} is not settable live here (these are: {', '.join(map(str, allowed))})"
-
-    def allowed_values(self, key: str) -> tuple | None:
-        """The only values `key` takes live, when the server restricts them (None: its bounds)."""
-        return self.live_values.get(key)
-
     def needs_restart_for(self, key: str) -> str | None:
         """capabilities.needs_restart_for(key)."""
         return self.capabilities.needs_restart_for(key)
