@@ -46,6 +46,16 @@ def methods(cls: ast.ClassDef) -> dict[str, ast.FunctionDef]:
     return {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
+def self_attrs(cls: ast.ClassDef) -> set[str]:
+    """Attributes assigned as self.X anywhere in the class, plus its properties and methods."""
+    out = set(methods(cls))
+    for node in ast.walk(cls):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) \
+                and isinstance(node.value, ast.Name) and node.value.id == "self":
+            out.add(node.attr)
+    return out
+
+
 def arg_names(fn: ast.FunctionDef) -> list[str]:
     a = fn.args
     return [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]

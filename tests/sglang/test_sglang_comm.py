@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from probes.inserver.sglang_comm import allreduce_report, collectives_per_forward, per_phase
-from sglang_wheel_code import load_method, methods, parse, top_level
+from sglang_wheel_code import load_method, methods, parse, self_attrs, top_level
 
 PS = "sglang.srt.distributed.parallel_state"
 
@@ -130,13 +130,7 @@ def test_collectives_per_forward_and_per_phase():
     assert per_phase(draft, target, steps=0)["draft"] == {"all_reduce": 0, "all_gather": 0}
 
 
-def _attrs(cls):
-    out = set(methods(cls))
-    for node in ast.walk(cls):
-        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) \
-                and isinstance(node.value, ast.Name) and node.value.id == "self":
-            out.add(node.attr)
-    return out
+_attrs = self_attrs
 
 
 def test_the_names_the_report_reads_exist_in_the_wheel(sglang_src):

@@ -14,7 +14,7 @@ import pytest
 
 from probes.inserver import sglang_plugin
 from probes.inserver.sglang_steps import PIN_KEY, TIMERS_KEY
-from sglang_wheel_code import arg_names, methods, module_path, parse, resolve, top_level
+from sglang_wheel_code import arg_names, methods, module_path, parse, resolve, self_attrs, top_level
 
 EW = "sglang.srt.speculative.eagle_worker_v2"
 HTTP = "sglang.srt.entrypoints.http_server"
@@ -24,14 +24,7 @@ def _text(src, dotted: str) -> str:
     return module_path(src, dotted).read_text(encoding="utf-8")
 
 
-def _self_attrs(cls: ast.ClassDef) -> set[str]:
-    """Attributes assigned as self.X anywhere in the class, plus its properties and methods."""
-    out = set(methods(cls))
-    for node in ast.walk(cls):
-        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) \
-                and isinstance(node.value, ast.Name) and node.value.id == "self":
-            out.add(node.attr)
-    return out
+_self_attrs = self_attrs
 
 
 def test_wheel_is_0_5_23(sglang_src):
