@@ -14,11 +14,10 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common  # noqa: E402, F401  (puts this checkout on sys.path)
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cuda_timing import graph_us  # noqa: E402
 from refengine.models import triton_attend  # noqa: E402

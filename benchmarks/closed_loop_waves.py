@@ -28,9 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import ROOT  # noqa: E402  (puts this checkout on sys.path)
 
 import schedule_ab as sa  # noqa: E402
 import schedule_stats as st  # noqa: E402

@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common  # noqa: E402, F401  (puts this checkout on sys.path)
 
 
 def measure(latency_us: float | None, args) -> dict:

@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common  # noqa: E402, F401  (puts this checkout on sys.path)
 
 import torch  # noqa: E402
 
@@ -169,7 +169,6 @@ def _compiled_graphs(client) -> int | None:
 
 def run_baseline(a, prompt: list[int], dtype: str, n: int, repeats: int, compile: bool) -> dict:
     """The gpt-fast-style decoder over the same preset weights: (tokens, decode tok/s per run)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from compiled_baseline import Decoder, Generator
 
     from refengine.presets import build_target

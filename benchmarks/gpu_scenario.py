@@ -26,8 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402, F401  (puts this checkout on sys.path)
 
 from engine_runs import (EMULATED_SLOW, INTERCONNECTS, PHASES, PROXY_US, Load, base_env, curve_tau,  # noqa: E402
                          describe_gpus, fmt, graph_keys, measure, published_curve)

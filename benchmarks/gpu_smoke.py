@@ -42,8 +42,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402, F401  (puts this checkout on sys.path)
 
 from cuda_timing import graph_us  # noqa: E402
 from engine_runs import PROXY_US, base_env, describe_gpus, fmt  # noqa: E402

@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common  # noqa: E402, F401  (puts this checkout on sys.path)
 
 PHASES = ("draft", "verify", "verify_sample", "draft_extend", "other")
 

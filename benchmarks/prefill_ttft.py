@@ -31,9 +31,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import ROOT  # noqa: E402  (puts this checkout on sys.path)
 
 from open_loop import OpenLoop  # noqa: E402
 

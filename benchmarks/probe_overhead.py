@@ -33,8 +33,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402, F401  (puts this checkout on sys.path)
 
 from engine_runs import base_env  # noqa: E402
 from tuner.engine_process import EngineProcess  # noqa: E402

@@ -27,8 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import ROOT  # noqa: E402  (puts this checkout on sys.path)
 
 from tuner.commands.record import record_store  # noqa: E402
 from tuner.core import series as S  # noqa: E402

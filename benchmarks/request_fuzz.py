@@ -18,14 +18,14 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from common import ROOT, on_path  # noqa: E402  (puts this checkout on sys.path)
+
+on_path(ROOT, ROOT / "tests")
 
 from tests.hostile.test_fuzz_chunked import RAW, _check, encode  # noqa: E402
 from tests.server.test_bounds import _body, _field_named, _requests  # noqa: E402

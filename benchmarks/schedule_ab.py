@@ -54,9 +54,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import ROOT  # noqa: E402  (puts this checkout on sys.path)
 
 import schedule_stats as st  # noqa: E402
 from engine_runs import base_env, published_curve  # noqa: E402

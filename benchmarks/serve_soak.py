@@ -31,8 +31,7 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import ROOT  # noqa: E402  (puts this checkout on sys.path)
 
 from tuner.engine_process import EngineProcess, EngineStartError  # noqa: E402
 

@@ -28,8 +28,7 @@ import time
 import types
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import ROOT  # noqa: E402  (puts this checkout on sys.path)
 
 import torch  # noqa: E402
 

@@ -16,7 +16,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common  # noqa: E402, F401  (puts this checkout on sys.path)
 
 
 async def shoot(url: str, out: Path, load: int, seconds: float, presses: list[tuple[str, float]],

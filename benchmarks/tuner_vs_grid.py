@@ -44,8 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import ROOT  # noqa: E402  (puts this checkout on sys.path)
 
 from tuner.backends import connect  # noqa: E402
 from tuner.commands.attach import builtin_prompts  # noqa: E402
