@@ -64,7 +64,7 @@ from typing import Any, Callable
 from probes.names import ALLREDUCE_PATHS, COLLECTIVES, SHARDED
 from probes.inserver.sglang_steps import (
     PIN_KEY, PINNABLE_KEY, TIMERS_KEY, Lease, Refused, StepPin, adaptive_view, check_lease, check_pin,
-    coverage_of, pinnable_info,
+    coverage_of, pin_holds, pinnable_info,
 )
 from probes.inserver.sglang_stream import (
     MAX_LIMIT, STREAM_ENV, RingWriter, choose_stream_dir, list_streams, read_records, stream_dir,
@@ -375,9 +375,18 @@ def around_policy_steps(original: Callable, self: Any, batch_size: int) -> int:
 
 
 def around_policy_feedback(original: Callable, self: Any, *args: Any, **kwargs: Any) -> Any:
-    # While pinned the policy must not move the tier (nor its EMA: it would resume from a state
-    # measured at a tier it did not choose).
-    if _probe.pin.pinned:
+    # Where the pin holds the policy must not move the tier (nor its EMA: it would resume from a
+    # state measured at a tier it did not choose). Where it does not (no graphs for the pinned tier
+    # at this batch size), SGLang's policy runs, so it keeps learning from what it ran.
+    pin = _probe.pin
+    if not pin.pinned:
+        return original(self, *args, **kwargs)
+    bs = kwargs.get("batch_size", args[1] if len(args) > 1 else None)
+    try:
+        cands = self._route(int(bs)).candidate_steps
+    except Exception:
+        return None
+    if pin_holds(pin.steps, pin.launch, pin.graphs, cands):  # type: ignore[arg-type]
         return None
     return original(self, *args, **kwargs)
 

@@ -219,6 +219,25 @@ def test_a_pin_holds_only_where_its_tier_has_graphs_and_records_say_so(sglang, c
     assert not any(r["bs"] == 16 and r["steps"] == 5 for r in recs)
 
 
+def test_where_the_pin_does_not_hold_sglangs_policy_keeps_learning(sglang):
+    """Pinned to 5 (bs 1-7): at bs 16 (slot 8, candidates 0 1 3) SGLang's policy runs and is fed,
+    so with nothing accepted it steps down there; at bs 2 the pin holds and nothing moves."""
+    worker, ctl = _server(sglang, None, adaptive=True, graph_bs=_graph_bs(), launch_steps=3)
+    _set(ctl, specdecode_timers=60)
+    assert _set(ctl, specdecode_num_steps=5) is True
+    for _ in range(25):
+        worker.forward_batch_generation(_batch(16))
+        worker.on_verify_complete_cpu([0] * 16, batch_size=16)
+    for _ in range(4):
+        worker.forward_batch_generation(_batch(2))
+        worker.on_verify_complete_cpu([0, 0], batch_size=2)
+    recs = _read(sglang.dir, limit=1000)["records"]
+    at16 = [r["steps"] for r in recs if r["bs"] == 16]
+    assert at16[0] == 3 and at16[-1] < 3, at16          # the slot's own policy moved
+    at2 = [r["steps"] for r in recs if r["bs"] == 2]
+    assert at2 and set(at2) == {5}, at2                 # where the pin holds nothing moves
+
+
 def test_pins_with_no_batch_size_or_no_graphs_are_refused_with_the_fix(sglang, caplog):
     _, ctl = _server(sglang, None, adaptive=True, graph_bs=_graph_bs(), launch_steps=3,
                      max_running_requests=4)
