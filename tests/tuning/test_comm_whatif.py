@@ -119,3 +119,13 @@ def test_collectives_per_iteration_are_labelled_computed():
     line = remedies_for(info, None, 1.0)[-1]
     assert line == ("collectives per iteration at steps 3 (computed from the module trees): draft 6 all-reduce + "
                     "2 all-gather, verify 161 all-reduce + 1 all-gather, draft_extend 3 all-reduce + 1 all-gather")
+
+
+def test_tune_says_which_steps_a_launch_cannot_pin():
+    from tuner.backends.base import Capabilities
+    from tuner.tuning.settings import steps_left_out
+
+    caps = Capabilities(CAN_SET_STEPS=True, live_values={"speculative_num_steps": (0, 1, 3, 5, 7)},
+                        value_refusal=lambda k, v: f"steps {v} cannot be pinned on this launch: … fix: sglang-flags")
+    assert steps_left_out(caps, 5) == "steps 2, 4 left out: steps 2 cannot be pinned on this launch: … fix: sglang-flags"
+    assert steps_left_out(Capabilities(CAN_SET_STEPS=True), 5) == ""

@@ -6,8 +6,7 @@ runs the live tuner (tuner.tuning.live) to the end on the headless driver (tuner
 prints each step in tuner.core.event_text's words and then the readout: chosen setting, the A/B
 evidence, predicted vs measured tok/s, fitted costs, what an acceptance-only policy would pick,
 the what-if for the draft's placement, and SGLang flags.
-Without --apply the server is put back to the setting it ran before; with --out everything
-(samples, events, the tuning events) is recorded into the same file format as `record`.
+Without --apply the server is put back as it was; --out records everything, as `record` does.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from tuner.core.event_text import event_text
 from tuner.core.records import Event, thaw
 from tuner.core.text import terminal_safe
 from tuner.recording.outputs import OutputError, check_output, write_text
-from tuner.tuning.settings import tune_space
+from tuner.tuning.settings import steps_left_out, tune_space
 from tuner.tuning.summary import summary
 
 
@@ -102,9 +101,9 @@ def _tune(args: argparse.Namespace, opened, budget: float, prompts: list[dict]) 
     backend, session = opened.backend, opened.session
     driver = Driver(session, on_event=say_event)
     placements = args.placements or (SCHEDULE_PLACEMENTS if args.schedule else None)
+    caps = backend.capabilities          # on SGLang: steps this launch cannot pin are said, with the fix
     space = tune_space(lambda arg: backend.why_not(arg) is None, args.max_steps, args.topk, args.draft_tokens,
-                       placements, include_off=not args.no_off,
-                       steps_allowed=backend.capabilities.allowed_values(vocab.STEPS))
+                       placements, include_off=not args.no_off, steps_allowed=caps.allowed_values(vocab.STEPS))
     try:
         if args.schedule:
             return run_schedule(args, backend, session, driver, space, prompts, budget, _say)
@@ -112,7 +111,8 @@ def _tune(args: argparse.Namespace, opened, budget: float, prompts: list[dict]) 
         if args.load > 0:
             session.start_load(prompts, args.load, args.max_new_tokens)
         _say(f"tuning {args.url} ({backend.kind}); load: "
-             + (f"{args.load} requests in flight" if args.load else "the server's own traffic"))
+             + (f"{args.load} requests in flight" if args.load else "the server's own traffic")
+             + "".join(f"\n{n}" for n in [steps_left_out(caps, args.max_steps)] if n))
         driver.start_tuner(tuner)
         for ctrl_c in (1, 2):     # the first cancels the tuner, which puts the server back; the second quits
             try:

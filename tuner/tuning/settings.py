@@ -8,9 +8,9 @@ describes settings; it never talks to a server and never measures anything.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
-from probes.names import DRAFT_TOKENS, PLACEMENT, SHARDED, TOPK
+from probes.names import DRAFT_TOKENS, PLACEMENT, SHARDED, STEPS, TOPK
 from tuner.core import setting as vocab
 from tuner.core.setting import PLACEMENTS, Setting, setting_problem  # noqa: F401  (re-exported)
 
@@ -60,3 +60,11 @@ def tune_space(can_set: Callable[[str], bool], max_steps: int, topks: Iterable[i
     extras = {k.key: k.tune for k in vocab.extra_knobs() if k.tune and can_set(k.arg)}
     return sorted(vocab.with_extras(space, extras),
                   key=lambda x: (PLACEMENTS.index(x.placement), x.topk, x.steps, x.num_draft_tokens, x.extra))
+
+
+def steps_left_out(caps: Any, max_steps: int) -> str:
+    """What `tune` says when the server takes only some steps live (SGLang: the pinnable tiers):
+    the steps 1..max_steps it leaves out, with the server's reason and the fix; "" when none."""
+    allowed = caps.allowed_values(STEPS)
+    out = [s for s in range(1, max_steps + 1) if allowed is not None and s not in allowed]
+    return f"steps {', '.join(map(str, out))} left out: {caps.why_not_value(STEPS, out[0])}" if out else ""
