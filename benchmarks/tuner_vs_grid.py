@@ -173,16 +173,19 @@ def run_tuner(session, drv, space, budget_s, start: Setting) -> tuple[Tuner, flo
     return tuner, session.now() - t0, events
 
 
+def serve_args_of(args, emulate: str | None) -> list[str]:
+    """`serve`'s arguments for every mode of this script: TP on CPU or CUDA, the load's slots."""
+    return (["--tp-size", str(args.tp_size), "--device", args.device, "--host", "127.0.0.1", "--port", "0",
+             "--max-running-requests", str(args.load), "--speculative-num-steps", str(args.start_steps),
+             *shipped_model_args(), *args.server_args] + (["--emulate-comm-latency", emulate] if emulate else []))
+
+
 T975 = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36}
 
 
 def settle_runs(args, emulate: str | None) -> dict:
     """--tune-runs: the tuner N times, then one grid over the same server and load."""
-    serve_args = ["--tp-size", str(args.tp_size), "--device", args.device, "--host", "127.0.0.1", "--port", "0",
-                  "--max-running-requests", str(args.load), "--speculative-num-steps", str(args.start_steps),
-                  *shipped_model_args(), *args.server_args]
-    if emulate:
-        serve_args += ["--emulate-comm-latency", emulate]
+    serve_args = serve_args_of(args, emulate)
     log = Path(tempfile.mkdtemp(prefix="tuner-bench-")) / "server.log"
     print(f"== {args.tune_runs} tune runs then one grid: {' '.join(serve_command(serve_args)[1:])}", flush=True)
     engine = EngineProcess.start(serve_args, log_path=log, timeout_s=300.0, cwd=ROOT)
@@ -225,11 +228,7 @@ def settle_runs(args, emulate: str | None) -> dict:
 
 
 def scenario(args, emulate: str | None) -> dict:
-    serve_args = ["--tp-size", str(args.tp_size), "--device", args.device, "--host", "127.0.0.1", "--port", "0",
-                  "--max-running-requests", str(args.load), "--speculative-num-steps", str(args.start_steps),
-                  *shipped_model_args(), *args.server_args]
-    if emulate:
-        serve_args += ["--emulate-comm-latency", emulate]
+    serve_args = serve_args_of(args, emulate)
     load_before = os.getloadavg()
     log = Path(tempfile.mkdtemp(prefix="tuner-bench-")) / "server.log"
     shown = " ".join(serve_command(serve_args)[1:])
@@ -393,9 +392,7 @@ def head_to_head(args, emulate: str | None, pair: tuple[Setting, Setting]) -> di
     """The two settings alternated A B B A ... (`--repeats` readings each), each reading the grid's
     (settle, then the median of 1-s client windows over --measure-s) with its server-side busy rate:
     whether a near tie on the grid is a difference or the instrument's noise."""
-    serve_args = ["--tp-size", str(args.tp_size), "--device", args.device, "--host", "127.0.0.1", "--port", "0",
-                  "--max-running-requests", str(args.load), "--speculative-num-steps", str(args.start_steps),
-                  *shipped_model_args(), *args.server_args] + (["--emulate-comm-latency", emulate] if emulate else [])
+    serve_args = serve_args_of(args, emulate)
     load_before = os.getloadavg()
     engine = EngineProcess.start(serve_args, log_path=Path(tempfile.mkdtemp(prefix="tuner-h2h-")) / "server.log",
                                  timeout_s=300.0, cwd=ROOT)
