@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from probes.adaptive_policy import KNOB_DEFAULTS   # SGLang's per-slot knobs, one list
 from probes.names import PINNABLE_STEPS, PINNED_STEPS
 from probes.sglang_tiers import coverage
 
@@ -46,8 +47,6 @@ class AdaptiveView:
     knobs: tuple[tuple[int, tuple[tuple[str, float], ...]], ...] = ()   # per slot, SGLang's knobs
 
 
-_SLOT_KNOBS = ("ema_alpha", "update_interval", "warmup_batches", "down_hysteresis", "up_hysteresis",
-               "ceiling_coeff")
 
 
 def adaptive_view(controller: Any) -> AdaptiveView | None:
@@ -66,7 +65,7 @@ def adaptive_view(controller: Any) -> AdaptiveView | None:
         # init_states builds the others (eagle_worker_v2.py:1390-1413)
         launch=next((int(s) for s in states), None),
         graph_bs=None if graph_bs is None else tuple(int(b) for b in graph_bs),
-        knobs=tuple(sorted((int(bs), tuple((k, getattr(slot, k)) for k in _SLOT_KNOBS if hasattr(slot, k)))
+        knobs=tuple(sorted((int(bs), tuple((k, getattr(slot, k)) for k in KNOB_DEFAULTS if hasattr(slot, k)))
                            for bs, slot in slots.items())),
     )
 

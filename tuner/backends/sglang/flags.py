@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from probes.adaptive_policy import DEFAULT_TIERS, parse_config, write_config
+from probes.adaptive_policy import DEFAULT_TIERS, KNOB_DEFAULTS, parse_config, write_config
 from probes.sglang_tiers import (
     FREEZE_WARMUP, coverage, decode_graph_bs, everywhere, graph_bs_for_step, graph_count, ranges_text, route,
     runners, widened,
@@ -45,7 +45,6 @@ class Launch:
     graph_bs: list[int] | None            # None: CUDA graphs off
     slots: dict[int, list[int]] | None    # None: not known here (a config only on the server)
     knobs: dict[int, dict[str, float]] = field(default_factory=dict)
-    top: dict[str, float] = field(default_factory=dict)
     graph_gb: dict[str, float] | None = None
     source_of_slots: str = ""
 
@@ -108,13 +107,9 @@ def launch_of(raw: Mapping[str, Any], config: Mapping[int, dict] | None = None) 
     return lau
 
 
-_KNOB_DEFAULTS = ("ema_alpha", "update_interval", "warmup_batches", "down_hysteresis", "up_hysteresis",
-                  "ceiling_coeff")
-
-
 def _take(lau: Launch, tiers: Mapping[int, dict], source: str) -> None:
     lau.slots = {bs: list(t["candidate_steps"]) for bs, t in tiers.items()}
-    lau.knobs = {bs: {k: t[k] for k in _KNOB_DEFAULTS if k in t} for bs, t in tiers.items()}
+    lau.knobs = {bs: {k: t[k] for k in KNOB_DEFAULTS if k in t} for bs, t in tiers.items()}
     lau.source_of_slots = source
 
 
@@ -154,12 +149,11 @@ def plan(lau: Launch, steps: list[int], config_path: str, freeze: bool = False) 
         new = {1: sorted(set(wanted) | {start})}
     else:
         new = widened(old, wanted)
-    top: dict[str, float] = {}
     knobs = {bs: dict(lau.knobs.get(bs, {})) for bs in new}
     if freeze:
         for k in knobs.values():
             k["warmup_batches"] = FREEZE_WARMUP
-    config = write_config(new, knobs, top)
+    config = write_config(new, knobs)
     graph_bs = lau.graph_bs or []
     # a launch captures its own tier at every graph size, adaptive or not
     before_n = graph_count(old, graph_bs, launch_steps)
