@@ -1,0 +1,48 @@
+"""Member: one server of a fleet, however the fleet was named.
+
+Every discovery path (command-line URLs, `--fleet FILE`, `--router URL`, `--prometheus URL`) returns
+a list of these; names are unique within a fleet (`unique_names` checks, with one line naming the
+duplicate). Must not open connections: discovery modules do that, this is only the shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+from urllib.parse import urlsplit
+
+
+@dataclass(frozen=True)
+class Member:
+    """One server. `url` is its HTTP base (no trailing slash, no /metrics); `api_key_file` names
+    where its key lies (never the key itself); `source` says how it was found ("url", "fleet-file",
+    "router", "prometheus"); `labels` carries what discovery knew (router load, Prometheus labels)."""
+
+    name: str
+    url: str
+    api_key_file: Path | None = None
+    source: str = "url"
+    labels: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+
+def default_name(url: str) -> str:
+    """host:port of a URL: the name a server gets when nobody named it."""
+    parts = urlsplit(url)
+    return parts.netloc or url
+
+
+class DuplicateName(ValueError):
+    """Two members of one fleet share a name."""
+
+
+def unique_names(members: Iterable[Member]) -> list[Member]:
+    """The members, in order, refusing a repeated name with one line."""
+    out: list[Member] = []
+    seen: dict[str, str] = {}
+    for m in members:
+        if m.name in seen:
+            raise DuplicateName(f"fleet: server name {m.name!r} is used twice ({seen[m.name]} and {m.url})")
+        seen[m.name] = m.url
+        out.append(m)
+    return out
