@@ -227,6 +227,7 @@ class Engine:
                                         self.rows + 1, self.row_len, dtype, device, prepare=prepare_head)
         self.simulate = simulator(opts)
         self.sim_gen = torch.Generator().manual_seed(opts.random_seed + 17)
+        self.sim_alphas: torch.Tensor | None = None   # this iteration's [B, s] curve rows (_accept sets it)
         self.config = SpecConfig(steps=0, topk=1, num_draft_tokens=1, placement=SHARDED, epoch=-1)
         self.roles: Roles = roles_for(0, 1, False)
         """The drafter and verifier of self.config (refengine.roles), chosen when it is applied."""
@@ -314,6 +315,8 @@ class Engine:
         # Parameters a tensor or generator cannot hold fail this request alone (raised below,
         # they would end every rank); the check is pure, so every rank refuses alike.
         bad = req.problem(self.target.config.vocab_size)
+        if bad is None and req.simulate_accept and self.simulate is None:
+            bad = "simulate_accept needs a launch with the acceptance simulator (--speculative-simulate-accept)"
         if bad is not None:
             return GenUpdate(req.rid, [], True, "error", error=bad)
         budget = len(req.input_ids) + req.max_new_tokens + self.max_draft_tokens + 2
@@ -804,6 +807,8 @@ class Engine:
         """verify_sample's decision: (path [B, s+1] node ids, accepted [B], bonus [B]), by the
         configuration's verifier, with the sampling inputs when any request samples."""
         coins = probs = None
+        if self.simulate is not None and s > 0:
+            self.sim_alphas = self._row_alphas(reqs, s)
         if sampled:
             coins = self._to_dev(torch.stack([r.coins(s + 2) for r in reqs]))
             v = logits.shape[-1]
@@ -812,6 +817,25 @@ class Engine:
             filtered = any(0 < r.params.top_k < v or r.params.top_p < 1 for r in reqs)
             probs = spec.sampling_probs(logits, temps, top_k, top_p, filtered)
         return roles.verifier.decide(self, tokens, parents, logits, probs, coins, temps, q, rejection, s)
+
+    def _row_alphas(self, reqs, s: int) -> torch.Tensor:
+        """The simulator's conditional acceptance per row and draft position [B, s] (host, float32):
+        the launch's curve, or a request's own `simulate_accept` where it sent one. Rows share a
+        few distinct curves, so they are looked up, not built row by row. The same on every rank:
+        requests reach every rank alike."""
+        own = [r.params.simulate_accept for r in reqs]
+        base = self.simulate.alphas(s)
+        if not any(own):
+            return torch.tensor(base, dtype=torch.float32)[None].expand(len(reqs), s)
+        curves: dict[tuple[float, ...], int] = {(): 0}
+        table = [base]
+        idx = []
+        for c in own:
+            if c not in curves:
+                curves[c] = len(table)
+                table.append([c[min(i, len(c) - 1)] for i in range(s)])
+            idx.append(curves[c])
+        return torch.tensor(table, dtype=torch.float32)[torch.tensor(idx)]
 
     def _extend(self, rows, seq, tokens, path, accepted, bonus, aux, width, ctx) -> None:
         """draft_extend over `width` (= N, 1 at tier 0) rows per request: row t holds the aux of

@@ -14,6 +14,10 @@ from typing import Any
 _INT64_MAX = 2**63 - 1
 
 
+MAX_SIMULATE_POSITIONS = 64
+"""The longest per-request acceptance curve (a deeper chain repeats its last value)."""
+
+
 @dataclass
 class GenRequest:
     """One generation request, already tokenized."""
@@ -30,6 +34,10 @@ class GenRequest:
     ignore_eos: bool = False
     seed: int | None = None
     """Seed of this request's sampling coins (None = derived from the engine seed and rid)."""
+    simulate_accept: tuple[float, ...] = ()
+    """This request's conditional acceptance per draft position (the last value repeats), for an
+    engine launched with the acceptance simulator: a workload whose acceptance differs by request
+    (code against chat). Empty: the launch's simulator decides."""
 
     def problem(self, vocab_size: int) -> str | None:
         """Why a rank cannot pack this request's parameters into its tensors and generators, or None.
@@ -58,6 +66,9 @@ class GenRequest:
         # The draft's generator takes seed + 1: both must fit a generator's unsigned 64 bits.
         if self.seed is not None and not is_int(self.seed, 0, 2**64 - 2):
             return "seed: expected an integer in 0..2^64-2"
+        if len(self.simulate_accept) > MAX_SIMULATE_POSITIONS or not all(
+                is_num(a) and 0 <= a <= 1 for a in self.simulate_accept):
+            return f"simulate_accept: expected at most {MAX_SIMULATE_POSITIONS} probabilities in [0, 1]"
         return None
 
 

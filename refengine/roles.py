@@ -117,10 +117,10 @@ class TreeVerifier:
 
 
 def _drawn_depth(e, tokens: Tensor, s: int) -> Tensor:
-    """How many drafts count as accepted, drawn from the configured curve (seeded: the same draw
-    on every rank)."""
+    """How many drafts count as accepted, drawn from each row's curve (the engine's `sim_alphas`,
+    set for this iteration; seeded: the same draw on every rank)."""
     u = torch.rand(tokens.shape[0], s, generator=e.sim_gen)
-    ok = e._to_dev(u < torch.tensor(e.simulate.alphas(s), dtype=u.dtype)[None])
+    ok = e._to_dev(u < e.sim_alphas.to(u.dtype))
     return ok.to(torch.int32).cumprod(1).sum(1)
 
 

@@ -158,7 +158,7 @@ class Generation:
         self.req = GenRequest(rid=self.out.rid, input_ids=ids, max_new_tokens=sp.max_new_tokens,
                               temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
                               stop_token_ids=list(sp.stop_token_ids), ignore_eos=sp.ignore_eos,
-                              seed=sp.sampling_seed)
+                              seed=sp.sampling_seed, simulate_accept=sp.simulate_accept)
         self.submitted = False
         self.engine_done = False
         self.started = False

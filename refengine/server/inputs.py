@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from probes.names import ADAPTIVE_CONFIG, KNOBS, PINNED_STEPS, PLACEMENT, PLACEMENTS
+from refengine.messages import MAX_SIMULATE_POSITIONS
 
 # SGLang's SamplingParams / GenerateReqInput defaults.
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -105,6 +106,7 @@ class Sampling:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     sampling_seed: int | None = None     # SGLang's name; None = derived from the engine seed and rid
+    simulate_accept: tuple[float, ...] = ()   # this engine's own: per-request acceptance for the simulator
 
 
 @dataclass(frozen=True)
@@ -274,9 +276,15 @@ def parse_sampling(sp: Any, *, default_max: int = DEFAULT_MAX_NEW_TOKENS, max_na
     seed = sp.get(seed_name)
     if seed is not None and (not _is_int(seed) or not 0 <= seed <= INT64_MAX):
         raise BadRequest(f"{seed_name}: expected an integer in 0..{INT64_MAX}, got {short_value(seed)}")
+    sim = sp.get("simulate_accept") or ()
+    if (not isinstance(sim, (list, tuple)) or len(sim) > MAX_SIMULATE_POSITIONS
+            or not all(_is_num(a) and 0 <= a <= 1 for a in sim)):
+        raise BadRequest(f"simulate_accept: expected a list of at most {MAX_SIMULATE_POSITIONS} "
+                         f"probabilities in [0, 1], got {short_value(sim)}")
     return Sampling(max_new_tokens=mx, temperature=float(temp), top_p=float(top_p),
                     top_k=-1 if top_k == 0 else top_k, ignore_eos=ignore_eos,
-                    stop=tuple(stop), stop_token_ids=tuple(stop_ids), sampling_seed=seed)
+                    stop=tuple(stop), stop_token_ids=tuple(stop_ids), sampling_seed=seed,
+                    simulate_accept=tuple(float(a) for a in sim))
 
 
 def _bool(body: dict, name: str, default: bool = False) -> bool:

@@ -95,3 +95,29 @@ def test_a_profile_drives_the_simulator_through_its_conditional_rates():
     with pytest.raises(ConfigError, match="max_supported_k 3"):
         refuse_for_simulator(simulator(opts), SpecConfig(steps=4, num_draft_tokens=5))
     refuse_for_simulator(simulator(opts), SpecConfig(steps=2, num_draft_tokens=3))
+
+
+def test_a_request_carries_its_own_curve_and_the_others_keep_the_launchs():
+    # A workload whose acceptance differs by request (code against chat): rows of one batch draw
+    # from their own curves. Without the simulator at launch, a curve is refused for that request.
+    opts = EngineOptions(max_running_requests=4, context_length=512, speculative_simulate_accept="0.5")
+    e = Engine(opts, Communicator(0, 1), presets.build_target("tiny"), presets.build_head("tiny-eagle3"),
+               torch.device("cpu"), torch.float32)
+    e.apply_config(SpecConfig(steps=3, num_draft_tokens=4, epoch=1))
+    curves = {"all": (1.0,), "none": (0.0,), "launch": (), "first": (1.0, 0.0)}
+    for rid, c in curves.items():
+        assert e.add_request(GenRequest(rid, [3, 5, 7], max_new_tokens=400, ignore_eos=True, simulate_accept=c)) is None
+    stats = {}
+    for _ in range(40):
+        for u in e.step()[0]:
+            if u.spec is not None:
+                stats[u.rid] = u.spec
+    rate = {rid: s.spec_num_correct_drafts / s.spec_num_proposed_drafts for rid, s in stats.items()}
+    assert rate["all"] == 1.0 and rate["none"] == 0.0 and abs(rate["first"] - 1 / 3) < 1e-9
+    assert 0.15 < rate["launch"] < 0.45            # 0.5, 0.25, 0.125 per position: 0.29 of proposed
+    plain = Engine(EngineOptions(max_running_requests=4, context_length=512), Communicator(0, 1),
+                   presets.build_target("tiny"), presets.build_head("tiny-eagle3"), torch.device("cpu"), torch.float32)
+    refused = plain.add_request(GenRequest("x", [3, 5], max_new_tokens=4, simulate_accept=(0.5,)))
+    assert refused.finish_reason == "error" and "acceptance simulator" in refused.error
+    bad = GenRequest("y", [3, 5], max_new_tokens=4, simulate_accept=(1.5,)).problem(256)
+    assert bad and bad.startswith("simulate_accept:")

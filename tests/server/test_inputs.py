@@ -123,3 +123,12 @@ def test_sampling_seed_and_openai_seed():
     assert parse_completion({"prompt": "a", "seed": 3}).items[0].sampling.sampling_seed == 3
     with pytest.raises(BadRequest, match="seed"):
         parse_completion({"prompt": "a", "seed": "x"})
+
+
+def test_a_per_request_acceptance_curve_for_the_simulator():
+    b = parse_generate({"text": "x", "sampling_params": {"simulate_accept": [0.9, 0.5]}})
+    assert b.items[0].sampling.simulate_accept == (0.9, 0.5)
+    assert parse_generate({"text": "x"}).items[0].sampling.simulate_accept == ()
+    for bad in ([1.5], "0.5", [True], [0.5] * 65):
+        with pytest.raises(BadRequest, match=r"^simulate_accept: expected a list"):
+            parse_generate({"text": "x", "sampling_params": {"simulate_accept": bad}})
