@@ -57,7 +57,7 @@ from typing import Any
 from common import ROOT  # noqa: E402  (puts this checkout on sys.path)
 
 import schedule_stats as st  # noqa: E402
-from engine_runs import base_env, published_curve  # noqa: E402
+from engine_runs import PAPER_TAU_T1, base_env, published_curve, workload_curve  # noqa: E402
 from probes import adaptive_policy  # noqa: E402
 from tuner.core import windows as W  # noqa: E402
 
@@ -77,13 +77,15 @@ class ServerGone(RuntimeError):
 class Bench:
     """One live server: its phase records (kept whole), the closed-loop load and live switches."""
 
-    def __init__(self, url: str, prompts: list[dict], max_new_tokens: int) -> None:
+    def __init__(self, url: str, prompts: list[dict], max_new_tokens: int,
+                 prompts_by_load: dict[int, list[dict]] | None = None) -> None:
         import httpx
 
         from tuner.core.bus import Bus
         from tuner.tuning.phase_feed import HttpPhaseFeed
 
         self.url, self.prompts, self.max_new_tokens = url, prompts, max_new_tokens
+        self.prompts_by_load = prompts_by_load or {}   # a load's own workload (--accept-by-load)
         self.http = httpx.Client(base_url=url, timeout=120.0, trust_env=False)
         self.feed = HttpPhaseFeed(url, interval=0.2)
         self.bus = Bus()             # the load driver's samples: drained and dropped (records are the figures)
@@ -124,7 +126,8 @@ class Bench:
             self.driver = None
         self.load = concurrency
         if concurrency:
-            self.driver = LoadDriver(self.url, self.bus, SystemClock(), self.prompts, concurrency,
+            self.driver = LoadDriver(self.url, self.bus, SystemClock(),
+                                     self.prompts_by_load.get(concurrency, self.prompts), concurrency,
                                      max_new_tokens=self.max_new_tokens)
             self.driver.start()
 
@@ -186,6 +189,26 @@ def prompts_for(seed: int, vocab: int, n: int = 64, max_new_tokens: int = 128, s
              "sampling_params": {"max_new_tokens": rng.randint(lo, hi) if hi > lo else lo}} for _ in range(n)]
 
 
+def with_curve(prompts: list[dict], curve: tuple[float, ...]) -> list[dict]:
+    """The same prompts, each carrying a workload's acceptance curve (the engine's per-request
+    `simulate_accept`): the load's requests accept like that workload, whatever ran before."""
+    return [{**p, "sampling_params": {**p["sampling_params"], "simulate_accept": list(curve)}} for p in prompts]
+
+
+def accept_by_load(text: str | None) -> dict[int, str]:
+    """`--accept-by-load 1=mtbench,256=humaneval` -> {1: "mtbench", 256: "humaneval"}."""
+    out: dict[int, str] = {}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        load, _, name = part.partition("=")
+        if not load.strip().isdigit() or name.strip() not in PAPER_TAU_T1:
+            raise st.PlanError(f"--accept-by-load: {part.strip()!r} is not LOAD=WORKLOAD with a workload of "
+                               f"{', '.join(PAPER_TAU_T1)}")
+        out[int(load)] = name.strip()
+    return out
+
+
 def max_new_range(n: int, spread: float) -> tuple[int, int]:
     return max(1, round(n * (1 - spread))), max(1, round(n * (1 + spread)))
 
@@ -203,7 +226,8 @@ def serve_args(a) -> list[str]:
         # engine's default cache of 64 graphs per scope holds about one setting's verify and extend
         # keys at C = 64: the sweep and the interleaved arms would evict and re-capture, each a stall
         # that costs the phase its windows (the first H200 run lost steps 1 and 3 at load 64 so).
-        out += ["--cuda-graph-max-graphs", str(CUDA_MAX_GRAPHS)]
+        # Loads past 64 add row buckets (128, 256) to every setting's keys: room for them too.
+        out += ["--cuda-graph-max-graphs", str(CUDA_MAX_GRAPHS * (2 if max([a.concurrency, *a.buckets]) > 64 else 1))]
     return out + a.server_args
 
 
@@ -526,6 +550,9 @@ def parse(argv: list[str] | None):
     p.add_argument("--length-spread", type=float, default=0.5, metavar="F",
                    help="output lengths uniform in [(1-F) N, (1+F) N], seeded (0: every request N tokens, "
                         "the script of the results before it existed)")
+    p.add_argument("--accept-by-load", default=None, metavar="L=W,...",
+                   help="each load's workload, as published acceptance (EAGLE-3 paper, L3.1-8B, T=1): "
+                        "e.g. 1=mtbench,256=humaneval; a load not named keeps the launch's curve")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", choices=("sweep", "ab"), default=None)
     p.add_argument("--table", default=None, help="with --only ab: the JSON written by --only sweep")
@@ -557,6 +584,11 @@ def parse(argv: list[str] | None):
     if a.buckets[0] != 1 or a.concurrency not in a.buckets:
         raise st.PlanError(f"--buckets must include 1 and --concurrency {a.concurrency}, got {a.buckets}")
     a.phase_s = st.phase_seconds(a.phase_s)
+    a.workloads = accept_by_load(a.accept_by_load)
+    if a.workloads and a.open_loop is not None:
+        raise st.PlanError("--accept-by-load runs a closed loop per load: it does not combine with --open-loop")
+    if set(a.workloads) - set(a.buckets):
+        raise st.PlanError(f"--accept-by-load names loads outside the buckets {a.buckets}")
     if a.open_loop is not None:
         st.poisson_arrivals(a.open_loop, 1.0, 0)          # the rate's check
     if a.only == "ab" and not (a.table or (a.from_tune and a.fixed is not None)):
@@ -617,9 +649,11 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "command": "python benchmarks/schedule_ab.py " + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:])),
         "device": a.device, "model_path": a.model_path, "concurrency": a.concurrency, "curve": published_curve(),
+        "workloads": {str(load): {"name": w, "paper_tau_t1": PAPER_TAU_T1[w], "curve": workload_curve(w)}
+                      for load, w in a.workloads.items()},
         "serve": " ".join(shlex.quote(x) for x in args), "serve_env": serve_env, "estimate_s": est,
         "host": {"cpus": os.cpu_count(), "loadavg_before": os.getloadavg()}}
-    print(f"# schedule_ab: {a.model_path} on {a.device}, load 1 <-> {a.concurrency}, simulated 8B curve; "
+    print(f"# schedule_ab: {a.model_path} on {a.device}, load 1 <-> {a.concurrency}, simulated 8B curve{(' and per load ' + str(a.workloads)) if a.workloads else ''}; "
           f"about {est / 60:.1f} min (limit {a.max_wall_s:g} s); host: {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)
     print(f"# serve {report['serve']}", flush=True)
@@ -647,8 +681,9 @@ def main(argv: list[str] | None = None) -> int:
         vocab = 128
         with httpx.Client(base_url=engine.url, trust_env=False, timeout=30) as h:
             vocab = int(h.get("/model_info").json().get("vocab_size") or vocab)
-        b = Bench(engine.url, prompts_for(a.seed, vocab, max_new_tokens=a.max_new_tokens, spread=a.length_spread),
-                  a.max_new_tokens)
+        base = prompts_for(a.seed, vocab, max_new_tokens=a.max_new_tokens, spread=a.length_spread)
+        b = Bench(engine.url, base, a.max_new_tokens,
+                  {load: with_curve(base, workload_curve(w)) for load, w in a.workloads.items()})
         if table is None and run_sweep:
             table = sweep(b, a)
             report["sweep"] = table
