@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Callable, Mapping, Sequence
 
 from probes.names import DRAFT_TOKENS, PLACEMENT, REPLICATED, SHARDED, STEPS, TOPK
@@ -37,6 +38,37 @@ from tuner.tuning.settings import Setting
 
 class TuningError(Exception):
     """The tuner cannot run against this server (one line, for people)."""
+
+
+class State(StrEnum):
+    """The tuner's lifecycle (strings, so views and `tune --json` read them as words)."""
+
+    IDLE = "idle"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class Stage(StrEnum):
+    """Where a running tuner is (the module docstring's stages); the value is what the tune screen says."""
+
+    WAITING = "waiting for the first decode iteration"
+    PROBING = "probing"
+    COMPLETING = "completing"      # the probes held back so the first proposal came sooner
+    PROPOSING = "proposing"
+    VERIFYING = "verifying"
+    FINISHING = "finishing"        # putting the best (or the starting) setting back
+    DONE = "done"
+    FAILED = "failed"
+
+
+class Purpose(StrEnum):
+    """Why a job measures (or only applies) a setting; recorded in `tuning_probe` events."""
+
+    PROBE = "probe"
+    CANDIDATE = "candidate"
+    INCUMBENT = "incumbent"
+    APPLY = "apply"
 
 
 class EventKinds:
@@ -113,7 +145,7 @@ class _Job:
     """One measurement (or a bare apply when measure_s == 0) of one setting."""
 
     setting: Setting
-    purpose: str                     # probe | candidate | incumbent | apply
+    purpose: Purpose
     measure_s: float
     min_iters: int
     future: Future | None = None
@@ -250,7 +282,7 @@ def probe_plan(space: Sequence[Setting], initial: Setting) -> list[Setting]:
 class Tuner:
     """See the module docstring. Public surface for views:
 
-    state ("idle" | "running" | "done" | "failed"), stage, status (one line), progress() in [0, 1],
+    state (`State`), stage (`Stage`), status (one line), progress() in [0, 1],
     model, predictions (newest table at the main batch size), measured (Setting -> tok/s),
     verifications, result (after done), apply(setting) (operator's choice from the table),
     cancel().
@@ -286,8 +318,8 @@ class Tuner:
                     tp_size = tp
                     break
         self.tp_size = tp_size
-        self.state = "idle"
-        self.stage = "waiting for the first decode iteration"
+        self.state = State.IDLE
+        self.stage = Stage.WAITING
         self.status = "not started"
         self.model: CostModel | None = None
         self.predictions: list[Prediction] = []
@@ -355,12 +387,12 @@ class Tuner:
     def start(self, now: float | None = None) -> None:
         now = self.session.now() if now is None else now
         self._t0 = now
-        self.state = "running"
+        self.state = State.RUNNING
         self.status = "waiting for decode iterations (is load running?)"
         self._last_progress_t = now
 
     def cancel(self, now: float | None = None) -> None:
-        if self.state == "running":
+        if self.state is State.RUNNING:
             self._finish(self.session.now() if now is None else now, "cancelled")
 
     def close(self) -> None:
@@ -377,9 +409,9 @@ class Tuner:
         return self.runner.submit(run)
 
     def progress(self) -> float:
-        if self.state == "done":
+        if self.state is State.DONE:
             return 1.0
-        if self.state != "running":
+        if self.state is not State.RUNNING:
             return 0.0
         done = len(self._done_jobs)
         frac = done / max(self._planned, done + 1)
@@ -389,29 +421,29 @@ class Tuner:
     # ---- the state machine -----------------------------------------------------------------
     def step(self, now: float | None = None) -> bool:
         """Advance as far as the data allows; True while tuning goes on."""
-        if self.state != "running":
+        if self.state is not State.RUNNING:
             return False
         now = self.session.now() if now is None else now
         self._last_progress_t = now
         self._ingest(now)
         if self._initial is None:
             if now - self._t0 > self.opts.budget_s:
-                self.state, self.stage = "failed", "failed"
+                self.state, self.stage = State.FAILED, Stage.FAILED
                 self.status = "no decode iteration arrived: start load (or traffic) on the server"
                 self._emit(EventKinds.PROBLEM, now, {"message": self.status})
                 return False
             return True
         if now - self._t0 > self.opts.budget_s and self._stop_reason == "":
             self._stop_reason = "budget spent"
-            self._queue = [j for j in self._queue if j.purpose == "apply"]
-            if self._job is not None and self._job.purpose != "apply":
+            self._queue = [j for j in self._queue if j.purpose is Purpose.APPLY]
+            if self._job is not None and self._job.purpose is not Purpose.APPLY:
                 self._job = None
             self._finish(now, "budget spent")
         for _ in range(8):                      # a few transitions per step at most
             if self._job is None:
                 if self._queue:
                     self._job = self._queue.pop(0)
-                elif self.state == "running":
+                elif self.state is State.RUNNING:
                     self._decide(now)
                     if self._job is None and not self._queue:
                         break
@@ -422,7 +454,7 @@ class Tuner:
                 break
             self._done_jobs.append(self._job)
             self._job = None
-        return self.state == "running"
+        return self.state is State.RUNNING
 
     def _ingest(self, now: float) -> None:
         job = self._job
@@ -442,10 +474,10 @@ class Tuner:
                     "initial": it.setting.to_json(), "budget_s": self.opts.budget_s,
                     "space": [s.to_json() for s in self.space],
                     "probes": [s.to_json() for s in probe_plan(self.space, it.setting)]})
-                self.stage = "probing"
+                self.stage = Stage.PROBING
                 # The starting setting first (no settling when nothing changed); then
                 # tuner.tuning.probing picks each next probe from the fit.
-                self._queue = [_Job(it.setting, "probe", self.opts.probe_s, self.opts.probe_min_iters)]
+                self._queue = [_Job(it.setting, Purpose.PROBE, self.opts.probe_s, self.opts.probe_min_iters)]
                 self._probed = {it.setting}
                 self._first_job = self._queue[0]
                 self._planned = len(probe_plan(self.space, it.setting)) + 2 * self.opts.ab_pairs + 1
@@ -530,7 +562,7 @@ class Tuner:
             total_tok = sum(i.committed for i in job.iters)
             total_ms = sum(i.wall_ms for i in job.iters)
             tok_s = 1000.0 * total_tok / total_ms if total_ms else math.nan
-            if job.purpose == "probe":
+            if job.purpose is Purpose.PROBE:
                 self._probes += 1
                 if job is not self._first_job:
                     self._probe_cost = max(self._probe_cost, now - job.t_apply)
@@ -538,7 +570,7 @@ class Tuner:
             self._sums[job.setting] = (tok + total_tok, ms + total_ms)
             self.measured[job.setting] = 1000.0 * self._sums[job.setting][0] / self._sums[job.setting][1]
             self._emit(EventKinds.PROBE, now, {
-                "setting": job.setting.to_json(), "purpose": job.purpose, "n": len(job.iters),
+                "setting": job.setting.to_json(), "purpose": job.purpose.value, "n": len(job.iters),
                 "bs": main.bs, "tok_s": tok_s, "t0": job.settled_at, "t1": now,
                 "terms_ms": {k: v[0] for k, v in main.terms.items()}})
 
@@ -560,25 +592,26 @@ class Tuner:
             "model": self.model.to_json()})
 
     def _decide(self, now: float) -> None:
-        if self.stage == "probing":
-            self._refit(now)
-            if self._probe_next(complete=False):
-                return
-            self._propose(now)
-        elif self.stage == "completing":
-            self._refit(now)
-            if self._probe_next(complete=True):
-                return
-            self.stage = "proposing"
-            then, self._then = self._then, None
-            if then is None:
+        match self.stage:
+            case Stage.PROBING:
+                self._refit(now)
+                if self._probe_next(complete=False):
+                    return
                 self._propose(now)
-            else:
-                self._finish(now, then)
-        elif self.stage == "verifying":
-            self._judge(now)
-        elif self.stage == "finishing":
-            self._done(now)
+            case Stage.COMPLETING:
+                self._refit(now)
+                if self._probe_next(complete=True):
+                    return
+                self.stage = Stage.PROPOSING
+                then, self._then = self._then, None
+                if then is None:
+                    self._propose(now)
+                else:
+                    self._finish(now, then)
+            case Stage.VERIFYING:
+                self._judge(now)
+            case Stage.FINISHING:
+                self._done(now)
 
     def _probe_next(self, complete: bool) -> bool:
         """Queue what tuner.tuning.probing says could still change the answer (each setting once:
@@ -590,7 +623,7 @@ class Tuner:
         if not nxt:
             return False
         self._probed.update(nxt)
-        self._queue = [_Job(s, "probe", self.opts.probe_s, self.opts.probe_min_iters) for s in nxt]
+        self._queue = [_Job(s, Purpose.PROBE, self.opts.probe_s, self.opts.probe_min_iters) for s in nxt]
         self._planned += len(nxt)
         return True
 
@@ -658,10 +691,10 @@ class Tuner:
             "basis": cand.basis, "incumbent": self._incumbent.to_json(),
             "incumbent_predicted_tok_s": inc_pred.tok_s if inc_pred else None,
             "predicted_gain": gain if math.isfinite(gain) else None})
-        self.stage = "verifying"
+        self.stage = Stage.VERIFYING
         self._ab_jobs = []
         for _ in range(self.opts.ab_pairs):
-            for s, purpose in ((cand.setting, "candidate"), (self._incumbent, "incumbent")):
+            for s, purpose in ((cand.setting, Purpose.CANDIDATE), (self._incumbent, Purpose.INCUMBENT)):
                 job = _Job(s, purpose, self.opts.ab_segment_s, 1)
                 self._ab_jobs.append(job)
                 self._queue.append(job)
@@ -696,8 +729,8 @@ class Tuner:
     def _judge(self, now: float) -> None:
         assert self._candidate is not None and self._incumbent is not None
         cand, inc = self._candidate.setting, self._incumbent
-        c_jobs = [j for j in self._ab_jobs if j.purpose == "candidate"]
-        i_jobs = [j for j in self._ab_jobs if j.purpose == "incumbent"]
+        c_jobs = [j for j in self._ab_jobs if j.purpose is Purpose.CANDIDATE]
+        i_jobs = [j for j in self._ab_jobs if j.purpose is Purpose.INCUMBENT]
         cw, iw, series = self._windows(c_jobs, i_jobs)
         if len(cw) < 2 or len(iw) < 2:
             self._rounds += 1
@@ -708,7 +741,7 @@ class Tuner:
                 and now - self._t0 + 2 * (self.opts.settle_s + self.opts.ab_segment_s) \
                 + self._completion_reserve() < self.opts.budget_s:
             # Not decided yet: one more interleaved pair narrows the interval.
-            for s, purpose in ((cand, "candidate"), (inc, "incumbent")):
+            for s, purpose in ((cand, Purpose.CANDIDATE), (inc, Purpose.INCUMBENT)):
                 job = _Job(s, purpose, self.opts.ab_segment_s, 1)
                 self._ab_jobs.append(job)
                 self._queue.append(job)
@@ -764,21 +797,21 @@ class Tuner:
         if not self._completed:
             self._completed = True
             if self._probe_next(complete=True):
-                self.stage, self._then = "completing", finish
+                self.stage, self._then = Stage.COMPLETING, finish
                 return
-        self.stage = "proposing"
+        self.stage = Stage.PROPOSING
         if finish is None:
             return self._propose(now)
         return self._finish(now, finish)
 
     def _finish(self, now: float, reason: str) -> None:
-        if self.stage == "finishing" or self.state != "running":
+        if self.stage is Stage.FINISHING or self.state is not State.RUNNING:
             return
         self._stop_reason = self._stop_reason or reason
-        self.stage = "finishing"
+        self.stage = Stage.FINISHING
         target = self._incumbent if self.opts.apply_best else self._initial
         if target is not None and target != self._current:
-            self._queue.append(_Job(target, "apply", 0.0, 0))
+            self._queue.append(_Job(target, Purpose.APPLY, 0.0, 0))
 
     def _done(self, now: float) -> None:
         if self.model is None and self._iters:
@@ -800,7 +833,7 @@ class Tuner:
             advice=derive_advice(best_s, self.predictions, self.model, ao, bs),
             unverified_leads=self._unverified_leads(best_s))
         self._emit(EventKinds.FINISHED, now, self.result.to_json())
-        self.state = "done"
-        self.stage = "done"
+        self.state = State.DONE
+        self.stage = Stage.DONE
         # The outcome's words are the result line's (tuner.tuning.summary), shown beside this.
         self.status = f"done after {now - self._t0:.0f} s"
