@@ -232,6 +232,8 @@ class Backend(ABC):
     kind: str = "?"
     url: str = ""
     api_key: str | None = None
+    can_seek: bool = False
+    """Whether `seek` can show another moment (a recording); a live server has only now."""
 
     @property
     @abstractmethod
@@ -270,6 +272,16 @@ class Backend(ABC):
     def needs_restart_for(self, key: str) -> str | None:
         """capabilities.needs_restart_for(key)."""
         return self.capabilities.needs_restart_for(key)
+
+    def pump(self) -> int:
+        """Produce what is due on the caller's thread; returns how many records. The session's tick
+        calls it before draining the bus. A live backend produces on its own threads: nothing here."""
+        return 0
+
+    def seek(self, t: float) -> None:
+        """Put the records up to time `t` on the bus again (the caller cleared the store first).
+        Only a backend with `can_seek` can; a live server has only now."""
+        raise RuntimeError("this backend cannot seek")
 
     def set_config(self, changes: Mapping[str, Any], by: str = "operator") -> ControlResult:
         """Ask for a new active configuration (blocking; never call it from a UI thread).

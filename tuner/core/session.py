@@ -118,9 +118,8 @@ class Session:
         A backend that produces on the caller's thread (replay) is pumped first. The store's revision
         goes up when anything moved.
         """
-        pump = getattr(self.backend, "pump", None)
-        if pump is not None:
-            pump()
+        if self.backend is not None:
+            self.backend.pump()
         records = self.bus.drain(limit)
         if records:
             self.store.add_many(records)
@@ -174,12 +173,11 @@ class Session:
 
     def seek(self, t: float) -> None:
         """Replay only: show the recording as it stood at time t."""
-        seek = getattr(self.backend, "seek", None)
-        if seek is None:
+        if self.backend is None or not self.backend.can_seek:
             raise RuntimeError("this backend cannot seek")
         self.bus.drain()
         self.store.clear()
-        seek(t)
+        self.backend.seek(t)
         self.tick()
 
     # -- views over the store (same answers live and on replay) -----------------------------------

@@ -32,6 +32,7 @@ class ReplayBackend(Backend):
     """
 
     kind = "replay"
+    can_seek = True
 
     def __init__(self, path: str | Path, *, speed: float = 1.0, paused: bool = False, history_s: float = HISTORY_S,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
