@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from rich.table import Table
 from rich.text import Text
-from textual.app import ComposeResult
+from typing import Iterable
+
 from textual.binding import Binding
-from textual.containers import VerticalScroll
-from textual.screen import ModalScreen
+from textual.widget import Widget
 from textual.widgets import Markdown, Static
 
 from tuner.core import setting as vocab
+from tuner.screens.modal import ModalPanel
 
 # action name -> what the key does, in words (the footer's labels are too short to explain); a knob's
 # keys are named by the knob and explained by its row of the knob table (action_help).
@@ -80,29 +81,23 @@ def keys_table(keys: list[tuple[str, str, str]]) -> Table:
     return table
 
 
-class HelpScreen(ModalScreen[None]):
-    BINDINGS = [Binding("escape,q,question_mark,f1", "dismiss", "close")]
+class HelpScreen(ModalPanel):
+    BINDINGS = [Binding("question_mark,f1", "dismiss", "close")]
     DEFAULT_CSS = """
-    HelpScreen { align: center middle; }
-    HelpScreen > VerticalScroll {
-        width: 96; max-width: 95%; height: 90%;
-        border: round $accent; background: $surface; padding: 0 1;
-    }
+    HelpScreen > .box { width: 96; max-width: 95%; }
     HelpScreen #help-intro { margin: 1 0; }
     """
+    BOX_TITLE = "specdecode-tune help · esc to close"
+    BOX_SUBTITLE = ""
 
     def __init__(self, keys: list[tuple[str, str, str]], read_only: bool) -> None:
         super().__init__()
         self._keys = keys
         self._read_only = read_only
 
-    def compose(self) -> ComposeResult:
+    def body(self) -> Iterable[Widget]:
         intro = ("Replaying a recording: the setting cannot be changed here." if self._read_only else
                  "Keys work anywhere on the main screen; the key hints in the knobs panel can be clicked.")
-        with VerticalScroll():
-            yield Static(intro, id="help-intro")
-            yield Static(keys_table(self._keys), id="help-keys")
-            yield Markdown(PANELS)
-
-    def on_mount(self) -> None:
-        self.query_one(VerticalScroll).border_title = "specdecode-tune help · esc to close"
+        yield Static(intro, id="help-intro")
+        yield Static(keys_table(self._keys), id="help-keys")
+        yield Markdown(PANELS)

@@ -6,15 +6,14 @@ py-spy or parse its output itself.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from rich.table import Table
 from rich.text import Text
-from textual.app import ComposeResult
-from textual.binding import Binding
-from textual.containers import VerticalScroll
-from textual.screen import ModalScreen
+from textual.widget import Widget
 from textual.widgets import Static
+
+from tuner.screens.modal import ModalPanel
 
 
 def _get(row: Any, *names: str, default: Any = None) -> Any:
@@ -76,26 +75,14 @@ def summary(result: Any) -> Text:
     return text
 
 
-class PySpyScreen(ModalScreen[None]):
-    BINDINGS = [Binding("escape,q", "dismiss", "close")]
-    DEFAULT_CSS = """
-    PySpyScreen { align: center middle; }
-    PySpyScreen > VerticalScroll {
-        width: 95%; height: 90%; border: round $accent; background: $surface; padding: 0 1;
-    }
-    PySpyScreen #pyspy-summary { margin-bottom: 1; }
-    """
+class PySpyScreen(ModalPanel):
+    DEFAULT_CSS = "PySpyScreen #pyspy-summary { margin-bottom: 1; }"
+    BOX_TITLE = "py-spy: top functions of the server's processes"
 
     def __init__(self, result: Any) -> None:
         super().__init__()
         self.result = result
 
-    def compose(self) -> ComposeResult:
-        with VerticalScroll():
-            yield Static(summary(self.result), id="pyspy-summary")
-            yield Static(functions_table(self.result), id="pyspy-table")
-
-    def on_mount(self) -> None:
-        box = self.query_one(VerticalScroll)
-        box.border_title = "py-spy: top functions of the server's processes"
-        box.border_subtitle = "esc to close"
+    def body(self) -> Iterable[Widget]:
+        yield Static(summary(self.result), id="pyspy-summary")
+        yield Static(functions_table(self.result), id="pyspy-table")

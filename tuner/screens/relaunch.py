@@ -6,15 +6,17 @@ y or enter confirms, n or escape declines. It only asks: the app runs the relaun
 
 from __future__ import annotations
 
+from typing import Iterable
+
 from rich.text import Text
-from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
-from textual.screen import ModalScreen
+from textual.widget import Widget
 from textual.widgets import Static
 
+from tuner.screens.modal import ModalBox
 
-class RelaunchConfirm(ModalScreen[bool]):
+
+class RelaunchConfirm(ModalBox[bool]):
     """Dismissed with True (relaunch) or False (leave the server as it is)."""
 
     BINDINGS = [
@@ -22,11 +24,7 @@ class RelaunchConfirm(ModalScreen[bool]):
         Binding("n,escape", "answer(False)", "cancel"),
     ]
     DEFAULT_CSS = """
-    RelaunchConfirm { align: center middle; }
-    RelaunchConfirm > Vertical {
-        width: 90%; height: auto; max-height: 80%; border: round $warning; background: $surface;
-        padding: 0 1;
-    }
+    RelaunchConfirm > .box { width: 90%; height: auto; max-height: 80%; border: round $warning; }
     RelaunchConfirm #relaunch-command { color: $text-muted; margin-top: 1; }
     RelaunchConfirm #relaunch-keys { margin-top: 1; }
     """
@@ -37,16 +35,14 @@ class RelaunchConfirm(ModalScreen[bool]):
         self.question = question.splitlines()[0] if question else "Relaunch the server?"
         self.command = command
 
-    def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Static(Text(self.question, style="bold"), id="relaunch-question")
-            yield Static(Text(self.command), id="relaunch-command")
-            yield Static(Text.assemble(("y", "bold"), " / enter: relaunch    ", ("n", "bold"),
-                                       " / esc: leave it as it is"), id="relaunch-keys")
+    SCROLLS = False
+    BOX_TITLE = "relaunch the server?"
 
-    def on_mount(self) -> None:
-        box = self.query_one(Vertical)
-        box.border_title = "relaunch the server?"
+    def body(self) -> Iterable[Widget]:
+        yield Static(Text(self.question, style="bold"), id="relaunch-question")
+        yield Static(Text(self.command), id="relaunch-command")
+        yield Static(Text.assemble(("y", "bold"), " / enter: relaunch    ", ("n", "bold"),
+                                   " / esc: leave it as it is"), id="relaunch-keys")
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)

@@ -8,18 +8,17 @@ it must not re-analyse anything.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
-from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import VerticalScroll
-from textual.screen import ModalScreen
+from textual.widget import Widget
 from textual.widgets import Static
 
 from probes.names import DRAFT, DRAFT_EXTEND, OTHER, PREFILL, VERIFY, VERIFY_SAMPLE
+from tuner.screens.modal import ModalPanel
 from tuner.widgets.phases import SEGMENTS, PhaseView, segment_ms, stacked_bar
 
 PHASE_LABEL = {PREFILL: "prefill", DRAFT: "draft", VERIFY: "verify", VERIFY_SAMPLE: "accept + commit",
@@ -122,14 +121,9 @@ def summary(analysis: Mapping[str, Any]) -> Text:
     return text
 
 
-class TraceScreen(ModalScreen[None]):
-    BINDINGS = [Binding("escape,q", "dismiss", "close"),
-                Binding("r", "pcie_relaunch", "relaunch with PCIe-IPC all-reduce", show=False)]
+class TraceScreen(ModalPanel):
+    BINDINGS = [Binding("r", "pcie_relaunch", "relaunch with PCIe-IPC all-reduce", show=False)]
     DEFAULT_CSS = """
-    TraceScreen { align: center middle; }
-    TraceScreen > VerticalScroll {
-        width: 95%; height: 90%; border: round $accent; background: $surface; padding: 0 1;
-    }
     TraceScreen #trace-summary { margin-bottom: 1; }
     TraceScreen #trace-bars { margin-top: 1; }
     TraceScreen #trace-remedies { margin-top: 1; }
@@ -140,15 +134,14 @@ class TraceScreen(ModalScreen[None]):
         self.analysis = analysis
         self.title_text = title
 
-    def compose(self) -> ComposeResult:
-        with VerticalScroll():
-            yield Static(summary(self.analysis), id="trace-summary")
-            yield Static(analysis_table(self.analysis), id="trace-table")
-            yield Static(rank_bars(self.analysis), id="trace-bars")
-            remedies = self._remedies()
-            box = Static(remedies, id="trace-remedies")
-            box.display = bool(remedies.plain)       # nothing to say: no line at all
-            yield box
+    def body(self) -> Iterable[Widget]:
+        yield Static(summary(self.analysis), id="trace-summary")
+        yield Static(analysis_table(self.analysis), id="trace-table")
+        yield Static(rank_bars(self.analysis), id="trace-bars")
+        remedies = self._remedies()
+        box = Static(remedies, id="trace-remedies")
+        box.display = bool(remedies.plain)       # nothing to say: no line at all
+        yield box
 
     def _remedies(self) -> Text:
         """What the server lets the operator change about its collectives, predicted from this
@@ -189,7 +182,5 @@ class TraceScreen(ModalScreen[None]):
         self.dismiss()
         app.offer_relaunch(PCIE_IPC_ENV, 1)
 
-    def on_mount(self) -> None:
-        box = self.query_one(VerticalScroll)
-        box.border_title = self.title_text
-        box.border_subtitle = "esc to close"
+    def box_title(self) -> str:
+        return self.title_text

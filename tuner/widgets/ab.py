@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 from rich.console import Group
 from rich.text import Text
-from textual.widgets import Static
 
 from tuner.core import windows as W
 from tuner.widgets.fmt import is_num, num
+from tuner.widgets.view_widget import ViewWidget
 
 
 @dataclass(frozen=True)
@@ -64,20 +64,11 @@ def _verdict(m: Metric) -> Text:
     return VERDICT_TEXT[W.judge(m.lo, m.hi)].copy()
 
 
-class ABReadout(Static):
-    DEFAULT_CSS = "ABReadout { height: auto; }"
+class ABReadout(ViewWidget[ABView]):
+    VIEW = ABView
 
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id)
-        self._view = ABView()
-
-    def show(self, view: ABView) -> None:
-        if view != self._view:
-            # A new layout only when the number of lines can change (layout is the costly part).
-            def shape(v: ABView) -> tuple:
-                return (bool(v.change), v.ready, len(v.metrics), any(is_num(m.lo) for m in v.metrics))
-            self.refresh(layout=shape(view) != shape(self._view))
-            self._view = view
+    def shape(self, v: ABView) -> tuple:
+        return (bool(v.change), v.ready, len(v.metrics), any(is_num(m.lo) for m in v.metrics))
 
     def render(self) -> Group | Text:
         view = self._view

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
-from textual.widgets import Static
 
 from tuner.widgets.fmt import hbar, is_num, num
+from tuner.widgets.view_widget import ViewWidget
 
 BAR_COLOR = "#8bc34a"
 MAX_BUCKET_LINES = 8
@@ -36,20 +36,11 @@ class AcceptView:
     line per batch bucket (the tier it ran, the tuner's best, the predicted tok/s lost)."""
 
 
-class PositionBars(Static):
-    DEFAULT_CSS = "PositionBars { height: auto; }"
+class PositionBars(ViewWidget[AcceptView]):
+    VIEW = AcceptView
 
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id)
-        self._view = AcceptView()
-
-    def show(self, view: AcceptView) -> None:
-        if view != self._view:
-            # A new layout only when the number of lines can change (layout is the costly part).
-            self.refresh(layout=(len(view.positions), view.steps == 0, len(view.buckets), len(view.controller)) !=
-                         (len(self._view.positions), self._view.steps == 0, len(self._view.buckets),
-                          len(self._view.controller)))
-            self._view = view
+    def shape(self, v: AcceptView) -> tuple:
+        return (len(v.positions), v.steps == 0, len(v.buckets), len(v.controller))
 
     def render(self) -> Group | Text:
         body = self._render_acceptance()

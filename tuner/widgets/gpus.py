@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from rich.table import Table
 from rich.text import Text
-from textual.widgets import Static
 
 from tuner.widgets.fmt import NA, bytes_rate, hbar, is_num, num, sparkline
+from tuner.widgets.view_widget import ViewWidget
 
 NAN = float("nan")
 
@@ -49,18 +49,11 @@ def _level_style(fraction: float) -> str:
     return "#8bc34a" if fraction < 0.6 else "#e0b040" if fraction < 0.9 else "#d96e6e"
 
 
-class GpuTable(Static):
-    DEFAULT_CSS = "GpuTable { height: auto; }"
+class GpuTable(ViewWidget[GpuView]):
+    VIEW = GpuView
 
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id)
-        self._view = GpuView()
-
-    def show(self, view: GpuView) -> None:
-        if view != self._view:
-            # A new layout only when the number of lines can change (layout is the costly part).
-            self.refresh(layout=(len(view.rows), view.note) != (len(self._view.rows), self._view.note))
-            self._view = view
+    def shape(self, v: GpuView) -> tuple:
+        return (len(v.rows), v.note)
 
     def render(self) -> Table | Text:
         view = self._view

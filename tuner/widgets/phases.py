@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
-from textual.widgets import Static
 
 from probes.names import ALL_PHASES as PHASES
 from probes.names import DRAFT, DRAFT_EXTEND, OTHER, PREFILL, VERIFY, VERIFY_SAMPLE
 from tuner.widgets.fmt import is_num, num
+from tuner.widgets.view_widget import ViewWidget
 
 
 
@@ -116,15 +116,11 @@ def stacked_bar(parts: dict[str, float], width: int) -> Text:
     return text
 
 
-class PhaseSplit(Static):
+class PhaseSplit(ViewWidget[PhaseView]):
     """The phase panel; call `show(view)` with fresh numbers."""
 
-    DEFAULT_CSS = "PhaseSplit { height: auto; }"
-
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id)
-        self._view = PhaseView()
-        self._compact = False
+    VIEW = PhaseView
+    _compact = False
 
     @property
     def compact(self) -> bool:
@@ -137,12 +133,8 @@ class PhaseSplit(Static):
             self._compact = value
             self.refresh(layout=True)
 
-    def show(self, view: PhaseView) -> None:
-        if view != self._view:
-            # A new layout only when the number of lines can change (layout is the costly part).
-            shape = (bool(view.unavailable), view.iterations == 0)
-            self.refresh(layout=shape != (bool(self._view.unavailable), self._view.iterations == 0))
-            self._view = view
+    def shape(self, v: PhaseView) -> tuple:
+        return (bool(v.unavailable), v.iterations == 0)
 
     def render(self) -> Group | Text:
         view = self._view
