@@ -10,8 +10,9 @@ needs neither transformers nor torch.
 
 Must not tokenize (the caller encodes the rendered text without adding special tokens, as SGLang
 does) and must never let a template reach Python internals: templates are untrusted code. A render
-is bounded in time (checked in `range` loops, operators and as output grows) and size (the prompt,
-and any string or list `*`/`+` builds): past the bounds the request is a 400.
+is bounded in time and in steps (every loop iteration and every call counts one, so a loop or a
+macro that prints nothing and uses no operator is bounded too) and in size (the prompt, and any
+string or list `*`/`+` builds): past the bounds the request is a 400.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, Iterator
 import jinja2
 import jinja2.ext
 from jinja2.compiler import CodeGenerator
+from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
 from refengine.server.inputs import BadRequest
@@ -79,6 +81,10 @@ def _strftime_now(fmt: str) -> str:
 MAX_RENDER_CHARS = 4 << 20
 MAX_RENDER_S = 2.0
 MAX_POW_BITS = 1 << 16
+# Loop iterations plus calls (macros, methods, `loop(...)`) in one render. Ten million is thousands
+# of times what a real template takes for the largest body the server reads; it makes the bound
+# hold the same on a slow host, where the deadline alone would let more run.
+MAX_RENDER_STEPS = 10_000_000
 _render = threading.local()
 
 
@@ -92,18 +98,42 @@ def _check_time() -> None:
         raise RenderLimit(f"rendering took longer than {MAX_RENDER_S:g} s")
 
 
-def _bounded_range(*args: Any) -> Iterator[int]:
-    """The sandbox's range (at most MAX_RANGE items), checking the render's deadline as it goes:
-    nested loops that print nothing would otherwise run for hours."""
-    for i, v in enumerate(safe_range(*args)):
-        if not i & 1023:
-            _check_time()
+def _step() -> None:
+    """One loop iteration or call of the render: counted against MAX_RENDER_STEPS, and the
+    deadline checked (nested loops or a doubly recursive macro that print nothing and use no
+    operator would otherwise run for hours)."""
+    steps = getattr(_render, "steps", None)
+    if steps is None:
+        return
+    _render.steps = steps + 1
+    if steps >= MAX_RENDER_STEPS:
+        raise RenderLimit(f"more than {MAX_RENDER_STEPS} loop iterations and calls")
+    _check_time()
+
+
+def _bounded_iter(iterable: Any) -> Iterator[Any]:
+    """What a `{% for %}` loops over, one step per item."""
+    for v in iterable:
+        _step()
         yield v
+
+
+def _bounded_range(*args: Any) -> Iterator[int]:
+    """The sandbox's range (at most MAX_RANGE items), one step per item."""
+    return _bounded_iter(safe_range(*args))
 
 
 class _BoundedCodeGenerator(CodeGenerator):
     """Compiles `~` (string concatenation) to the sandbox's bounded join, so a loop that doubles a
-    string with it stops at the bound instead of at the host's memory."""
+    string with it stops at the bound instead of at the host's memory, and what a `{% for %}`
+    iterates to the sandbox's counted iterator."""
+
+    def visit_For(self, node: jinja2.nodes.For, frame: Any) -> None:
+        # (A recursive loop's deeper items go through `loop(...)`: see _Sandbox.call.)
+        counted = jinja2.nodes.Call(jinja2.nodes.EnvironmentAttribute("bounded_iter"), [node.iter], [], None, None,
+                                    lineno=node.lineno)
+        super().visit_For(jinja2.nodes.For(node.target, counted, node.body, node.else_, node.test, node.recursive,
+                                           lineno=node.lineno), frame)
 
     def visit_Concat(self, node: jinja2.nodes.Concat, frame: Any) -> None:
         self.write("environment.bounded_concat((")
@@ -118,6 +148,16 @@ class _Sandbox(ImmutableSandboxedEnvironment):
 
     intercepted_binops = frozenset(["*", "+", "**"])
     code_generator_class = _BoundedCodeGenerator
+
+    def bounded_iter(self, iterable: Any) -> Iterator[Any]:
+        return _bounded_iter(iterable)
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+        # Every call in a template comes here (macros, methods, `loop(...)`): one step each.
+        _step()
+        if isinstance(__obj, LoopContext) and args:
+            args = (_bounded_iter(args[0]), *args[1:])    # a recursive loop's items, counted like any loop's
+        return super().call(__context, __obj, *args, **kwargs)
 
     def bounded_concat(self, parts: tuple) -> str:
         _check_time()
@@ -173,6 +213,7 @@ class ChatTemplate:
         """The prompt text; a template's own refusal (`raise_exception`) or error is a 400."""
         variables = {**self.special_tokens, **(extra or {})}
         _render.deadline = time.monotonic() + MAX_RENDER_S
+        _render.steps = 0
         try:
             parts, size = [], 0
             # Streamed, so the prompt's size and the time are checked as it grows.
@@ -196,6 +237,7 @@ class ChatTemplate:
             raise BadRequest(f"the chat template could not render the messages: {type(e).__name__}: {e}") from None
         finally:
             _render.deadline = None
+            _render.steps = None
 
 
 def _pick(chat_template: Any) -> str | None:
