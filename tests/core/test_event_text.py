@@ -48,7 +48,7 @@ def test_every_reader_says_a_tuning_event_in_the_same_words(monkeypatch):
     monkeypatch.setattr(tune, "_say", printed.append)
     for e in TUNING:
         tune.say_event(e)
-    data = RecordingData(path=Path("t.db"), header={}, series={}, events=TUNING, traces=[], problems=[],
+    data = RecordingData(path=Path("t.db"), header={}, series={}, event_list=TUNING, trace_list=[], problems=[],
                          t_first=0.0, t_last=8.0)
     rows, _ = tuning_of(data)
     words = [event_text(e.kind, e.data).text for e in TUNING]

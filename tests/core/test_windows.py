@@ -12,6 +12,7 @@ import pytest
 from tests.report import synthetic
 from tuner.core import ab
 from tuner.core import series as S
+from tuner.core import timeline
 from tuner.core import windows as W
 from tuner.core.events import EventKind
 from tuner.core.records import Event, Sample
@@ -82,7 +83,7 @@ def test_a_capture_is_left_out_of_the_ab_and_settles_after():
     _feed(st, 24.0, 26.0, 500.0)                     # the held-back requests: a burst
     _feed(st, 26.0, 28.0, 300.0)                     # settling after it
     _feed(st, 28.0, 40.0, 120.0)
-    assert ab.captures(st) == [(20.0, 26.0)]
+    assert timeline.captures(st) == [(20.0, 26.0, "x")]
     r = ab.compare_last_change(st, S.SERVER_TOK_PER_S, 40.0)
     assert r.ready and r.n_after == 8 + 12 and r.ratio == pytest.approx(1.2) and r.hi == pytest.approx(1.2)
 

@@ -18,6 +18,7 @@ from tests.report import synthetic
 from tuner.app import make_app
 from tuner.commands.replay import open_replay
 from tuner.core import windows as W
+from tuner.core.events import EventKind
 from tuner.report import load, summarize
 from tuner.report.summary import compare, setting_key
 
@@ -43,7 +44,7 @@ def tui_readout(path: Path) -> tuple[object, str]:
 def report_pair(path: Path):
     """The report's rows for the two settings of the recording's last change, and its summary."""
     s = summarize(load(path))
-    change = [e for e in s.data.events if e.kind == "config_changed"][-1]
+    change = s.data.events(EventKind.CONFIG_CHANGED)[-1]
     by_key = {r.key: r for r in s.rows}
     return by_key[setting_key(change.data["old"])], by_key[setting_key(change.data["new"])], s
 

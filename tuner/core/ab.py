@@ -2,11 +2,12 @@
 
 The rule itself (settling, 1-s windows, ratio of medians, bootstrap interval, "not yet" below 5
 windows a side, outages and captures left out) is tuner.core.windows'; this module applies it to the
-Store around the newest config change, and between a baseline's run and the setting running now.
-Time the server was away (from `disconnected` to the end of the settling after `connected`) belongs
-to neither side: the load driver counts 0 tok/s while the server is down, which says nothing about
-the setting. So does a profiler capture's time. Pure functions over a Store; it must not talk to
-servers.
+Store (or any tuner.core.timeline.Timeline) around the newest config change, and between a
+baseline's run and the setting running now. Time the server was away (from `disconnected` to the
+end of the settling after `connected`) belongs to neither side: the load driver counts 0 tok/s while
+the server is down, which says nothing about the setting. So does a profiler capture's time; both
+spans are tuner.core.timeline.excluded, the report's too. Pure functions over a timeline; it must
+not talk to servers.
 """
 
 from __future__ import annotations
@@ -14,12 +15,10 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
-from tuner.core import series as S
 from tuner.core import windows as W
 from tuner.core.events import AB_BOUNDARY_KINDS, EventKind
-from tuner.core.store import Store
+from tuner.core.timeline import Timeline, excluded, last_event, settle_end, window_means
 from tuner.core.windows import (BOOTSTRAP_ROUNDS, MIN_WINDOWS, SEED, SETTLE_ITERATIONS, SETTLE_S, WINDOW_S,
                                 ratio_of_medians)
 
@@ -30,8 +29,10 @@ NOT_YET = "not yet"
 READY = "ready"
 NO_CHANGE = "no change"
 
+# settle_end, excluded and window_means are tuner.core.timeline's (the report's too), named here for
+# the A/B's callers.
 __all__ = ["ABResult", "BOOTSTRAP_ROUNDS", "MIN_WINDOWS", "SEED", "SETTLE_ITERATIONS", "SETTLE_S", "WINDOW_S",
-           "compare_last_change", "compare_with_baseline", "excluded", "outages", "ratio_of_medians", "run_span",
+           "compare_last_change", "compare_with_baseline", "excluded", "ratio_of_medians", "run_span",
            "settle_end", "window_means"]
 
 
@@ -71,89 +72,12 @@ class ABResult:
                 f"({self.median_before:.4g} -> {self.median_after:.4g})")
 
 
-def window_means(store: Store, series: str, t0: float, t1: float, width: float = WINDOW_S,
-                 exclude: Sequence[tuple[float, float]] = ()) -> list[float]:
-    """tuner.core.windows.window_means over one series of the store, within [t0, t1]."""
-    win = store.window(series, t0, t1)
-    return W.window_means(win.t, win.v, t0, t1, width, exclude)
-
-
-def settle_end(store: Store, change_t: float, settle_s: float = SETTLE_S,
-               settle_iterations: int = SETTLE_ITERATIONS) -> float:
-    """When readings after a change start to count (tuner.core.windows.settle_end), from the store's
-    iteration counter (series server/iterations_total, where the server has a phase stream)."""
-    if store.latest(S.SERVER_ITERATIONS) is None:
-        return W.settle_end(change_t, None, settle_s=settle_s)
-    base = store.value(S.SERVER_ITERATIONS, at=change_t)
-    return W.settle_end(change_t, store.window(S.SERVER_ITERATIONS, change_t), base, settle_s, settle_iterations)
-
-
-def outages(store: Store, settle_s: float = SETTLE_S, settle_iterations: int = SETTLE_ITERATIONS
-            ) -> list[tuple[float, float]]:
-    """[disconnected, settled after connected) intervals; an outage not over yet runs to +inf.
-
-    A reconnect is treated like a change: the server (maybe restarted, with cold caches) settles
-    again before its readings count."""
-    moves = ((float(e.data.get("since", e.t) or e.t), e.kind == EventKind.CONNECTED, "")
-             for e in store.events((EventKind.DISCONNECTED, EventKind.CONNECTED)))
-    return _settled_after(store, [(a, b) for a, b, _ in W.gaps(moves)], settle_s, settle_iterations)
-
-
-def captures(store: Store) -> list[tuple[float, float]]:
-    """The time each profiler capture slowed the server (tuner.core.windows.capture_span): from its
-    stated length before its event, or its first profiled iteration, or else the stall before it,
-    to the catch-up after it (not settled: see `excluded`)."""
-    out = []
-    for e in store.events(EventKind.TRACE_CAPTURED):
-        starts = []
-        secs = e.data.get("seconds")
-        if isinstance(secs, (int, float)) and secs > 0:
-            starts.append(e.t - float(secs))
-        for tr in store.traces(str(e.data.get("trace_id", ""))):
-            starts += first_iterations(tr.analysis)
-        if not starts:
-            its = store.window(S.SERVER_ITER_PER_S, e.t - W.CAPTURE_LOOKBACK_S, e.t)
-            starts.append(W.stall_start(e.t, its.t, its.v))
-        out.append(W.capture_span(e.t, starts))
-    return out
-
-
-def _settled_after(store: Store, spans: list[tuple[float, float]], settle_s: float,
-                   settle_iterations: int) -> list[tuple[float, float]]:
-    # The server comes back from an outage or a capture like from a change: it settles again.
-    return [(a, settle_end(store, b, settle_s, settle_iterations) if math.isfinite(b) else b) for a, b in spans]
-
-
-def first_iterations(analysis: object) -> list[float]:
-    """Where a capture's analysis says each rank's first profiled iteration began, less the time
-    the capture request takes (tuner.core.windows.CAPTURE_REQUEST_S), in seconds. Reads a frozen
-    analysis (the store's) as it is: thawing it on every tick would copy every iteration."""
-    out = []
-    ranks = analysis.get("ranks") if isinstance(analysis, Mapping) else None
-    for r in ranks if isinstance(ranks, (list, tuple)) else ():
-        its = r.get("iterations") if isinstance(r, Mapping) else None
-        base = r.get("base_time_ns") if isinstance(r, Mapping) else None
-        if isinstance(its, (list, tuple)) and its and isinstance(its[0], Mapping) \
-                and isinstance(base, (int, float)) and base:
-            start = its[0].get("start_us", 0)
-            if isinstance(start, (int, float)):
-                out.append(float(base) / 1e9 + float(start) / 1e6 - W.CAPTURE_REQUEST_S)
-    return out
-
-
-def excluded(store: Store, settle_s: float = SETTLE_S, settle_iterations: int = SETTLE_ITERATIONS
-             ) -> list[tuple[float, float]]:
-    """Time that belongs to no setting: outages (with their settling) and profiler captures."""
-    return outages(store, settle_s, settle_iterations) + _settled_after(store, captures(store), settle_s,
-                                                                        settle_iterations)
-
-
-def compare_last_change(store: Store, series: str, now: float, *, settle_s: float = SETTLE_S,
+def compare_last_change(store: Timeline, series: str, now: float, *, settle_s: float = SETTLE_S,
                         settle_iterations: int = SETTLE_ITERATIONS, width: float = WINDOW_S,
                         min_windows: int = MIN_WINDOWS, max_side_s: float = MAX_SIDE_S,
                         rounds: int = BOOTSTRAP_ROUNDS, seed: int = SEED) -> ABResult:
     """Compare `series` before vs after the newest config change at or before `now`."""
-    change = store.last_event(EventKind.CONFIG_CHANGED, at=now)
+    change = last_event(store, EventKind.CONFIG_CHANGED, at=now)
     if change is None:
         return ABResult(series, NO_CHANGE)
     # The "before" side is the previous setting's steady part: from the boundary before it (a change,
@@ -177,7 +101,7 @@ def compare_last_change(store: Store, series: str, now: float, *, settle_s: floa
                     min_windows, rounds, seed)
 
 
-def _compare(store: Store, series: str, change_t: float, before_span: tuple[float, float],
+def _compare(store: Timeline, series: str, change_t: float, before_span: tuple[float, float],
              after_span: tuple[float, float], settle_s: float, settle_iterations: int, width: float,
              min_windows: int, rounds: int, seed: int) -> ABResult:
     (b0, b1), (a0, a1) = before_span, after_span
@@ -191,17 +115,17 @@ def _compare(store: Store, series: str, change_t: float, before_span: tuple[floa
                     statistics.median(after), len(before), len(after))
 
 
-def run_span(store: Store, at: float, now: float) -> tuple[float, float]:
+def run_span(store: Timeline, at: float, now: float) -> tuple[float, float]:
     """[start, end) of the run of one setting (and one load state) that holds time `at`: from the
     boundary at or before it (a change, load start/stop; else the data's start) to the next one
     (else `now`)."""
-    start = store.last_event(AB_BOUNDARY_KINDS, at=at)
+    start = last_event(store, AB_BOUNDARY_KINDS, at=at)
     t0 = start.t if start is not None else store.t_first
     nxt = [e.t for e in store.events(AB_BOUNDARY_KINDS, t0=t0, t1=now) if e.t > t0]
     return t0, min([now] + nxt)
 
 
-def compare_with_baseline(store: Store, series: str, now: float, baseline_at: float, *,
+def compare_with_baseline(store: Timeline, series: str, now: float, baseline_at: float, *,
                           settle_s: float = SETTLE_S, settle_iterations: int = SETTLE_ITERATIONS,
                           width: float = WINDOW_S, min_windows: int = MIN_WINDOWS,
                           max_side_s: float = MAX_SIDE_S, rounds: int = BOOTSTRAP_ROUNDS,

@@ -1,4 +1,5 @@
-"""The store: one ring buffer per series, an event log and the last traces, with window queries.
+"""The store: one ring buffer per series, an event log and the last traces, with window queries: the
+live side of tuner.core.timeline's Timeline.
 
 Written by one thread only (the session's, through Session.tick), read by the same thread (TUI timer,
 headless loop), so it takes no locks. Readers check `revision` and pull only the windows they draw.
@@ -10,33 +11,14 @@ from __future__ import annotations
 import math
 from array import array
 from bisect import bisect_left, bisect_right
-from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from tuner.core.records import NAN, Event, Record, Sample, Trace
+from tuner.core.timeline import Window
 
 DEFAULT_CAPACITY = 4 * 3600 * 3   # ~3 h of a 4 Hz series
 DEFAULT_EVENT_CAPACITY = 100_000
 DEFAULT_TRACE_CAPACITY = 16
-
-
-@dataclass(frozen=True, slots=True)
-class Window:
-    """Readings of one series in a time range, oldest first. NaN values are kept (gaps)."""
-
-    series: str
-    t: tuple[float, ...]
-    v: tuple[float, ...]
-
-    def __len__(self) -> int:
-        return len(self.t)
-
-    def __iter__(self) -> Iterator[tuple[float, float]]:
-        return iter(zip(self.t, self.v))
-
-    def finite(self) -> list[float]:
-        """The values that are available (not NaN)."""
-        return [v for v in self.v if not math.isnan(v)]
 
 
 class _Ring:

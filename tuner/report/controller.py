@@ -24,7 +24,7 @@ HEAD = ["batch", "iterations", "controller ran", "tuner's best", "stage", "predi
 
 def controller_of(data: RecordingData) -> dict[str, Any] | None:
     """The check's JSON (controller_check's shape), or None when the server ran no controller."""
-    events = data.events_of(CC.EVENT_KIND)
+    events = data.events(CC.EVENT_KIND)
     if events:
         return thaw(events[-1].data)
     if not is_adaptive(data.server_info()):

@@ -1,4 +1,5 @@
-"""Everything a report needs from one recording, read once: header, series, events, trace summaries.
+"""Everything a report needs from one recording, read once: header, series, events, trace summaries;
+the recorded side of tuner.core.timeline's Timeline (the Store is the live one).
 
 Reads only the file (through the core's reader), never a server. A damaged file is read as far as it
 goes: the reader's one-line problems travel along in `problems`, and a file with nothing readable
@@ -13,9 +14,10 @@ from array import array
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from tuner.core.records import Event, Sample, Trace, thaw
+from tuner.core.timeline import Window
 from tuner.recording import open_recording
 
 
@@ -57,11 +59,15 @@ class RecordingData:
     path: Path
     header: dict[str, Any]
     series: dict[str, Series]
-    events: list[Event]
-    traces: list[TraceInfo]
+    event_list: list[Event]         # oldest first
+    trace_list: list[TraceInfo]
     problems: list[str]
     t_first: float
     t_last: float
+
+    def __post_init__(self) -> None:
+        self.event_list = sorted(self.event_list, key=lambda e: e.t)    # stable: equal times keep their order
+        self._event_ts = [e.t for e in self.event_list]
 
     @property
     def length_s(self) -> float:
@@ -73,12 +79,36 @@ class RecordingData:
     def names(self, prefix: str = "") -> list[str]:
         return sorted(n for n in self.series if n.startswith(prefix))
 
-    def events_of(self, *kinds: str) -> list[Event]:
-        return [e for e in self.events if e.kind in kinds]
+    # -- tuner.core.timeline.Timeline -----------------------------------------------------------------
+
+    def events(self, kind: str | Iterable[str] | None = None, t0: float = -math.inf,
+               t1: float = math.inf) -> list[Event]:
+        """Events with t0 <= t <= t1 (oldest first), optionally only of some kinds."""
+        lo = bisect_left(self._event_ts, t0)
+        evs = self.event_list[lo:bisect_right(self._event_ts, t1, lo=lo)]
+        if kind is None:
+            return evs
+        kinds = {kind} if isinstance(kind, str) else set(kind)
+        return [e for e in evs if e.kind in kinds]
+
+    def window(self, series: str, t0: float = -math.inf, t1: float = math.inf) -> Window:
+        """One series' readings with t0 <= t <= t1, oldest first."""
+        s = self.get(series)
+        i = bisect_left(s.t, t0)
+        j = bisect_right(s.t, t1, lo=i)
+        return Window(series, tuple(s.t[i:j]), tuple(s.v[i:j]))
+
+    def value(self, series: str, at: float = math.inf) -> float:
+        """The newest reading at or before `at`, NaN when there is none."""
+        return self.get(series).at_or_before(at)
+
+    def traces(self, trace_id: str | None = None) -> list[TraceInfo]:
+        """The stored capture files (without their bytes), optionally those of one capture."""
+        return [tr for tr in self.trace_list if trace_id is None or tr.trace_id == trace_id]
 
     def server_info(self) -> dict[str, Any]:
         """The first server_info event's data, else the header's server_info."""
-        for e in self.events:
+        for e in self.event_list:
             if e.kind == "server_info":
                 return thaw(e.data)
         return dict(self.header.get("server_info") or {})

@@ -46,7 +46,7 @@ def perfetto_events(s: Summary) -> Iterator[dict[str, Any]]:
     for a, b, err in s.gaps:
         yield {"ph": "X", "pid": SESSION_PID, "tid": 2, "name": "server gone", "cat": "gap",
                "ts": _us(s, a), "dur": max(0.0, (b - a) * 1e6), "args": {"error": err}}
-    for e in d.events:
+    for e in d.events():
         yield {"ph": "i", "s": "t", "pid": SESSION_PID, "tid": 3, "name": e.kind, "cat": "event",
                "ts": _us(s, e.t), "args": json.loads(dumps(thaw(e.data)))}
     yield {"ph": "M", "pid": SERIES_PID, "name": "process_name", "args": {"name": "series (counters)"}}
@@ -171,7 +171,7 @@ def write_csv(s: Summary, out_dir: Path) -> list[Path]:
     def events(f: Any) -> None:
         w = csv.writer(f)
         w.writerow(["t", "t_rel_s", "kind", "data"])
-        for e in d.events:
+        for e in d.events():
             w.writerow([repr(e.t), f"{e.t - d.t_first:.6f}", e.kind, dumps(thaw(e.data))])
     write_atomic(p, events)
     paths.append(p)

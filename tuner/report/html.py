@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from probes.names import TOPK
 from tuner import __version__
 from tuner.core import series as S
+from tuner.core.events import EventKind
 from tuner.core.records import thaw
 from tuner.report import svg
 from tuner.core import setting as vocab
@@ -80,7 +81,7 @@ def _markers(s: Summary) -> tuple[list[Marker], list[Band]]:
         bands.append(Band(a, b, f"server gone: {err}", "#F4CCCC"))
     for a, b, tid in s.excluded:
         bands.append(Band(a, b, f"profiler capture {tid} (left out of the figures)", "#E8D5F0"))
-    for e in s.data.events_of("trace_captured"):
+    for e in s.data.events(EventKind.TRACE_CAPTURED):
         markers.append(Marker(e.t, "trace", "#CC79A7", "1 2"))
     return markers, bands
 
@@ -250,7 +251,7 @@ def tuning_section(s: Summary) -> str:
 
 
 def events_section(s: Summary) -> str:
-    evs = [e for e in s.data.events if e.kind in NOTABLE]
+    evs = s.data.events(NOTABLE)
     rows = []
     for e in evs[:MAX_EVENT_ROWS]:
         d = thaw(e.data)
@@ -289,7 +290,7 @@ def config_section(s: Summary) -> str:
     info = s.data.server_info()
     launch = redact(info.get("launch") or s.data.header.get("launch") or {})
     start = info.get("active") or s.data.header.get("active") or {}
-    end = active_at_end(s.data.events) or start
+    end = active_at_end(s.data.events()) or start
     rows = [[esc(k), esc(v)] for k, v in sorted(launch.items())]
     knobs = vocab.args()
     act = [[esc(k), esc(start.get(k)), esc(end.get(k))]

@@ -18,7 +18,7 @@ TITLE = "What this server lets you change"
 def remedies_of(data: RecordingData) -> list[str]:
     info = data.server_info()
     analysis: Any = None
-    for tr in data.traces:
+    for tr in data.traces():
         if tr.analysis:
             analysis = tr.analysis                   # the newest analysed capture wins
     batch = [v for v in data.get(S.SERVER_BATCH).v if math.isfinite(v)]

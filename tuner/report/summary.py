@@ -25,12 +25,12 @@ from tuner import __version__
 from tuner.core import series as S
 from tuner.core import setting as vocab
 from tuner.core import windows as W
-from tuner.core.ab import first_iterations
+from tuner.core import timeline as T
 from tuner.core.event_text import event_text
 from tuner.core.redact import redact
 from tuner.core.windows import MIN_WINDOWS
 from tuner.core.records import thaw
-from tuner.report.data import RecordingData, Series
+from tuner.report.data import RecordingData
 
 TUNING_PREFIX = "tuning_"
 
@@ -181,47 +181,12 @@ def _clean(x: Any) -> Any:
 
 # -- timeline -------------------------------------------------------------------------------------------
 
-def gaps_of(data: RecordingData) -> list[tuple[float, float, str]]:
-    """(t0, t1, error) for every time the server was away; an open gap runs to the end."""
-    moves = ((float(e.data.get("since", e.t) or e.t), e.kind == "connected", str(e.data.get("error", "")))
-             for e in data.events_of("disconnected", "connected"))
-    return W.gaps(moves, data.t_last)
-
-
-def capture_windows(data: RecordingData) -> list[tuple[float, float, str]]:
-    """(t0, t1, trace_id) while a profiler capture ran: the profiler slows the server, so these
-    seconds say nothing about the setting. The start is the capture's stated length before its
-    event, else the first profiled iteration of its analysis (less a second for the start request)."""
-    out = []
-    for e in data.events_of("trace_captured"):
-        tid = str(e.data.get("trace_id", ""))
-        starts = []
-        secs = e.data.get("seconds")
-        if isinstance(secs, (int, float)) and secs > 0:
-            starts.append(e.t - float(secs))
-        for tr in data.traces:
-            if tr.trace_id == tid:
-                starts += first_iterations(tr.analysis)
-        if not starts:
-            its = data.get(S.SERVER_ITER_PER_S)
-            starts.append(W.stall_start(e.t, its.t, its.v))
-        t0, t1 = W.capture_span(e.t, starts)
-        out.append((max(t0, data.t_first), t1, tid))
-    return out
-
-
-def load_boundaries(data: RecordingData) -> list[tuple[float, float, str]]:
-    """Load started or stopped: zero-length cuts, so the setting's time after one settles again
-    (the A/B's boundaries, tuner.core.events.AB_BOUNDARY_KINDS)."""
-    return [(e.t, e.t, e.kind) for e in data.events_of("load_started", "load_stopped")]
-
-
 def segments_of(data: RecordingData, gaps: list[tuple[float, float, str]]) -> list[Segment]:
     """The active setting over time, cut at every change point and around every excluded time
     (server gone, profiler capture running); a zero-length gap only cuts."""
     start_active = data.header.get("active") or (data.header.get("server_info") or {}).get("active") or {}
     points: list[tuple[float, tuple, str]] = []
-    for e in data.events_of("config_changed", "server_info"):
+    for e in data.events(("config_changed", "server_info")):
         active = e.data.get("new") if e.kind == "config_changed" else e.data.get("active")
         if active:
             points.append((e.t, setting_key(thaw(active)), e.kind))
@@ -259,18 +224,9 @@ def segments_of(data: RecordingData, gaps: list[tuple[float, float, str]]) -> li
 # -- figures --------------------------------------------------------------------------------------------
 
 def settle_start(data: RecordingData, t0: float, t1: float) -> float:
-    """When the readings of a segment [t0, t1] start to count (tuner.core.windows.settle_end); t1
+    """When the readings of a segment [t0, t1] start to count (tuner.core.timeline.settle_end); t1
     when it never settles."""
-    its = data.get(S.SERVER_ITERATIONS)
-    if not len(its.t):
-        return min(W.settle_end(t0), t1)
-    ts, vs = its.between(t0, t1)
-    return min(W.settle_end(t0, zip(ts, vs), its.at_or_before(t0)), t1)
-
-
-def window_means(s: Series, t0: float, t1: float) -> list[float]:
-    """tuner.core.windows.window_means of one series within [t0, t1]."""
-    return W.window_means(s.t, s.v, t0, t1)
+    return min(T.settle_end(data, t0, until=t1), t1)
 
 
 def _mean(xs: list[float]) -> float:
@@ -295,7 +251,7 @@ def build_rows(data: RecordingData, segments: list[Segment]) -> tuple[list[Setti
         s = data.get(name)
         out: list[float] = []
         for _, a, b in spans[key]:
-            out += window_means(s, a, b) if windows else s.finite_between(a, b)
+            out += T.window_means(data, name, a, b) if windows else s.finite_between(a, b)
         return out
 
     client_everywhere = all(gather(S.LOAD_TOK_PER_S, k, True) for k in order) and bool(order)
@@ -459,7 +415,7 @@ def why(best: SettingRow, other: SettingRow) -> list[str]:
 def tuning_of(data: RecordingData) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(tuning events as rows, the last prediction table) when the recording has a tuner's run."""
     rows, preds = [], []
-    for e in data.events:
+    for e in data.events():
         if not e.kind.startswith(TUNING_PREFIX):
             continue
         d = thaw(e.data)
@@ -474,7 +430,7 @@ def captures_of(data: RecordingData) -> list[dict[str, Any]]:
     """One entry per capture: time, ranks, mode, rank-0 mean per phase and the cross-rank skew."""
     out = []
     by_id: dict[str, list] = {}
-    for tr in data.traces:
+    for tr in data.traces():
         by_id.setdefault(tr.trace_id, []).append(tr)
     for tid, files in by_id.items():
         analysis = next((f.analysis for f in files if f.analysis), None)
@@ -496,7 +452,7 @@ def captures_of(data: RecordingData) -> list[dict[str, Any]]:
             across = analysis.get("across") or {}
             entry["skew_ms"], entry["slowest_rank"] = across.get("skew_ms"), across.get("slowest_rank")
         else:
-            ev = next((e for e in data.events_of("trace_captured") if e.data.get("trace_id") == tid), None)
+            ev = next((e for e in data.events("trace_captured") if e.data.get("trace_id") == tid), None)
             if ev is not None and ev.data.get("analysis_error"):
                 entry["warnings"] = [str(ev.data.get("analysis_error"))]
         out.append(entry)
@@ -524,9 +480,9 @@ def flags_of(data: RecordingData) -> list[str]:
 
 
 def summarize(data: RecordingData) -> Summary:
-    gaps = gaps_of(data)
-    windows = capture_windows(data)
-    segments = segments_of(data, gaps + windows + load_boundaries(data))
+    gaps = T.gaps(data, data.t_last)
+    windows = T.captures(data)
+    segments = segments_of(data, gaps + windows + T.load_cuts(data))
     rows, ranking = build_rows(data, segments)
     tuning, preds = tuning_of(data)
     from tuner.report.acceptance_profile import collect

@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from probes.names import DRAFT_TOKENS, PLACEMENT, REPLICATED, SHARDED, STEPS, TOPK
 from tuner.core.setting import extra_knobs
-from tuner.core import ab as core_ab
+from tuner.core import timeline
 from tuner.core import windows as core_windows
 from tuner.core.records import Event
 from probes.adaptive_policy import acceptance_only_pick
@@ -708,7 +708,7 @@ class Tuner:
         series = self.session.throughput_series() if hasattr(self.session, "throughput_series") else ""
         store = getattr(self.session, "store", None)
         if store is not None and series:
-            sides = [[w for j in jobs for w in core_ab.window_means(store, series, j.settled_at, j.end_at)]
+            sides = [[w for j in jobs for w in timeline.window_means(store, series, j.settled_at, j.end_at)]
                      for jobs in (c_jobs, i_jobs)]
             if core_windows.enough(*sides):
                 return sides[0], sides[1], series

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from probes.names import DRAFT, DRAFT_EXTEND, PREFILL, RANK0, REPLICATED, SHARDED, VERIFY, VERIFY_SAMPLE
-from tuner.core import ab as core_ab
+from tuner.core import timeline
 from tuner.core import series as S
 from tuner.core.events import EventKind
 from tuner.core.store import Store
@@ -117,7 +117,7 @@ def what_if_now(store: Store, t_end: float, active: Mapping[str, Any], tp_size: 
     change = store.last_event(EventKind.CONFIG_CHANGED, at=t_end)
     if change is not None:
         # Readings from before the active setting settled describe another setting.
-        t0 = max(t0, core_ab.settle_end(store, change.t))
+        t0 = max(t0, timeline.settle_end(store, change.t))
     draft = _values(store, S.phase_ms("draft"), t0, t_end)
     if len(draft) < MIN_READINGS:
         return WhatIfReadout("waiting for settled decode iterations of this setting")
