@@ -24,10 +24,16 @@ $(BIN)/specdecode-tune: pyproject.toml
 
 setup: $(BIN)/specdecode-tune
 
+# The tests also need the fleet extra (sglang-router's wheel, with its binary); the demo does not.
+$(VENV)/.fleet-extra: $(BIN)/specdecode-tune
+	@echo "adding the fleet extra (sglang-router) for the tests"
+	@$(PIP) -e '.[engine,dev,fleet]'
+	@touch $@
+
 demo: setup
 	$(BIN)/specdecode-tune demo
 
-test: setup
+test: setup $(VENV)/.fleet-extra
 	$(BIN)/python -m pytest -q
 	$(BIN)/lint-imports --no-logo
 

@@ -23,6 +23,9 @@ exceptions to reading: the SGLang backend's phase-timer lease (the one `attach` 
 --probe one short `/generate`, so the timers have iterations to time. It never prints a key.
 Exit status: 0 when every required capability works (--require, default all), 1 when one is missing,
 2 when the server cannot be reached or the arguments are bad.
+Several URLs, `--fleet` or `--router`: every server is checked at once (each on its own thread, its
+reads bounded) and each gets one verdict line (tuner.commands.doctor_fleet); the exit status is the
+worst of theirs.
 Must not change a setting or start anything.
 """
 
@@ -36,7 +39,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from probes.names import ADAPTIVE, R_PHASE_MS, STEPS, TOPK
-from tuner.commands.options import OpenError, add_server_arguments, fail, open_session
+from tuner.commands.fleet_options import add_fleet_server_arguments, fleet_of
+from tuner.commands.options import OpenError, fail, open_session
 from tuner.core.text import terminal_safe
 
 OK, MISSING, UNKNOWN, NOTE = "ok", "missing", "unknown", "note"
@@ -66,7 +70,7 @@ class Check:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_server_arguments(p)
+    add_fleet_server_arguments(p)
     p.add_argument("--wait-s", type=float, default=3.0,
                    help="how long to watch for decode iterations when checking the phase timers (default 3)")
     p.add_argument("--probe", action="store_true",
@@ -86,6 +90,13 @@ def _require(text: str) -> frozenset[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        members = fleet_of(args)
+    except OpenError as e:
+        return fail("doctor", e, 2)
+    if members is not None:
+        from tuner.commands.doctor_fleet import run_fleet
+        return run_fleet(args, members, diagnose, CAPABILITIES, MISSING)
     try:     # the session is never started: doctor reads on its own schedule, not the pollers'
         with open_session(args) as opened:
             head, checks = diagnose(opened.backend, args.wait_s, args.probe)

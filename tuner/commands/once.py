@@ -1,9 +1,10 @@
-"""`specdecode-tune once URL`: watch a server for a few seconds headless and print its readings.
+"""`specdecode-tune once URL`: watch a server (or a fleet) for a few seconds headless and print its readings.
 
 For people (a quick look over SSH) and for tests: tok/s, acceptance with per-position p_k and a_k,
 per-phase ms per iteration with their comm parts, the active setting and what can change live.
 Optionally applies changes first (--set) and drives load (--load). A thin shell over the headless
-driver (tuner.core.driver), which ticks the session. Prints, never draws: no Textual.
+driver (tuner.core.driver), which ticks the session. Several URLs, `--fleet` or `--router` watch a
+fleet instead: one row per server (tuner.commands.once_fleet). Prints, never draws: no Textual.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import json
 import threading
 
 from tuner.commands.once_readout import format_table, readings
-from tuner.commands.options import (OpenError, add_load_arguments, add_server_arguments, fail, open_session,
-                                    parse_change, prompts_for)
+from tuner.commands.fleet_options import add_fleet_server_arguments, fleet_of
+from tuner.commands.options import (OpenError, add_load_arguments, api_key, fail, open_session, parse_change,
+                                    prompts_for)
 from tuner.core.driver import Driver
 from tuner.core.text import terminal_safe
 
@@ -24,7 +26,7 @@ SETTLE_WAIT_MAX_S = 10.0      # settling waits for decode iterations, which need
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_server_arguments(p)
+    add_fleet_server_arguments(p)
     p.add_argument("--seconds", type=float, default=3.0, help="how long to watch (default 3)")
     p.add_argument("--set", dest="changes", action="append", default=[], metavar="KEY=VALUE",
                    help="apply a live change first, e.g. --set speculative_num_steps=2 (repeatable)")
@@ -40,6 +42,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         changes = dict(parse_change(c) for c in args.changes)
         prompts = prompts_for(args)
+        members = fleet_of(args)
+        if members is not None:
+            from tuner.commands.once_fleet import run_fleet
+            return run_fleet(args, members, api_key(args), changes, prompts)
         with open_session(args, start=True) as opened:
             session = opened.session
             changed = False

@@ -57,6 +57,7 @@ class _Slot:
         self.row = FleetRow(member.name, _shown(member.url))
         self.session: Any = None
         self.held = threading.Event()       # the session is ticked by someone else
+        self.tried = threading.Event()      # the first connect ended (either way)
         self.thread: threading.Thread | None = None
 
 
@@ -82,6 +83,12 @@ class FleetPoller:
     # -- life cycle ---------------------------------------------------------------------------------
 
     def start(self) -> "FleetPoller":
+        # Imported here, once: N threads importing the backends at the same moment would spend the
+        # first seconds on the import lock, and a row would age while nothing was asked yet.
+        import tuner.backends.refengine  # noqa: F401
+        import tuner.backends.sglang  # noqa: F401
+        import tuner.core.session  # noqa: F401
+
         self._started_at = self.clock.now()
         for slot in self._slots.values():
             slot.row = replace(slot.row, last_seen=self._started_at)   # "connecting" ages from here
@@ -112,6 +119,10 @@ class FleetPoller:
         with self._lock:
             rows = [s.row for s in self._slots.values()]
         return [aged(r, now) for r in rows]
+
+    def first_tries_done(self) -> bool:
+        """Whether every member's first connect has ended, answered or not (`once` waits for it)."""
+        return all(s.tried.is_set() for s in self._slots.values())
 
     def session(self, name: str) -> Any:
         """The member's session for a caller that ticks it itself, or None while it is not connected;
@@ -144,7 +155,10 @@ class FleetPoller:
             while not self._stop.is_set():
                 if slot.session is None:
                     try:
-                        session = self._opener(slot.member)
+                        try:
+                            session = self._opener(slot.member)
+                        finally:
+                            slot.tried.set()
                     except ServerSlow as e:
                         self._publish(slot, replace(slot.row, state="degraded", detail=str(e)))
                         self._stop.wait(self._retry_s)

@@ -1,0 +1,52 @@
+"""`once` over a fleet: watch every server at once for a few seconds, one row per server.
+
+Used by tuner.commands.once alone. Each server has its own thread and session
+(tuner.fleet.poller), so a server that hangs or dies shows as degraded or gone in its own row and
+never holds the others. `--set` goes to every server first, each outcome one line (applied, refused
+with the reason, or needs a relaunch). Prints the table (tuner.fleet.rows) or one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from typing import Any
+
+from tuner.core.text import terminal_safe
+from tuner.fleet.change import apply_to_fleet
+from tuner.fleet.members import Member
+from tuner.fleet.poller import FleetPoller
+from tuner.fleet.rows import aggregate, format_table
+
+CONNECT_WAIT_S = 12.0       # at most this long for every server to answer once (each read is bounded)
+
+
+def run_fleet(args: argparse.Namespace, members: list[Member], key: str | None, changes: dict[str, Any],
+              prompts: list[dict]) -> int:
+    stop = threading.Event()
+    outcomes: dict[str, Any] = {}
+    with FleetPoller(members, key=key) as poller:
+        end = time.monotonic() + CONNECT_WAIT_S
+        while time.monotonic() < end and not poller.first_tries_done():
+            stop.wait(0.1)
+        if changes:
+            outcomes = apply_to_fleet(poller.sessions(), changes, by="once")
+        if args.load > 0:
+            for s in poller.sessions().values():
+                s.start_load(prompts, args.load, max_new_tokens=args.max_new_tokens)
+        stop.wait(max(args.seconds, 0.5))
+        for s in poller.sessions().values():
+            s.stop_load()
+        rows = poller.rows()
+    agg = aggregate(rows)
+    if args.json:
+        print(json.dumps({"servers": [r.to_json() for r in rows], "aggregate": agg,
+                          "changes": {n: o.to_json() for n, o in outcomes.items()}}, indent=1, sort_keys=True))
+    else:
+        lines = [format_table(rows, agg)]
+        lines += [f"change    {n}: {o.text}" for n, o in outcomes.items()]
+        print(terminal_safe("\n".join(lines), keep_newlines=True))
+    ok = all(r.state == "connected" for r in rows) and all(o.status == "applied" for o in outcomes.values())
+    return 0 if ok else 1
