@@ -72,3 +72,49 @@ def test_prompt_files(tmp_path):
     p.write_text("")
     with pytest.raises(PromptFileError, match="no prompts"):
         load_prompts(p)
+
+
+def test_each_request_is_timed_exactly(standin):
+    """A finished request is one load_request event: TTFT, e2e and one gap per later output carrying
+    its new tokens (chunks of 1, 3, 4, 6, 7, 9 ids: first output 1 token, then 2, 1, 2, 1, 2)."""
+    from tuner.core.latency import RequestTiming
+    standin.generate_tokens = 6
+    s = Session()
+    drv = LoadDriver(standin.url, s.bus, s.clock, [{"text": "hi"}], concurrency=2, max_new_tokens=9)
+    drv.start()
+    wait_until(lambda: (s.tick(), len(s.store.events(EventKind.LOAD_REQUEST)) >= 4)[-1], 60,
+               "four timed requests", interval=0.02)
+    drv.stop()
+    s.tick()
+    timings = [RequestTiming.from_data(e.data) for e in s.store.events(EventKind.LOAD_REQUEST)]
+    assert len(timings) == drv.requests and all(r is not None for r in timings)
+    for r in timings:
+        assert r.tokens == 9 and [n for _, n in r.gaps] == [2, 1, 2, 1, 2]
+        assert len(r.itl) == 8                      # one inter-token latency per token after the first
+        assert 0 <= r.ttft <= r.e2e and sum(g for g, _ in r.gaps) <= r.e2e - r.ttft + 1e-9
+        assert r.wait == 0.0
+
+
+def test_open_loop_poisson_arrivals(standin):
+    """--rate: arrivals come on their own clock, capped at the concurrency in flight; the start event
+    says the rate."""
+    standin.generate_tokens = 2
+    s = Session()
+    drv = LoadDriver(standin.url, s.bus, s.clock, [{"text": "hi"}], concurrency=2, max_new_tokens=3,
+                     rate=50.0, seed=1)
+    drv.start()
+    wait_until(lambda: (s.tick(), drv.requests >= 10 and len(s.store.window(S.LOAD_BACKLOG)) >= 1)[-1], 60,
+               "ten open-loop requests and a report", interval=0.02)
+    drv.stop()
+    s.tick()
+    assert s.store.last_event(EventKind.LOAD_STARTED).data["rate"] == 50.0
+    assert "dropped" in s.store.last_event(EventKind.LOAD_STOPPED).data
+    assert max(s.store.window(S.LOAD_INFLIGHT).v) <= 2
+    assert len(s.store.events(EventKind.LOAD_REQUEST)) == drv.requests
+
+
+def test_open_loop_refuses_a_bad_rate():
+    s = Session()
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="request rate must be a positive number"):
+            LoadDriver("http://127.0.0.1:9", s.bus, s.clock, [{"text": "x"}], concurrency=1, rate=bad)

@@ -1,7 +1,15 @@
-"""The load driver: N concurrent streaming /generate requests, so tok/s means something.
+"""The load driver: streaming /generate requests, closed loop (N in flight) or open loop (Poisson).
 
-Each of N worker threads keeps one request in flight (a new one starts as soon as one ends), so
-concurrency stays constant across a configuration change. Tokens are counted by `output_ids` of the
+Closed loop (the default): each of N worker threads keeps one request in flight (a new one starts as
+soon as one ends), so concurrency stays constant across a configuration change. Open loop (`rate`):
+arrivals come as a Poisson process of `rate` requests/s, as SGLang's `bench_serving
+--request-rate`, and N is the cap on requests in flight (bench_serving's --max-concurrency); an
+arrival that finds every slot taken waits (its wait is recorded) and arrivals past a backlog of
+MAX_BACKLOG are dropped and counted, so a server slower than the rate shows as such.
+
+Every request that reaches [DONE] is one `load_request` event with its exact timings
+(tuner.core.latency.RequestTiming: TTFT from the send, each later output's gap with its new tokens,
+e2e, the server's queue time when meta_info carries it). Tokens are counted by `output_ids` of the
 cumulative SSE chunks, never by chunks. A reporter emits load/* series at ~4 Hz beside the server's
 own figures. Must not touch the store; errors become folded LOAD_ERROR events, never exceptions.
 
@@ -18,7 +26,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import queue
+import random
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -30,6 +41,7 @@ from tuner.core.acceptance import add_histograms
 from tuner.core.bus import Bus
 from tuner.core.clock import Clock
 from tuner.core.events import EventKind
+from tuner.core.latency import RequestTiming
 from tuner.core.records import Event, Sample
 
 REPORT_EVERY_S = 0.25
@@ -38,6 +50,7 @@ REQUEST_TIMEOUT_S = 600.0
 # line must not grow it without bound. Error bodies are read only this far.
 MAX_SSE_LINE = 4 * 1024 * 1024
 MAX_ERROR_BODY = 64 * 1024
+MAX_BACKLOG = 10_000          # open loop: arrivals waiting for a slot past this are dropped (counted)
 
 
 class StreamTooLong(Exception):
@@ -116,14 +129,19 @@ class LoadDriver:
         sampling_params: extra sampling params (default greedy: temperature 0).
         context_buckets: emit acceptance by context bucket from finished requests' statistics
             (see the module docstring); for servers without a phase stream.
+        rate: open loop, Poisson arrivals of this many requests/s (concurrency caps those in
+            flight); None: closed loop.
+        seed: the arrival process's seed (the same arrivals for the same seed).
     """
 
     def __init__(self, url: str, bus: Bus, clock: Clock, prompts: list[dict[str, Any]], concurrency: int,
                  max_new_tokens: int = 128, api_key: str | None = None,
                  sampling_params: dict[str, Any] | None = None, context_buckets: bool = False,
-                 incremental: bool = False) -> None:
+                 incremental: bool = False, rate: float | None = None, seed: int = 0) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if rate is not None and not (rate > 0 and rate < float("inf")):
+            raise ValueError(f"the request rate must be a positive number of requests/s, got {rate}")
         if not prompts:
             raise ValueError("no prompts")
         self.url = url.rstrip("/")
@@ -153,17 +171,28 @@ class LoadDriver:
         # (arg_groups/fields/serving.py:274-277): then the chunks are summed, not the longest taken.
         self.incremental = incremental
         self._buckets: dict[str, list[float]] = {}   # context bucket -> histogram not yet reported
+        self.rate = rate
+        self._rng = random.Random(seed)
+        self._arrivals: queue.Queue[float] = queue.Queue()
+        self.dropped = 0           # open loop: arrivals dropped past MAX_BACKLOG
 
     # -- life cycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self.bus.put(Event(self.clock.now(), EventKind.LOAD_STARTED,
-                           {"concurrency": self.concurrency, "prompts": len(self.prompts),
-                            "max_new_tokens": self.max_new_tokens}))
+        data: dict[str, Any] = {"concurrency": self.concurrency, "prompts": len(self.prompts),
+                                "max_new_tokens": self.max_new_tokens}
+        if self.rate is not None:
+            data["rate"] = self.rate
+        self.bus.put(Event(self.clock.now(), EventKind.LOAD_STARTED, data))
+        work = self._worker if self.rate is None else self._open_worker
         for i in range(self.concurrency):
-            th = threading.Thread(target=self._worker, args=(i,), name=f"load-{i}", daemon=True)
+            th = threading.Thread(target=work, args=(i,), name=f"load-{i}", daemon=True)
             self._threads.append(th)
             th.start()
+        if self.rate is not None:
+            arr = threading.Thread(target=self._arrive, name="load-arrivals", daemon=True)
+            self._threads.append(arr)
+            arr.start()
         rep = threading.Thread(target=self._reporter, name="load-report", daemon=True)
         self._threads.append(rep)
         rep.start()
@@ -176,8 +205,10 @@ class LoadDriver:
         for th in self._threads:
             th.join(timeout=5)
         self.bus.put_many(self._bucket_samples(self.clock.now()))   # requests filed since the last report
-        self.bus.put(Event(self.clock.now(), EventKind.LOAD_STOPPED,
-                           {"requests": self.requests, "tokens": self.tokens, "errors": self.errors}))
+        data = {"requests": self.requests, "tokens": self.tokens, "errors": self.errors}
+        if self.rate is not None:
+            data["dropped"] = self.dropped
+        self.bus.put(Event(self.clock.now(), EventKind.LOAD_STOPPED, data))
 
     @property
     def running(self) -> bool:
@@ -196,39 +227,73 @@ class LoadDriver:
         return body
 
     def _worker(self, i: int) -> None:
+        """Closed loop: one request after another."""
         while not self._stop.is_set():
-            err: str | None = None
-            done = False
-            with self._lock:
-                self.inflight += 1
-                self._live[i] = 0
-            try:
-                with self._client.stream("POST", "/generate", json=self._body()) as resp:
-                    if resp.status_code != 200:
-                        err = f"/generate: HTTP {resp.status_code}: {_capped_text(resp)[:120]}"
-                    elif resp.headers.get("content-encoding", "identity").lower() != "identity":
-                        err = "/generate: a compressed event stream is not read"
-                    else:
-                        err, done = self._consume(i, sse_lines(resp.iter_raw()))
-            except StreamTooLong as e:
-                err = f"/generate: {e}"
-            except (httpx.HTTPError, RuntimeError) as e:
-                err = None if self._stop.is_set() else f"/generate: {type(e).__name__}: {str(e)[:120]}"
-            with self._lock:
-                self.inflight -= 1
-                n = self._live.pop(i, 0)
-                self.tokens += n          # tokens generated count even when stop cut the stream
-                if err:
-                    self.errors += 1
-                elif done:
-                    self.requests += 1
-                    self.done_tokens += n
-            if err:
-                self._error(err)
-                self._stop.wait(0.5)     # a dead or refusing server is not hammered
+            self._request(i)
 
-    def _consume(self, i: int, lines: Any) -> tuple[str | None, bool]:
-        """Read one SSE stream: (error or None, whether it reached [DONE])."""
+    def _arrive(self) -> None:
+        """Open loop: Poisson arrivals (exponential gaps drawn from the seeded generator), on the
+        monotonic clock so a wall-clock step cannot bunch or stall them."""
+        assert self.rate is not None
+        due = time.monotonic()
+        while not self._stop.is_set():
+            due += self._rng.expovariate(self.rate)
+            if self._stop.wait(max(0.0, due - time.monotonic())):
+                return
+            if self._arrivals.qsize() >= MAX_BACKLOG:
+                with self._lock:
+                    self.dropped += 1
+                continue
+            self._arrivals.put(due)
+
+    def _open_worker(self, i: int) -> None:
+        """Open loop: one slot of the cap; takes the next arrival when free."""
+        while not self._stop.is_set():
+            try:
+                arrived = self._arrivals.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            self._request(i, wait=max(0.0, time.monotonic() - arrived))
+
+    def _request(self, i: int, wait: float = 0.0) -> None:
+        err: str | None = None
+        done = False
+        timing = _Timing(time.monotonic(), self.clock.now())
+        with self._lock:
+            self.inflight += 1
+            self._live[i] = 0
+        try:
+            with self._client.stream("POST", "/generate", json=self._body()) as resp:
+                if resp.status_code != 200:
+                    err = f"/generate: HTTP {resp.status_code}: {_capped_text(resp)[:120]}"
+                elif resp.headers.get("content-encoding", "identity").lower() != "identity":
+                    err = "/generate: a compressed event stream is not read"
+                else:
+                    err, done = self._consume(i, sse_lines(resp.iter_raw()), timing)
+        except StreamTooLong as e:
+            err = f"/generate: {e}"
+        except (httpx.HTTPError, RuntimeError) as e:
+            err = None if self._stop.is_set() else f"/generate: {type(e).__name__}: {str(e)[:120]}"
+        with self._lock:
+            self.inflight -= 1
+            n = self._live.pop(i, 0)
+            self.tokens += n          # tokens generated count even when stop cut the stream
+            if err:
+                self.errors += 1
+            elif done:
+                self.requests += 1
+                self.done_tokens += n
+        if done and not err:
+            rt = timing.result(n, wait)
+            if rt is not None:
+                self.bus.put(Event(self.clock.now(), EventKind.LOAD_REQUEST, rt.to_data()))
+        if err:
+            self._error(err)
+            self._stop.wait(0.5)     # a dead or refusing server is not hammered
+
+    def _consume(self, i: int, lines: Any, timing: "_Timing | None" = None) -> tuple[str | None, bool]:
+        """Read one SSE stream: (error or None, whether it reached [DONE]); `timing` notes when each
+        output's new tokens arrived."""
         for line in lines:
             if self._stop.is_set():
                 return None, False
@@ -236,6 +301,8 @@ class LoadDriver:
                 continue
             data = line[5:].strip()
             if data == "[DONE]":
+                if timing is not None:
+                    timing.end = time.monotonic()
                 return None, True
             try:
                 obj = json.loads(data)
@@ -250,7 +317,11 @@ class LoadDriver:
             if isinstance(ids, list):
                 with self._lock:
                     before = self._live.get(i, 0)
-                    self._live[i] = before + len(ids) if self.incremental else max(before, len(ids))
+                    self._live[i] = after = before + len(ids) if self.incremental else max(before, len(ids))
+                if timing is not None and after > before:
+                    timing.tokens(after - before)
+            if timing is not None and isinstance(obj, dict):
+                timing.meta(obj.get("meta_info"))
             if self.context_buckets and isinstance(obj, dict):
                 self._file_request(obj.get("meta_info"))
         return ("/generate: the stream ended without [DONE]" if not self._stop.is_set() else None), False
@@ -305,8 +376,41 @@ class LoadDriver:
                                    Sample(t, S.LOAD_INFLIGHT, float(inflight)),
                                    Sample(t, S.LOAD_REQUESTS, float(requests)),
                                    Sample(t, S.LOAD_ERRORS, float(errors)),
+                                   *([Sample(t, S.LOAD_BACKLOG, float(self._arrivals.qsize()))]
+                                     if self.rate is not None else []),
                                    *self._bucket_samples(t)])
             last_t, last_n = t, n
+
+
+class _Timing:
+    """One request's clock readings while it streams (monotonic seconds, one thread)."""
+
+    def __init__(self, start: float, sent: float) -> None:
+        self.start, self.sent = start, sent
+        self.first = self.last = self.end = None   # type: float | None
+        self.gaps: list[tuple[float, int]] = []
+        self.queue = float("nan")
+
+    def tokens(self, new: int) -> None:
+        now = time.monotonic()
+        if self.first is None:
+            self.first = now
+        else:
+            assert self.last is not None
+            self.gaps.append((now - self.last, new))
+        self.last = now
+
+    def meta(self, meta: Any) -> None:
+        # SGLang launched --enable-metrics puts req_time_stats' queue_time in meta_info.
+        q = meta.get("queue_time") if isinstance(meta, dict) else None
+        if isinstance(q, (int, float)) and not isinstance(q, bool) and 0 <= q < 1e6:
+            self.queue = float(q)
+
+    def result(self, tokens: int, wait: float) -> RequestTiming | None:
+        if self.first is None or self.end is None:
+            return None          # no token came: nothing to time
+        return RequestTiming(self.sent, self.first - self.start, self.end - self.start, tokens,
+                             tuple(self.gaps), self.queue, wait)
 
 
 # Code-shaped prompts: the shipped tiny model learned from Python sources, and real servers

@@ -3,7 +3,7 @@
 With `keys` (the API-key flags) and `duration` (the duration grammar) this is the only module a
 command imports from another (an import-linter contract holds the commands independent otherwise).
 
-- Flags: the server URL with the key flags, the load (`--load`, `--prompts`, `--max-new-tokens`)
+- Flags: the server URL with the key flags, the load (`--load`, `--rate`, `--prompts`, `--max-new-tokens`)
   and what the TUI's tune key may spend; their parsers (`int_list`, `parse_change`).
 - `open_session`: the key, the connection, the recorder, the session and the GPU source, opened in
   that order and closed in reverse, with one error vocabulary: OpenError, one line for people and
@@ -31,6 +31,8 @@ __all__ = ["MAX_STEPS_BOUND", "TUI_GPUS_EVERY_S", "OpenError", "Opened", "add_lo
            "open_session", "parse_change", "placement_list", "prompts_for", "run_tui", "start_nvml", "tui_inputs"]
 
 MAX_STEPS_BOUND = 64
+RATE_CAP = 64
+"""Requests in flight at most under `--rate` without `--load` (bench_serving's --max-concurrency)."""
 """The deepest chain `tune --max-steps` and the TUI's `--tune-max-steps` accept (one bound for both:
 the search space, and the cost of every probe, grow with it)."""
 
@@ -47,10 +49,13 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_load_arguments(parser: argparse.ArgumentParser, tui: bool = True) -> None:
-    """--load, --prompts, --max-new-tokens; tui: the TUI's l key toggles the load (said in --help)."""
+    """--load, --rate, --prompts, --max-new-tokens; tui: the TUI's l key toggles the load (said in --help)."""
     parser.add_argument("--load", type=int, default=0, metavar="N",
                         help="keep N generate requests in flight from the start"
-                             + (" (l toggles it)" if tui else ""))
+                             + (" (l toggles it)" if tui else "") + "; with --rate: at most N in flight")
+    parser.add_argument("--rate", type=request_rate, default=None, metavar="R", action=_RateAction,
+                        help="open loop: Poisson arrivals of R requests/s, as bench_serving --request-rate "
+                             f"(at most --load in flight, {RATE_CAP} without it)")
     parser.add_argument("--prompts", type=Path, default=None,
                         help="JSONL prompts for the load ({\"text\": ...} per line; default: built-in)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens per load request")
@@ -68,7 +73,27 @@ def add_tui_tune_arguments(parser: argparse.ArgumentParser) -> None:
                         help="num_draft_tokens values for the tune key's trees, e.g. 8,16")
 
 
+class _RateAction(argparse.Action):
+    """--rate without --load drives a load of up to RATE_CAP in flight (a later --load still wins)."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+        setattr(namespace, self.dest, values)
+        if not getattr(namespace, "load", 0):
+            namespace.load = RATE_CAP
+
+
 # -- parsers --------------------------------------------------------------------------------------------
+
+def request_rate(text: str) -> float:
+    """--rate's value: requests per second, a positive finite number."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not (v > 0 and v < float("inf")):
+        raise argparse.ArgumentTypeError(f"--rate wants requests per second (a positive number), got {text!r}")
+    return v
+
 
 def int_list(text: str) -> list[int]:
     try:
@@ -214,6 +239,8 @@ def open_session(args: argparse.Namespace, url: str | None = None, *, key: str |
         backend.stop()
         raise
     session = Session(backend, recorder=recorder, store=store)
+    if getattr(args, "rate", None):
+        session.load_defaults["rate"] = args.rate      # every start of the load, the TUI's l key's too
     sampler = None
     try:
         if start:

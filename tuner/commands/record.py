@@ -94,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     try:
         key = api_key(args)
-        record_opts = {"duration_s": args.duration, "load": args.load, "max_new_tokens": args.max_new_tokens,
+        record_opts = {"duration_s": args.duration, "load": args.load, "rate": args.rate,
+                       "max_new_tokens": args.max_new_tokens,
                        "capture_trace_every_s": args.capture_trace_every, "capture_steps": args.capture_steps,
                        "set_at": [{"at_s": c.at_s, "key": c.key, "value": c.value} for c in args.set_at]}
         header = {"command": command_line(sys.argv[1:], key), "record": record_opts}

@@ -111,7 +111,8 @@ def _tune(args: argparse.Namespace, opened, budget: float, prompts: list[dict]) 
         if args.load > 0:
             session.start_load(prompts, args.load, args.max_new_tokens)
         _say(f"tuning {args.url} ({backend.kind}); load: "
-             + (f"{args.load} requests in flight" if args.load else "the server's own traffic")
+             + (f"Poisson arrivals of {args.rate:g} requests/s, at most {args.load} in flight" if args.rate
+                else f"{args.load} requests in flight" if args.load else "the server's own traffic")
              + "".join(f"\n{n}" for n in [steps_left_out(caps, args.max_steps)] if n))
         driver.start_tuner(tuner)
         for ctrl_c in (1, 2):     # the first cancels the tuner, which puts the server back; the second quits

@@ -136,7 +136,11 @@ _TEXTS: dict[str, Callable[[Mapping[str, Any]], EventText | None]] = {
     K.DEGRADED: lambda d: EventText(f"degraded: {short_error(str(d.get('reason', '?')), 80, keep_path=True)}",
                                     "warn"),
     K.POLL_ERROR: lambda d: EventText(f"{d.get('endpoint', '?')}: {d.get('error', '?')}", "warn"),
-    K.LOAD_STARTED: lambda d: EventText(f"load started: {d.get('concurrency', '?')} concurrent", "info"),
+    K.LOAD_STARTED: lambda d: EventText(
+        f"load started: {d['rate']:g} requests/s (Poisson, at most {d.get('concurrency', '?')} in flight)"
+        if isinstance(d.get("rate"), (int, float)) else f"load started: {d.get('concurrency', '?')} concurrent",
+        "info"),
+    K.LATENCY_UNAVAILABLE: lambda d: EventText(f"latency: {d.get('reason', '?')}", "warn"),
     K.LOAD_STOPPED: lambda d: EventText(f"load stopped after {d.get('requests', '?')} requests", "info"),
     K.LOAD_ERROR: lambda d: EventText(f"load: {d.get('error', '?')}", "warn"),
     K.PHASE_GAP: lambda d: EventText(f"phase stream missed {d.get('dropped', '?')} iterations", "warn"),

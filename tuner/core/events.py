@@ -43,6 +43,15 @@ class EventKind:
     """The load driver stopped. data: requests, tokens, errors."""
     LOAD_ERROR = "load_error"
     """A load request failed. data: error (one line). Repeats of one error are folded."""
+    LOAD_REQUEST = "load_request"
+    """One load request reached [DONE] (not shown in the event log). data: sent, ttft, e2e, tokens,
+    gaps ([[seconds, new tokens], ...] per later output), queue (when the server says), wait (open
+    loop: time it waited for a free slot); tuner.core.latency.RequestTiming."""
+    LATENCY_BUCKETS = "latency_buckets"
+    """The server's latency histograms moved between two /metrics scrapes (not shown in the event
+    log). data: {ttft|itl|e2e|queue: [[le, n], ...]}, the non-zero per-bucket deltas."""
+    LATENCY_UNAVAILABLE = "latency_unavailable"
+    """The server's latency histograms cannot be read. data: reason (one line)."""
     PHASE_GAP = "phase_gap"
     """The phase stream reader missed records. data: dropped."""
     TRACE_CAPTURED = "trace_captured"

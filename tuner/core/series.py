@@ -28,6 +28,7 @@ LOAD_TOK_PER_S = "load/tok_per_s"                # client-side: output_ids count
 LOAD_INFLIGHT = "load/inflight"
 LOAD_REQUESTS = "load/requests_total"
 LOAD_ERRORS = "load/errors_total"
+LOAD_BACKLOG = "load/backlog"                    # open loop: arrivals waiting for a free slot
 
 # SGLang's own log lines, read by managed mode (tuner.backends.sglang.log): kept apart from the same
 # readings taken from /metrics so a chart or a report always knows its source.

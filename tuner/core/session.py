@@ -81,6 +81,7 @@ class Session:
         self.store = store if store is not None else Store()
         self.recorder = recorder
         self.load: LoadDriver | None = None
+        self.load_defaults: dict[str, Any] = {}    # LoadDriver keywords every start_load gets (e.g. rate)
         self._started = False
 
     # -- life cycle -------------------------------------------------------------------------------
@@ -152,6 +153,7 @@ class Session:
         if self.backend is None or not getattr(self.backend, "url", None):
             raise RuntimeError("the load driver needs a live server")
         self.stop_load()
+        kwargs = {**self.load_defaults, **kwargs}
         # Without a phase stream (SGLang without the plugin), acceptance by context bucket comes
         # from the finished requests' own statistics; with one, the records' per-round ctx does.
         caps = getattr(self.backend, "capabilities", None)
