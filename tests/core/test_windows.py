@@ -20,7 +20,9 @@ from tuner.core.redact import redact
 from tuner.core.store import Store
 from tuner.recording import Recorder
 from tuner.report import load, summarize
-from tuner.report.summary import SettingRow, compare, redact as report_redact
+from tuner.report.rows import SettingRow
+from tuner.report.summary import redact as report_redact
+from tuner.report.verdict import compare
 
 
 # -- settling --------------------------------------------------------------------------------------

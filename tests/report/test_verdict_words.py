@@ -5,7 +5,8 @@ each other setting had and what a comparison needs, instead of "only one setting
 from __future__ import annotations
 
 from tuner.core.windows import MIN_WINDOWS
-from tuner.report.summary import SettingRow, verdict
+from tuner.report.rows import SettingRow
+from tuner.report.verdict import verdict
 
 
 def row(label, order, windows, seconds):

@@ -20,7 +20,8 @@ from tuner.commands.replay import open_replay
 from tuner.core import windows as W
 from tuner.core.events import EventKind
 from tuner.report import load, summarize
-from tuner.report.summary import compare, setting_key
+from tuner.core.segments import setting_key
+from tuner.report.verdict import compare
 
 from .scenarios import FIXTURE, SIZE
 

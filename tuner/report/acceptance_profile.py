@@ -9,7 +9,7 @@ built from counts, not from averaged rates. A page is counted for a setting only
 topk and draft tokens read at its time are the setting's. Recordings made before the buckets
 existed still give the whole-setting counts.
 
-Pure functions over RecordingData and the summary's segments; must not import textual or write files.
+Pure functions over RecordingData and its segments (tuner.core.segments); must not import textual or write files.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 from probes import accept_buckets as AB
 from probes import speculation_profile as SP
 from tuner.core import series as S
+from tuner.core.segments import Segment, setting_label
 from tuner.report.data import RecordingData, Series
-from tuner.report.summary import setting_label
 
 MIN_VERIFIES = 200
 """A profile needs at least this many verify rounds (request-verifies) of its setting."""
@@ -66,7 +66,7 @@ def _same(x: float, want: Any) -> bool:
     return math.isnan(x) or want is None or x == want
 
 
-def collect(data: RecordingData, segments: list[Any]) -> list[SettingCounts]:
+def collect(data: RecordingData, segments: list[Segment]) -> list[SettingCounts]:
     """Counts per speculative setting (steps > 0), in the order the settings were first tried."""
     verifies = data.get(S.SPEC_VERIFIES)
     knobs = [_at(data.get(n)) for n in (S.SPEC_NUM_STEPS, S.SPEC_TOPK, S.SPEC_NUM_DRAFT_TOKENS)]

@@ -20,7 +20,8 @@ from tuner.core.records import thaw
 from tuner.recording.outputs import write_atomic
 from tuner.recording.schema import dumps
 from tuner.report.data import RecordingData, trace_bytes
-from tuner.report.summary import Summary, setting_label
+from tuner.core.segments import setting_label
+from tuner.report.summary import Summary
 
 SESSION_PID = 1
 SERIES_PID = 2

@@ -19,8 +19,10 @@ from tuner.core.events import EventKind
 from tuner.core.records import thaw
 from tuner.report import svg
 from tuner.core import setting as vocab
-from tuner.report.summary import (GPU_TABLE_HEAD, Summary, gpu_indices, gpu_table_rows, redact, setting_key,
-                                  setting_label)
+from tuner.core.redact import redact
+from tuner.core.segments import setting_key, setting_label
+from tuner.report.rows import GPU_TABLE_HEAD, gpu_indices, gpu_table_rows
+from tuner.report.summary import Summary
 from tuner.report.svg import PALETTE, PHASE_COLORS, Band, Frame, Line, Marker, esc
 
 CSS = """

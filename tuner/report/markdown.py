@@ -15,7 +15,10 @@ from tuner.core import series as S
 from tuner.report.acceptance_profile import bucket_table
 from tuner.report.html import _rel, _when
 from tuner.core import setting as vocab
-from tuner.report.summary import GPU_TABLE_HEAD, Summary, gpu_table_rows, redact, setting_key, setting_label
+from tuner.core.redact import redact
+from tuner.core.segments import setting_key, setting_label
+from tuner.report.rows import GPU_TABLE_HEAD, gpu_table_rows
+from tuner.report.summary import Summary
 from tuner.report.svg import fmt_clock
 
 
