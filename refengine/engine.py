@@ -25,6 +25,11 @@ Semantics worth knowing:
   iterations, counted in `other` of the next record.
 - With the overlap scheduler a request finished by a stop token has one more iteration on the
   device; its results are dropped.
+- A failure in one request's verify_sample work (its sampling inputs, its verify decision) fails
+  that request alone: the batch is decided again row by row, a row that fails alone gets an error
+  update and its slot back, the others keep their decisions. The inputs are the same on every rank
+  (gathered logits, rank 0's tree, the requests' own generators), so every rank fails the same
+  requests; refengine.rank checks that they did.
 Must not talk to queues or processes (refengine.rank does).
 """
 
@@ -56,6 +61,10 @@ from refengine.tp import apply_tp_target
 ONE_AT_A_TIME_ENV = "SPECDECODE_PREFILL_ONE_AT_A_TIME"
 """=1: prefill each waiting request in its own forward, all in the same step, as the engine did
 before it batched prefills: the "before" arm of benchmarks/prefill_ttft.py, side by side."""
+
+FAULT_ENV = "SPECDECODE_FAULT_DECODE_RID"
+"""A request whose id starts with this value fails in verify_sample, on every rank: the fault the
+per-request isolation tests inject into a real server (unset: nothing is checked)."""
 
 PREFILL_GRAPH_MAX = 1024
 """Longer prompts prefill eagerly (one graph per width bucket up to here; each holds its own
@@ -238,6 +247,9 @@ class Engine:
         """SGLang's waiting queue: requests (in self.reqs, with a row) whose prompt is not all
         prefilled, in arrival order; a chunked prompt stays at its head between its chunks."""
         self._one_at_a_time = os.environ.get(ONE_AT_A_TIME_ENV) == "1"
+        self._fault_rid = os.environ.get(FAULT_ENV) or None
+        self._decode_failed: list[GenUpdate] = []
+        """Error updates of requests a launch failed (_fail_in_decode), returned by the next step."""
         self.free_rows = list(range(self.rows))[::-1]
         self.iteration = 0
         self.timer = PhaseTimer(comm)
@@ -592,6 +604,7 @@ class Engine:
             prev, self.inflight = self.inflight, nxt
             updates, record = (self._read(prev) if prev is not None
                                else (self._take_firsts(idle and self.inflight is None), None))
+        failed, self._decode_failed = failed + self._decode_failed, []
         return failed + updates, record
 
     def _counting_syncs(self, fn):
@@ -663,7 +676,10 @@ class Engine:
                 meta = causal_meta(rows, seq[:, None], ctx)
             logits, aux = self._verify_forward(tokens, meta)
         with self.timer.phase(VERIFY_SAMPLE):
-            path, accepted, bonus = self._accept(roles, reqs, tokens, parents, logits, temps, q, sampled, rejection, s)
+            path, accepted, bonus, bad = self._accept(roles, reqs, tokens, parents, logits, temps, q, sampled,
+                                                      rejection, s)
+            for i, why in bad.items():
+                self._fail_in_decode(reqs[i], why)
             if k > 1 and s > 0:
                 # Tree: move the accepted nodes' K/V to the front of the window (slot seq+t).
                 t_idx = torch.arange(s + 1, device=self.device)[None]
@@ -804,19 +820,62 @@ class Engine:
             return roles.drafter.draft(self, cfg, reqs, rows, seq, roots, temps, ctx, rejection)
 
     def _accept(self, roles: Roles, reqs, tokens, parents, logits, temps, q, sampled, rejection, s):
-        """verify_sample's decision: (path [B, s+1] node ids, accepted [B], bonus [B]), by the
-        configuration's verifier, with the sampling inputs when any request samples."""
-        coins = probs = None
+        """verify_sample's decision: (path [B, s+1] node ids, accepted [B], bonus [B], {row: why it
+        failed}), by the configuration's verifier, with the sampling inputs when any request samples.
+
+        When the batch's decision raises, each row is decided alone: a row that fails alone is
+        failed (a neutral decision in its place: nothing accepted, its root as the bonus, all
+        dropped when read), the others keep theirs. A failure no single row has is not a request's
+        and is raised (it ends the group, as before)."""
+        # Drawn once, before anything can fail: a row decided again uses the same coins.
+        coins = self._to_dev(torch.stack([r.coins(s + 2) for r in reqs])) if sampled else None
+        try:
+            return (*self._decide(roles, reqs, tokens, parents, logits, temps, q, coins, sampled, rejection, s), {})
+        except Exception as e:      # noqa: BLE001 (narrowed below: only a failure one row has alone is kept)
+            batch_error = e
+        decided, bad = [], {}
+        for i, r in enumerate(reqs):
+            one = slice(i, i + 1)
+            try:
+                decided.append(self._decide(roles, [r], tokens[one], parents[one], logits[one],
+                                            None if temps is None else temps[one], None if q is None else q[one],
+                                            None if coins is None else coins[one], sampled, rejection, s))
+            except Exception as e:  # noqa: BLE001
+                bad[i] = f"verify_sample failed: {type(e).__name__}: {e}"
+                path = torch.full((1, s + 1), -1, dtype=torch.long, device=tokens.device)
+                path[:, 0] = 0
+                decided.append((path, torch.zeros(1, dtype=torch.long, device=tokens.device), tokens[one, 0]))
+        if not bad:
+            raise batch_error
+        return (torch.cat([d[0].long() for d in decided]), torch.cat([d[1].long() for d in decided]),
+                torch.cat([d[2].long() for d in decided]), bad)
+
+    def _decide(self, roles: Roles, reqs, tokens, parents, logits, temps, q, coins, sampled, rejection, s):
+        """_accept over these rows -> (path, accepted, bonus); raises what the rows' work raises."""
+        if self._fault_rid is not None and any(r.rid.startswith(self._fault_rid) for r in reqs):
+            raise RuntimeError(f"injected fault (${FAULT_ENV})")
+        probs = None
         if self.simulate is not None and s > 0:
             self.sim_alphas = self._row_alphas(reqs, s)
         if sampled:
-            coins = self._to_dev(torch.stack([r.coins(s + 2) for r in reqs]))
             v = logits.shape[-1]
             top_k = self._h2d([r.params.top_k for r in reqs], torch.long)
             top_p = self._h2d([r.params.top_p for r in reqs], torch.float64)
             filtered = any(0 < r.params.top_k < v or r.params.top_p < 1 for r in reqs)
             probs = spec.sampling_probs(logits, temps, top_k, top_p, filtered)
         return roles.verifier.decide(self, tokens, parents, logits, probs, coins, temps, q, rejection, s)
+
+    def _fail_in_decode(self, r: Req, why: str) -> None:
+        """A request whose launch failed its verify_sample: an error update (returned by this
+        step) and its slot back now, as an abort does; what the GPU still runs for it is dropped."""
+        self.reqs.pop(r.rid, None)
+        if r in self.waiting:
+            self.waiting.remove(r)
+        self.free_rows.append(r.row)
+        r.first = None
+        r.finished = True
+        self._decode_failed.append(GenUpdate(r.rid, [], True, "error", error=why, prompt_tokens=r.prompt_len,
+                                             completion_tokens=r.completion_tokens, spec=self._spec_snapshot(r)))
 
     def _row_alphas(self, reqs, s: int) -> torch.Tensor:
         """The simulator's conditional acceptance per row and draft position [B, s] (host, float32):

@@ -4,7 +4,9 @@ Rank 0 drives: it drains the client's command queue and broadcasts one command p
 (new requests, aborts, a config with its epoch, profiler start/stop) to the other ranks, which
 follow. Every rank then runs the same Engine calls. Results leave through the output queue
 (updates and phase records from rank 0, per-rank phase totals and acks from all), never through
-extra collectives.
+extra collectives. A request the engine fails alone (bad parameters, a failed verify_sample) is
+failed by every rank from the same inputs; rank 0's next command names the ones it failed, and a
+rank that failed others is out of lock-step and ends the group (lockstep_error).
 
 torch is imported only inside `rank_main`, after the thread count is set in the environment.
 """
@@ -36,10 +38,22 @@ class Command:
     profile_start: dict | None = None
     profile_stop: bool = False
     shutdown: bool = False
+    failed: list[str] = field(default_factory=list)
+    """The requests rank 0 failed while running the previous command (each rank must have too)."""
 
     @property
     def empty(self) -> bool:
-        return not (self.config or self.aborts or self.new or self.profile_start or self.profile_stop or self.shutdown)
+        return not (self.config or self.aborts or self.new or self.profile_start or self.profile_stop or self.shutdown
+                    or self.failed)
+
+
+def lockstep_error(rank: int, leader: list[str], mine: list[str]) -> str | None:
+    """Why this rank is out of lock-step with rank 0, or None: both must have failed the same
+    requests (a rank that kept one rank 0 dropped would run different batches from now on)."""
+    if sorted(leader) == sorted(mine):
+        return None
+    return (f"rank {rank} and rank 0 failed different requests: rank 0 {sorted(leader)}, "
+            f"rank {rank} {sorted(mine)}; the ranks are out of lock-step")
 
 
 def rank_main(rank: int, world: int, opts, store_host: str, store_port: int, in_q, out_q, threads: int) -> None:
@@ -142,6 +156,8 @@ class Follower:
         self.last_stats = 0.0
         self.last_bcast = time.monotonic()
         self.pending_config = None
+        self.failed: list[str] = []
+        """The requests this rank failed (error updates) since the last command."""
 
     # rank 0 only -------------------------------------------------------------------------------
     def _next_command(self) -> Command:
@@ -180,11 +196,16 @@ class Follower:
                 cmd = self._next_command()
                 self.engine.begin_command()
                 if world > 1:
+                    cmd.failed, self.failed = self.failed, []
                     self.comm.phase = OTHER
                     self.comm.broadcast_object(None if cmd.empty else cmd, 0)
             else:
                 self.engine.begin_command()
                 cmd = self.comm.broadcast_object(None, 0) or Command()
+                mine, self.failed = self.failed, []
+                why = lockstep_error(self.rank, cmd.failed, mine)
+                if why is not None:
+                    raise RuntimeError(why)
             if self._execute(cmd):
                 return
 
@@ -222,6 +243,7 @@ class Follower:
     def _publish(self, updates, record) -> None:
         """An iteration's record and updates; updates may come without a record (a prefill's first
         token read when no iteration was in flight)."""
+        self._note_failed(updates)
         if record is not None:
             self._accumulate(record)
         if self.rank == 0:
@@ -232,8 +254,14 @@ class Follower:
                 self.out_q.put(Updates(list(updates)))
 
     def _emit(self, update) -> None:
+        if update is not None:
+            self._note_failed([update])
         if update is not None and self.rank == 0:
             self.out_q.put(Updates([update]))
+
+    def _note_failed(self, updates) -> None:
+        if self.comm.world > 1:
+            self.failed += [u.rid for u in updates if u.finished and u.finish_reason == "error"]
 
     def _accumulate(self, record: dict) -> None:
         t = self.totals

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from harness import TP2_ARGS, checked_server, restore_config, server_config
+from harness import TP2_ARGS, TP2_ENV, checked_server, restore_config, server_config
 
 
 @pytest.fixture(scope="session")
 def tp2_server():
     """The session's TP2 server (the shipped tiny model on CPU); SIGTERM at the end must leave
     nothing behind."""
-    with checked_server(TP2_ARGS) as s:
+    with checked_server(TP2_ARGS, TP2_ENV) as s:
         yield s
 
 

@@ -35,6 +35,11 @@ EXTRA_ARGS = shlex.split(os.environ.get("SPECDECODE_SERVE_ARGS", ""))
 # text is text), TP 2, a short decode-log interval so the log line shows quickly.
 TP2_ARGS = ["--tp-size", "2", "--port", "0", "--max-running-requests", "4", "--speculative-num-steps", "3",
             "--decode-log-interval", "5"]
+# The shared server fails, in verify_sample on every rank, each request whose id starts with this
+# (refengine.engine.FAULT_ENV): tests/server/test_decode_fault.py checks that it fails alone. No
+# other test sends such an id.
+FAULT_RID = "injected-fault-"
+TP2_ENV = {"SPECDECODE_FAULT_DECODE_RID": FAULT_RID}
 # Where a test needs the model's weights not to matter: the agreeing random-weight preset.
 AGREEING_MODEL = ["--model-path", "tiny-agreeing", "--load-format", "dummy"]
 
@@ -80,10 +85,10 @@ def start_server(args: list[str], env: dict[str, str] | None = None,
 
 
 @contextmanager
-def checked_server(args: list[str]) -> Iterator[EngineProcess]:
+def checked_server(args: list[str], env: dict[str, str] | None = None) -> Iterator[EngineProcess]:
     """A started server for a fixture. On the way out SIGTERM must end it with status 0, and the
     server must have ended its ranks itself: nothing of its group may be left for the sweep."""
-    s = start_server(args)
+    s = start_server(args, env)
     try:
         pids = rank_pids(s.url) + [s.pid]
     except BaseException:

@@ -1,5 +1,6 @@
 """One request's parameters cannot end the rank group: a value a tensor or generator cannot hold
-fails that request alone (an error update), and the group and the other requests go on.
+fails that request alone (an error update), and the group and the other requests go on; so does a
+failure in a request's verify_sample work (tests/server/test_decode_fault.py: over real HTTP).
 
 The HTTP server refuses these at parse time (tests/server/test_bounds.py); these requests reach the
 ranks straight through EngineClient, as any other caller of the engine could send them."""
@@ -14,8 +15,9 @@ import torch
 from refengine import presets, spec
 from refengine.comm import Communicator
 from refengine.config import EngineOptions
-from refengine.engine import Engine
+from refengine.engine import FAULT_ENV, Engine
 from refengine.messages import GenRequest, GenUpdate
+from refengine.rank import lockstep_error
 
 from .conftest import generate
 
@@ -79,3 +81,64 @@ def test_a_sampling_failure_frees_the_row(monkeypatch):
     assert sorted(e.free_rows) == free and "s" not in e.reqs
     monkeypatch.undo()
     assert e.add_request(GenRequest("g", [2, 40, 6], max_new_tokens=4)) is None
+
+
+# ----- a failure in decode (verify_sample) fails its request alone --------------------------------
+
+def _engine(**kw) -> Engine:
+    torch.set_num_threads(1)
+    return Engine(EngineOptions(max_running_requests=3, context_length=128, **kw), Communicator(0, 1),
+                  presets.build_target("tiny"), presets.build_head("tiny-eagle3"), torch.device("cpu"), torch.float64)
+
+
+def _decode(e: Engine, rids: list[str], temperature: float) -> tuple[dict[str, list[int]], dict[str, GenUpdate]]:
+    for rid in rids:
+        assert e.add_request(GenRequest(rid, [2, 40, 6], max_new_tokens=12, temperature=temperature,
+                                        ignore_eos=True)) is None
+    tokens: dict[str, list[int]] = {}
+    finals: dict[str, GenUpdate] = {}
+    while e.busy:
+        for u in e.step()[0]:
+            tokens.setdefault(u.rid, []).extend(u.token_ids)
+            if u.finished:
+                finals[u.rid] = u
+    return tokens, finals
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "no-overlap"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_a_verify_sample_failure_fails_that_request_alone(monkeypatch, overlap, temperature):
+    monkeypatch.setenv(FAULT_ENV, "doomed")
+    e = _engine(disable_overlap_schedule=not overlap)
+    free = sorted(e.free_rows)
+    tokens, finals = _decode(e, ["a", "doomed-1", "c"], temperature)
+    bad = finals["doomed-1"]
+    assert bad.finish_reason == "error" and "verify_sample failed: RuntimeError: injected fault" in bad.error
+    assert tokens["doomed-1"] == [], "a failed request's tokens are dropped"
+    assert sorted(e.free_rows) == free and not e.reqs
+    # The requests beside it decode exactly as they do without it (same coins, same decisions).
+    plain, _ = _decode(_engine(disable_overlap_schedule=not overlap), ["a", "fine-1", "c"], temperature)
+    assert [finals[r].finish_reason for r in ("a", "c")] == ["length", "length"]
+    assert tokens["a"] == plain["a"] and tokens["c"] == plain["c"] and len(plain["a"]) == 12
+
+
+def test_a_failure_no_single_row_has_still_ends_the_rank(monkeypatch):
+    """Isolation keeps only a failure a request has alone: one of the batch as a whole is the
+    engine's, and is raised (the rank reports it and the group ends, as before)."""
+    e = _engine()
+    real = spec.sampling_probs
+
+    def batch_only(logits, *a, **k):
+        if logits.shape[0] > 1:
+            raise RuntimeError("a batch-wide failure")
+        return real(logits, *a, **k)
+    monkeypatch.setattr(spec, "sampling_probs", batch_only)
+    with pytest.raises(RuntimeError, match="a batch-wide failure"):
+        _decode(e, ["a", "b"], 1.0)
+
+
+def test_ranks_that_failed_different_requests_are_out_of_lockstep():
+    assert lockstep_error(1, ["x", "y"], ["y", "x"]) is None
+    assert lockstep_error(1, [], []) is None
+    why = lockstep_error(1, ["x"], [])
+    assert "out of lock-step" in why and "rank 0 ['x']" in why and "rank 1 []" in why
