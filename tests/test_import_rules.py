@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # Modules allowed to import textual (the TUI's face); everything else in tuner/ is headless.
-TEXTUAL_MODULES = ("tuner.app", "tuner.widgets", "tuner.screens", "tuner.messages")
+TEXTUAL_MODULES = ("tuner.app", "tuner.actions", "tuner.widgets", "tuner.screens", "tuner.messages")
 
 PROBE = r"""
 import importlib, json, pkgutil, sys

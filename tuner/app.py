@@ -12,17 +12,20 @@ imports tuner.commands (the commands build the app, not the other way round).
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import partial
 from typing import Any, Iterable
 
 from textual import on, work
-from textual.actions import parse
 from textual.app import App, SystemCommand
-from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Static
 
 from probes.names import STEPS
+from tuner import actions
+from tuner.core import control
 from tuner.core import setting as vocab
+from tuner.core.control import ControlState
 from tuner.core.driver import Driver
 from tuner.core.records import thaw
 from tuner.core.relaunch import Relauncher, relaunch_changes
@@ -31,72 +34,15 @@ from tuner.messages import (CaptureFinished, CaptureProgress, ControlFinished, P
                             RelaunchProgress)
 from tuner.screens.help import HelpScreen
 from tuner.screens.main import CHART_WINDOW_S, MainScreen
+from tuner.screens.trace import TraceScreen
 from tuner.screens.tune import TuneScreen
 from tuner.widgets.fmt import rel_time
-from tuner.widgets.knobs import KnobsPanel, knob_action
+from tuner.widgets.knobs import KnobsPanel
 from tuner.widgets.tune_view import TUNING_KINDS, recorded_doc
 
 DEFAULT_LOAD = 4
 TUNE_BUDGET_S = 120.0
 TUNE_MAX_STEPS = 5
-CONTROL_ACTIONS = {"knob", "toggle_load", "capture_trace", "pyspy"}
-RELAUNCH_BLOCKS = CONTROL_ACTIONS | {"tune"}
-"""Actions held while a relaunch stops and starts the server (they would talk to no server)."""
-REPLAY_ACTIONS = {"pause", "step", "seek", "speed"}
-
-
-def knob_bindings() -> list[Binding]:
-    """One binding per knob move, from the knob table (a stepped knob's "less" key is footer-hidden
-    unless the row says otherwise)."""
-    out = []
-    for k in vocab.knobs():
-        # A knob with both keys in the footer shows them as one hint ("+ - steps"): a narrow footer.
-        group = Binding.Group(k.word) if k.footer_less and len(k.moves()) > 1 else None
-        for i, (key, shown, delta, label) in enumerate(k.moves()):
-            out.append(Binding(key, knob_action(k, delta), label, key_display=shown,
-                               show=i == 0 or k.footer_less, group=group))
-    return out
-
-
-OTHER_BINDINGS = [
-    Binding("l", "toggle_load", "load"),
-    Binding("c", "capture_trace", "trace"),
-    Binding("y", "pyspy", "py-spy"),
-    Binding("a", "analysis", "analysis"),
-    Binding("u", "tune", "tune"),
-    # Not in the footer (the A/B panel's subtitle names it): the footer's room is for the demo's keys.
-    Binding("b", "pin_baseline", "baseline", show=False),
-    Binding("space", "pause", "pause"),
-    Binding("full_stop", "step", "step", key_display="."),
-    Binding("left", "seek(-10)", "-10s", key_display="←", priority=True),
-    Binding("right", "seek(10)", "+10s", key_display="→", priority=True),
-    Binding("less_than_sign", "speed(0.5)", "slower", key_display="<"),
-    Binding("greater_than_sign", "speed(2)", "faster", key_display=">"),
-    Binding("question_mark,f1", "help", "help", key_display="?"),
-    Binding("q", "quit", "quit"),
-]
-"""The keys that are not knobs: load, captures, the tune screen, replay, help."""
-
-
-def app_bindings() -> list[Binding]:
-    """The app's keys: the knob table's, then the rest (read when the app class is made)."""
-    return [*knob_bindings(), *OTHER_BINDINGS]
-
-
-def action_id(action: str) -> str:
-    """The help's name for a binding's action: a knob move is its knob's name, e.g. "steps"."""
-    _, name, params = parse(action)
-    return str(params[0]) if name == "knob" and params else name
-
-
-def knob_commands() -> list[tuple[str, str, str, int]]:
-    """(palette title, help, knob name, delta) per knob move, from the knob table."""
-    out = []
-    for k in vocab.knobs():
-        for (_, _, delta, _), title in zip(k.moves(), k.palette):
-            hint = " → ".join(k.values) if k.cycled else f"{k.arg} {'+' if delta > 0 else '-'} {k.step:g}"
-            out.append((title, hint, k.name, delta))
-    return out
 
 
 class TunerApp(App[None]):
@@ -114,7 +60,7 @@ class TunerApp(App[None]):
 
     CSS_PATH = "app.tcss"
     TITLE = "specdecode-tune"
-    BINDINGS = app_bindings()
+    BINDINGS = actions.bindings()
 
     def __init__(self, session: Session, *, tick_s: float | None = 0.25, load_concurrency: int = 0,
                  prompts: list[dict] | None = None, chart_window_s: float = CHART_WINDOW_S,
@@ -125,19 +71,16 @@ class TunerApp(App[None]):
         super().__init__()
         self.session = session
         self.relauncher = relauncher
-        self.relaunching = ""
-        """The changes a running relaunch applies, in words ("" when none runs)."""
         self.tick_s = tick_s
-        # The l key starts this many requests when --load gave none.
-        self.load_concurrency = load_concurrency or DEFAULT_LOAD
         self.prompts = prompts or []
         self.chart_window_s = chart_window_s
         self.autostart_load = start_load
         self.max_new_tokens = max_new_tokens
         self.gpu_labels = gpu_labels or {}
-        self.read_only = bool(getattr(session.backend, "READ_ONLY", False))
-        self.pending = ""
-        self.refused = ""
+        self.read_only = session.backend is not None and session.backend.READ_ONLY
+        # The operator's state the screens are handed (the l key starts this many when --load gave none).
+        self.control = ControlState(read_only=self.read_only, managed=relauncher is not None,
+                                    load_concurrency=load_concurrency or DEFAULT_LOAD)
         self._seen_revision = -1
         # The tick, the tuner's lifecycle and captures: the same driver `record` and `tune` run.
         # A live server's own adaptive controller is checked against the per-bucket fit (a replay
@@ -150,22 +93,21 @@ class TunerApp(App[None]):
         self.tune_topks, self.tune_draft_tokens = tuple(tune_topks), tuple(tune_draft_tokens)
         self.tune_placements: tuple[str, ...] | None = None     # None: every one settable live
         self._recorded_tuning = False
-        self.baseline_pin: tuple[float, dict] | None = None
-        """(session time, setting) the operator pinned as the A/B's baseline with b; None: the
-        setting at attach (the run before the first change)."""
 
     # -- layout -----------------------------------------------------------------------------------
 
     def get_default_screen(self) -> Screen:
-        self.main = MainScreen()
+        self.main = MainScreen(self.control_state(), chart_window_s=self.chart_window_s, gpu_labels=self.gpu_labels)
         return self.main
 
     def on_mount(self) -> None:
         self.set_class(self.read_only, "-read-only")
         self.session.start()
+        self.driver.tick()     # the main screen, mounted next, draws its first frame from the store
 
-    def main_ready(self) -> None:
-        """Called by the main screen once its panels exist: first draw, then the timer."""
+    @on(MainScreen.Ready)
+    def _main_ready(self) -> None:
+        """The main screen drew its panels: the first tick, then the timer."""
         self.tick()
         if self.tick_s:
             self.set_interval(self.tick_s, self.tick)
@@ -197,7 +139,7 @@ class TunerApp(App[None]):
         store = self.session.store
         if store.revision != self._seen_revision:
             self._seen_revision = store.revision
-            self.main.refresh_panels()
+            self.main.refresh_panels(self.control_state())
             if self.read_only and self._recorded_tuning != bool(store.events(TUNING_KINDS)):
                 self._recorded_tuning = not self._recorded_tuning
                 self.refresh_bindings()
@@ -206,32 +148,20 @@ class TunerApp(App[None]):
         if self.tuning_on_screen() and self.screen.tuner is not None:
             self.screen.refresh_view()
 
-    def capability(self, key: str) -> str:
-        """"" when the backend can change `key` live, else why not (and what would)."""
-        backend = self.session.backend
-        if backend is None:
-            return "no server to change"
-        return backend.why_not(key) or ""
+    def control_state(self) -> ControlState:
+        """The operator's state with every knob's availability now: what the screens are handed."""
+        return self.control.at(self.session.backend, self.session.active_config())
+
+    def _set_control(self, **changes: Any) -> None:
+        self.control = replace(self.control, **changes)
+        self.main.show_control(self.control_state())
 
     # -- keys -------------------------------------------------------------------------------------
 
-    def offers_relaunch(self, key: str) -> bool:
-        """Managed mode, and `key` changes only by a relaunch of the server."""
-        backend = self.session.backend
-        if self.relauncher is None or backend is None or self.read_only:
-            return False
-        return backend.capabilities.needs_restart_for(key) is not None
-
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if self.relaunching and action in RELAUNCH_BLOCKS:
-            return False
-        if action in CONTROL_ACTIONS:
-            # While the tune screen is up the tuner owns the setting: no knob keys behind its back.
-            return not self.read_only and not self.tuning_on_screen()
-        if action in REPLAY_ACTIONS:
-            return self.read_only
-        # u on a replay shows a recorded tuning read-only, or says the recording has none.
-        return True
+        # While the tune screen is up the tuner owns the setting: no knob keys behind its back.
+        return actions.allowed(action, read_only=self.read_only, tuning_on_screen=self.tuning_on_screen(),
+                               relaunching=bool(self.control.relaunching))
 
     def tuning_on_screen(self) -> bool:
         return bool(self.screen_stack) and isinstance(self.screen_stack[-1], TuneScreen)
@@ -242,7 +172,7 @@ class TunerApp(App[None]):
         if k is None:
             return
         current = self.session.active_config().get(k.arg)
-        allowed = self._allowed(k.arg)
+        allowed = control.allowed_values(self.session.backend, k.arg)
         nxt = k.bumped(current, delta, allowed)
         if nxt is None:
             self.notify(f"the server has not reported {k.word} yet", severity="warning")
@@ -254,47 +184,23 @@ class TunerApp(App[None]):
             return
         self.request_change(k.arg, nxt)
 
-    def _allowed(self, key: str) -> tuple | None:
-        backend = self.session.backend
-        return None if backend is None else backend.capabilities.allowed_values(key)
-
-    def knob_notes(self, active: dict) -> dict[str, str]:
-        """Knob -> what limits its live values (SGLang: the tiers the plugin can pin, and where the
-        active one holds when only at some batch sizes)."""
-        backend = self.session.backend
-        if backend is None or self.read_only:
-            return {}
-        caps = backend.capabilities
-        out: dict[str, str] = {}
-        for key, allowed in caps.live_values.items():
-            if not caps.can_set(key):
-                continue
-            text = f"tiers {' '.join(map(str, allowed))}"
-            cur = active.get(key)
-            note = caps.value_notes.get(key, {}).get(cur)
-            if note:
-                text += f" · {vocab.word(key)} {cur} {note}"
-            out[key] = text
-        return out
-
     def request_change(self, key: str, value: Any) -> None:
         """Send one change, unless the backend cannot do it (then offer a relaunch in managed mode,
         else say why)."""
-        if self.relaunching:
-            self.notify(f"a relaunch is running ({self.relaunching}): a moment", severity="warning")
+        if self.control.relaunching:
+            self.notify(f"a relaunch is running ({self.control.relaunching}): a moment", severity="warning")
             return
-        reason = self.capability(key)
-        if reason and self.offers_relaunch(key):
+        backend = self.session.backend
+        reason = control.why_not(backend, key)
+        if reason and control.offers_relaunch(backend, key, self.control.managed, self.read_only):
             self.offer_relaunch(key, value)
             return
         if reason:
             self.notify(reason, title=f"{vocab.word(key)} cannot change here", severity="warning")
             return
         old = self.session.active_config().get(key)
-        self.pending = f"{vocab.word(key)} {old} → {value}"
-        self.refused = ""
+        self._set_control(pending=f"{vocab.word(key)} {old} → {value}", refused="")
         self._send_change(key, value)
-        self.main.query_one("#knobs", KnobsPanel).show(self.main.knob_view(self.session.active_config()))
 
     @work(thread=True, group="control", exit_on_error=False)
     def _send_change(self, key: str, value: Any) -> None:
@@ -307,11 +213,11 @@ class TunerApp(App[None]):
 
     @on(ControlFinished)
     def _control_finished(self, message: ControlFinished) -> None:
-        self.pending = ""
+        refused = self.control.refused
         if not message.ok:
-            self.refused = f"{vocab.word(message.key)}={message.value}: {message.reason or 'no reason given'}"
-            self.notify(self.refused, title="refused", severity="error")
-        self.main.query_one("#knobs", KnobsPanel).show(self.main.knob_view(self.session.active_config()))
+            refused = f"{vocab.word(message.key)}={message.value}: {message.reason or 'no reason given'}"
+            self.notify(refused, title="refused", severity="error")
+        self._set_control(pending="", refused=refused)
 
     # -- managed relaunch -------------------------------------------------------------------------
 
@@ -339,7 +245,7 @@ class TunerApp(App[None]):
         if not yes:
             self.notify(f"not relaunched: the server keeps running as it is ({words} not applied)")
             return
-        self.relaunching = words
+        self._set_control(relaunching=words)
         self.refresh_bindings()
         self._show_capture(f"⧗ relaunch for {words}: stopping the server…")
         self._relaunch_worker(changes)
@@ -358,26 +264,26 @@ class TunerApp(App[None]):
             ok, error = False, (str(exc).splitlines() or [type(exc).__name__])[0]
         if had_load and self.is_running:       # not after a quit during the relaunch
             try:
-                self.session.start_load(self.prompts, self.load_concurrency, self.max_new_tokens)
+                self.session.start_load(self.prompts, self.control.load_concurrency, self.max_new_tokens)
             except Exception as exc:   # noqa: BLE001
                 self.session.note(f"load not restarted after the relaunch: {exc}")
         self.post_message(RelaunchFinished(changes, ok, error))
 
     @on(RelaunchProgress)
     def _relaunch_progress(self, message: RelaunchProgress) -> None:
-        if self.relaunching:
-            self._show_capture(f"⧗ relaunch for {self.relaunching}: {message.text[-160:]}")
+        if self.control.relaunching:
+            self._show_capture(f"⧗ relaunch for {self.control.relaunching}: {message.text[-160:]}")
 
     @on(RelaunchFinished)
     def _relaunch_finished(self, message: RelaunchFinished) -> None:
-        words, self.relaunching = self.relaunching, ""
+        words = self.control.relaunching
         self._show_capture("")
+        self._set_control(relaunching="")
         self.refresh_bindings()
         if message.ok:
             self.notify(f"relaunched with {words}")
         else:
             self.notify(message.error, title="relaunch failed", severity="error")
-        self.main.query_one("#knobs", KnobsPanel).show(self.main.knob_view(self.session.active_config()))
 
     def action_toggle_load(self) -> None:
         if self.session.load is not None:
@@ -391,7 +297,7 @@ class TunerApp(App[None]):
     def _load_worker(self, start: bool) -> None:
         try:
             if start:
-                self.session.start_load(self.prompts, self.load_concurrency, self.max_new_tokens)
+                self.session.start_load(self.prompts, self.control.load_concurrency, self.max_new_tokens)
             else:
                 self.session.stop_load()
         except Exception as exc:
@@ -399,7 +305,7 @@ class TunerApp(App[None]):
 
     def action_capture_trace(self) -> None:
         backend = self.session.backend
-        if not getattr(backend, "CAN_CAPTURE_TRACE", False):
+        if backend is None or not backend.CAN_CAPTURE_TRACE:
             self.notify("this server cannot capture traces", severity="warning")
             return
         if self.driver.busy_capturing:
@@ -440,13 +346,15 @@ class TunerApp(App[None]):
         if message.analysis is None:
             self.notify(message.error, title="trace capture failed", severity="error")
             return
-        from tuner.screens.trace import TraceScreen
-        self.push_screen(TraceScreen(message.analysis))
+        self._show_trace(message.analysis)
+
+    def _show_trace(self, analysis: Any, title: str = "trace analysis") -> None:
+        # The screen offers the PCIe-IPC relaunch when one can run here; its answer comes back as its result.
+        self.push_screen(TraceScreen(analysis, title, relaunch=self.control.managed and not self.read_only),
+                         callback=lambda offer: offer and self.offer_relaunch(*offer))
 
     def action_analysis(self) -> None:
         """Open the newest capture's analysis again (on a replay, the recorded one)."""
-        from tuner.screens.trace import TraceScreen
-
         analysed = [tr for tr in self.session.store.traces() if tr.analysis is not None]
         if not analysed:
             hint = "" if self.read_only else ": press c to capture one"
@@ -454,8 +362,7 @@ class TunerApp(App[None]):
             return
         latest = analysed[-1]
         when = latest.t - self.main.origin()
-        self.push_screen(TraceScreen(thaw(latest.analysis), f"trace analysis · {latest.trace_id} · "
-                                                            f"captured at {rel_time(when)}"))
+        self._show_trace(thaw(latest.analysis), f"trace analysis · {latest.trace_id} · captured at {rel_time(when)}")
 
     def action_pyspy(self) -> None:
         self._show_capture("⧗ sampling the server's Python stacks with py-spy…")
@@ -493,7 +400,7 @@ class TunerApp(App[None]):
             if self.tuner_released:
                 self.notify("the last tuning is still putting the server back: a moment", severity="warning")
             else:
-                self.push_screen(TuneScreen(self.tuner))
+                self._show_tuner(self.tuner)
             return
         tuner, reason = self._new_tuner()
         if tuner is None:
@@ -503,16 +410,21 @@ class TunerApp(App[None]):
         if self.session.load is None and self.prompts:
             # The tuner measures decode iterations: without traffic there are none.
             self._load_worker(True)
-            self.notify(f"started the load ({self.load_concurrency} concurrent): tuning needs traffic")
-        self.push_screen(TuneScreen(tuner))
+            self.notify(f"started the load ({self.control.load_concurrency} concurrent): tuning needs traffic")
+        self._show_tuner(tuner)
+
+    def _show_tuner(self, tuner: Any) -> None:
+        # Closing the screen hands the tuner back: it is cancelled and puts the best verified setting back.
+        self.push_screen(TuneScreen(tuner), callback=lambda _: self.release_tuner())
 
     def tune_space(self) -> list:
         """tuning.settings.tune_space over what this server can change live (tune_max_steps deep)."""
         from tuner.tuning.settings import tune_space
 
-        return tune_space(lambda arg: not self.capability(arg), self.tune_max_steps, self.tune_topks,
+        backend = self.session.backend
+        return tune_space(lambda arg: not control.why_not(backend, arg), self.tune_max_steps, self.tune_topks,
                           self.tune_draft_tokens, self.tune_placements, include_off=True,
-                          steps_allowed=self._allowed(vocab.STEPS))
+                          steps_allowed=control.allowed_values(backend, STEPS))
 
     def _new_tuner(self) -> tuple[Any, str]:
         """A Tuner over the session, or None and why not (one line)."""
@@ -521,7 +433,7 @@ class TunerApp(App[None]):
         backend = self.session.backend
         if backend is None:
             return None, "no server to tune"
-        reason = self.capability(STEPS)
+        reason = control.why_not(backend, STEPS)
         if reason:
             return None, f"the tuner changes steps live, and {reason}"
         try:
@@ -544,21 +456,9 @@ class TunerApp(App[None]):
         if not active:
             self.notify("the server has not reported its setting yet", severity="warning")
             return
-        self.baseline_pin = (now, active)
+        self.control = replace(self.control, baseline_pin=(now, active))
         self.notify(f"A/B baseline: {vocab.compact(active)} (pinned at {rel_time(now - self.main.origin())})")
-        self.main.refresh_panels()
-
-    def baseline(self, now: float) -> tuple[float | None, str]:
-        """When the baseline ran (a time inside its run; None before the first change) and the
-        panel's words for it."""
-        pin = self.baseline_pin
-        if pin is not None and pin[0] <= now:    # a replay seeked back before the pin: the default
-            return pin[0], f"base {vocab.compact(pin[1])} (pinned {rel_time(pin[0] - self.main.origin())}) · b moves"
-        first = next(iter(self.session.store.events("config_changed")), None)
-        if first is None or first.t > now:
-            return None, "b pins a baseline"
-        where = "start" if self.read_only else "attach"
-        return first.t - 1e-3, f"base {vocab.compact(first.data.get('old') or {})} ({where}) · b pins"
+        self.main.refresh_panels(self.control_state())
 
     # -- replay keys --------------------------------------------------------------------------------
 
@@ -586,52 +486,28 @@ class TunerApp(App[None]):
 
     def action_speed(self, factor: float) -> None:
         backend = self.session.backend
-        speed = max(0.25, min(64.0, backend.speed * factor))
-        setter = getattr(backend, "set_speed", None)
-        if setter is not None:
-            setter(speed)
-        else:
-            backend.speed = speed
+        backend.set_speed(max(0.25, min(64.0, backend.speed * factor)))
         self.main.draw_header()
 
     # -- help and palette -------------------------------------------------------------------------
 
     def key_help(self) -> list[tuple[str, str, str]]:
         """(key, action name, footer label) for every key that works in this mode."""
-        keys = []
-        for b in self.BINDINGS:
-            assert isinstance(b, Binding)
-            if self.check_action(parse(b.action)[1], ()) is False:
-                continue
-            keys.append((b.key_display or b.key.split(",")[0], action_id(b.action), b.description))
-        keys.append(("ctrl+p", "command_palette", "palette"))
-        return keys
+        return actions.key_help(read_only=self.read_only, tuning_on_screen=self.tuning_on_screen(),
+                                relaunching=bool(self.control.relaunching))
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen(self.key_help(), self.read_only))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        if not self.read_only:
-            for title, hint, name, delta in knob_commands():
-                yield SystemCommand(title, hint, lambda name=name, delta=delta: self.action_knob(name, delta))
-            yield SystemCommand("Toggle the load driver", "start or stop the client load", self.action_toggle_load)
-            yield SystemCommand("Capture a trace", "torch profiler on every rank, then the analysis",
-                                self.action_capture_trace)
-            yield SystemCommand("Sample Python stacks (py-spy)", "top functions of the server's processes",
-                                self.action_pyspy)
-        else:
-            yield SystemCommand("Pause / resume the replay", "space", self.action_pause)
-            yield SystemCommand("Step the replay one second", ".", self.action_step)
-            yield SystemCommand("Seek 10 s forward", "→", lambda: self.action_seek(10))
-            yield SystemCommand("Seek 10 s back", "←", lambda: self.action_seek(-10))
-            yield SystemCommand("Replay faster", ">", lambda: self.action_speed(2))
-            yield SystemCommand("Replay slower", "<", lambda: self.action_speed(0.5))
-        if not self.read_only or self._recorded_tuning:
-            yield SystemCommand("Tune", "probe settings, predict tok/s for each, verify the best (u)"
-                                if not self.read_only else "the recorded tuning (u)", self.action_tune)
-        yield SystemCommand("Trace analysis", "the newest capture's analysis", self.action_analysis)
-        yield SystemCommand("Keys and panels", "the help screen", self.action_help)
+        for a in actions.palette(read_only=self.read_only, recorded_tuning=self._recorded_tuning):
+            yield SystemCommand(a.title, self.read_only and a.replay_hint or a.hint, partial(self.run_action, a.action))
+
+    @on(KnobsPanel.Pressed)
+    async def _knobs_pressed(self, message: KnobsPanel.Pressed) -> None:
+        """A key hint clicked in the knobs panel: the same action as its key."""
+        await self.run_action(message.action)
 
 
 def make_app(session: Session, *, load: int = 0, prompts: list[dict] | None = None,

@@ -26,7 +26,7 @@ def test_baseline_row_then_b_pins_the_setting_running_now():
         async with app.run_test(size=MOMENT.size) as pilot:
             await pilot.pause()
             before, subtitle = panel(app)
-            base_at, _ = app.baseline(app.session.now())
+            base_at, _ = app.main.baseline(app.session.now())
             result = app.session.ab(now=app.session.now(), baseline_at=base_at)
             await pilot.press("b")
             await pilot.pause()

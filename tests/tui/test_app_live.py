@@ -76,14 +76,14 @@ def test_a_refused_change_shows_the_servers_reason(engine):
             before = dict(session.active_config())
             # topk 1 fixes draft tokens to steps + 1; asking for one more is refused by the server.
             await pilot.press("d")
-            await wait_for(pilot, lambda: app.refused, why="the refusal")
+            await wait_for(pilot, lambda: app.control.refused, why="the refusal")
             knobs = str(app.main.query_one("#knobs").render())
-            assert "refused" in knobs and "draft" in app.refused
+            assert "refused" in knobs and "draft" in app.control.refused
             reply = httpx.post(engine.url + "/set_internal_state",
                                json={"server_args": {"speculative_num_draft_tokens": before["speculative_num_draft_tokens"] + 1}},
                                timeout=30)
             server_reason = reply.json()["error"]["message"]
-            assert server_reason in app.refused
+            assert server_reason in app.control.refused
             assert server_active(engine.url)["speculative_num_draft_tokens"] == before["speculative_num_draft_tokens"]
     asyncio.run(scenario())
 
@@ -119,7 +119,7 @@ def test_a_killed_server_shows_disconnected_and_recovers_after_restart():
                 server.kill()
                 await wait_for(pilot, lambda: "disconnected" in header_text(app), why="disconnected in the header")
                 await pilot.press("plus")          # a change while down: a message, not a crash
-                await wait_for(pilot, lambda: app.refused and not app.pending, why="the change refused with a reason")
+                await wait_for(pilot, lambda: app.control.refused and not app.control.pending, why="the change refused with a reason")
                 server.restart()
                 await wait_for(pilot, lambda: "● connected" in header_text(app), timeout=120, why="reconnected")
                 log = app.main.query_one("#events").plain()

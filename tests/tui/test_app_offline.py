@@ -36,7 +36,7 @@ def test_a_knob_without_a_server_says_why_and_sends_nothing():
             await pilot.pause()
             notes = [n.message for n in app._notifications]
             assert any("no server to change" in m for m in notes), notes
-            assert app.pending == ""
+            assert app.control.pending == ""
             knobs = app.main.query_one("#knobs", KnobsPanel)
             assert "no server to change" in str(knobs.render())
             assert not any(w.group == "control" for w in app.workers)

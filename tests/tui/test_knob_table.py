@@ -17,6 +17,7 @@ import pytest
 from rich.console import Console
 
 import tuner.app as tapp
+from tuner import actions
 from tuner.core import setting as vocab
 from tuner.core.records import Event
 from tuner.core.session import Session
@@ -42,7 +43,7 @@ def extra_knob(monkeypatch):
 
 def test_bindings_help_palette_and_panel_carry_the_new_knob(extra_knob):
     class App(tapp.TunerApp):     # the app class as it is made once the table has the row
-        BINDINGS = tapp.app_bindings()
+        BINDINGS = actions.bindings()
         CSS_PATH = str(Path(tapp.__file__).with_name("app.tcss"))
 
     async def scenario():
@@ -93,7 +94,7 @@ def test_recorded_active_config_and_the_record_progress_carry_it(extra_knob):
 
 
 def test_report_columns_carry_it(extra_knob):
-    from tuner.report.summary import setting_key, setting_label
+    from tuner.core.segments import setting_key, setting_label
 
     key = setting_key(ACTIVE)
     assert key[-1] == 0.7 and len(key) == len(vocab.KNOBS)
@@ -132,8 +133,8 @@ def test_a_stepped_knob_stays_in_bounds_and_a_cycled_one_wraps():
 
 
 def test_no_knob_key_shadows_another_key():
-    knob_keys = [k for b in tapp.knob_bindings() for k in b.key.split(",")]
-    other = [k for b in tapp.OTHER_BINDINGS for k in b.key.split(",")]
+    knob_keys = [k for a in actions.knob_rows() for k in a.keys.split(",")]
+    other = [k for a in actions.OTHER_ROWS for k in a.keys.split(",")]
     assert len(set(knob_keys)) == len(knob_keys) and not set(knob_keys) & set(other)
 
 

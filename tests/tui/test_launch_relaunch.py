@@ -50,7 +50,7 @@ def test_a_restart_only_key_relaunches_the_managed_server_and_the_tui_follows(tm
         async with app.run_test(size=(140, 44)) as pilot:
             session = app.session
             await wait_for(pilot, lambda: session.active_config().get(TOPK) == 1, why="the first read-back")
-            assert app.offers_relaunch(TOPK) and not app.offers_relaunch("no_such_knob")
+            assert TOPK in app.control_state().relaunch and "no_such_knob" not in app.control_state().relaunch
             await wait_for(pilot, lambda: len(session.store.window(S.LOG_GEN_THROUGHPUT, 0, math.inf)),
                            timeout=120, why="decode lines read from the server's log")
             await pilot.press("t")

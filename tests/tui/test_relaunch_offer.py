@@ -123,7 +123,7 @@ def test_confirming_relaunches_with_progress_and_holds_the_other_keys(sglang):
         await pilot.press("plus")                       # held: nothing offered, nothing sent
         assert relauncher.proposed == [{TOPK: 2, DRAFT_TOKENS: 4}] and sglang.posts == []
         relauncher.release.set()
-        await wait_for(pilot, lambda: not app.relaunching, why="the relaunch finished")
+        await wait_for(pilot, lambda: not app.control.relaunching, why="the relaunch finished")
         await wait_for(pilot, lambda: "relaunched with" in app.main.query_one("#events").plain(),
                        why="the outcome in the event log")
         assert relauncher.relaunched == [{TOPK: 2, DRAFT_TOKENS: 4}]
@@ -155,7 +155,7 @@ def test_a_setting_the_launch_refuses_is_said_without_asking(sglang):
 
 def test_outside_managed_mode_the_reason_stays(sglang):
     async def check(app, pilot, session, relauncher):
-        assert not app.offers_relaunch(TOPK)
+        assert TOPK not in app.control_state().relaunch
         await pilot.press("t")
         await wait_for(pilot, lambda: any("cannot change topk live" in n for n in _notes(app)),
                        why="the needs-a-relaunch reason")
@@ -167,7 +167,7 @@ def test_a_live_knob_is_set_live_even_in_managed_mode():
     s = core_standin.StandIn(kind="refengine").start()
     try:
         async def check(app, pilot, session, relauncher):
-            assert not app.offers_relaunch(TOPK)
+            assert TOPK not in app.control_state().relaunch
             await pilot.press("t")
             await wait_for(pilot, lambda: any(p.get("server_args", {}).get(TOPK) == 2 for p in s.posts),
                            why="t set topk live")

@@ -25,7 +25,7 @@ def test_the_caption_claims_what_the_ab_computes(scenario, claim):
         async with app.run_test(size=scenario.size) as pilot:
             await pilot.pause()
             now = app.session.now()
-            base_at = app.baseline(now)[0] if claim.against == "baseline" else None
+            base_at = app.main.baseline(now)[0] if claim.against == "baseline" else None
             result = app.session.ab(SERIES[claim.metric], now=now, baseline_at=base_at)
             assert result.ready, f"{scenario.name}: the A/B is {result.text()} at {scenario.at_s} s"
             verdict = W.judge(result.lo, result.hi)

@@ -1,39 +1,21 @@
 """The help screen: every key, what the panels mean, and how the numbers are computed.
 
-Built from the app's own bindings, so the list cannot drift from what the keys do.
+Built from the action table (tuner.actions) the app's bindings come from, so the list cannot drift
+from what the keys do. It shows the keys it is given and never runs an action.
 """
 
 from __future__ import annotations
 
-from rich.table import Table
-from rich.text import Text
 from typing import Iterable
 
+from rich.table import Table
+from rich.text import Text
 from textual.binding import Binding
 from textual.widget import Widget
 from textual.widgets import Markdown, Static
 
-from tuner.core import setting as vocab
+from tuner.actions import action_help
 from tuner.screens.modal import ModalPanel
-
-# action name -> what the key does, in words (the footer's labels are too short to explain); a knob's
-# keys are named by the knob and explained by its row of the knob table (action_help).
-ACTION_HELP = {
-    "toggle_load": "start or stop the client load (--load N requests in flight, 4 by default)",
-    "capture_trace": "capture a profiler trace on every rank, then show where the time went",
-    "pyspy": "sample the server's Python stacks with py-spy: its top functions",
-    "analysis": "show the newest capture's analysis again",
-    "tune": "tune: probe a few settings, predict tok/s for every one (± uncertainty), verify the best "
-            "with an A/B; enter applies a row. On a replay: the recorded tuning",
-    "pin_baseline": "pin the setting running now as the A/B's baseline (by default the setting at attach)",
-    "pause": "pause / resume the replay",
-    "step": "step the replay one second (pauses it)",
-    "seek": "seek the replay 10 seconds back / forward",
-    "speed": "halve / double the replay speed",
-    "help": "this screen",
-    "quit": "quit (a demo's engine is stopped too)",
-    "command_palette": "command palette: every action by name",
-}
 
 PANELS = """
 ## Panels
@@ -56,11 +38,6 @@ PANELS = """
   5 windows.
 - **events**: changes, refusals with the server's reason, captures, disconnects.
 """
-
-
-def action_help() -> dict[str, str]:
-    """What each action's keys do: the knob table's sentences, then the other actions'."""
-    return {**{k.name: k.help for k in vocab.knobs()}, **ACTION_HELP}
 
 
 def keys_table(keys: list[tuple[str, str, str]]) -> Table:

@@ -2,38 +2,43 @@
 
 The screen pulls every panel's window from the store (tuner.widgets.views) when the app says the
 revision moved; it never writes the store and never talks to the server. Operator state that is not
-in the store (a change in flight, the last refusal) is read from the app.
+in the store (a change in flight, the last refusal, each knob's availability, the pinned baseline)
+is handed down by the app as a ControlState; the screen reads nothing else of the app but the
+session, and says it is ready with a message.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from textual import on
 from textual.app import ComposeResult
 from textual.content import Content
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Static
 
 from probes.names import STEPS
 from tuner.core import ab as ab_runs
 from tuner.core import setting as vocab
+from tuner.core.control import ControlState
 from tuner.core.event_text import short_error
+from tuner.core.records import thaw
+from tuner.messages import CaptureProgress, RelaunchProgress
 from tuner.widgets import views
 from tuner.widgets.ab import ABReadout, ABView, Metric
 from tuner.widgets.acceptance import PositionBars
 from tuner.widgets.charts import TimeChart
 from tuner.widgets.event_log import EventLog
+from tuner.widgets.fmt import rel_time
 from tuner.widgets.footer import KeyFooter
 from tuner.widgets.gpus import GpuTable
 from tuner.widgets.header import HeaderView, ServerHeader, replay_detail
 from tuner.widgets.knobs import KnobsPanel, KnobView
 from tuner.widgets.phases import PhaseSplit
 from tuner.widgets.what_if import WhatIfLine
-
-if TYPE_CHECKING:
-    from tuner.app import TunerApp
 
 CHART_WINDOW_S = 60.0
 SHORT_BELOW = 36
@@ -45,12 +50,23 @@ TITLES = {"throughput-panel": "tok/s", "acceptance-panel": "acceptance", "gpus-p
 
 
 class MainScreen(Screen[None]):
-    """Every panel of the live (or replayed) session."""
+    """Every panel of the live (or replayed) session.
 
-    app: "TunerApp"
+    Args:
+        control: the operator's state as the app last handed it down (`refresh_panels`, `show_control`).
+        chart_window_s: seconds the charts span.
+        gpu_labels: GPU index -> its label in the GPU panel.
+    """
 
-    def __init__(self) -> None:
+    class Ready(Message):
+        """The panels exist: the app can draw them and start its timer."""
+
+    def __init__(self, control: ControlState, *, chart_window_s: float = CHART_WINDOW_S,
+                 gpu_labels: dict[int, str] | None = None) -> None:
         super().__init__()
+        self.control = control
+        self.chart_window_s = chart_window_s
+        self.gpu_labels = gpu_labels or {}
         self._logged = 0   # store.events_added when the log last took its events
         self._origin = math.nan
 
@@ -85,9 +101,11 @@ class MainScreen(Screen[None]):
     def on_mount(self) -> None:
         for wid, title in TITLES.items():
             self.query_one(f"#{wid}").border_title = title
-        if self.app.read_only:
+        if self.control.read_only:
             self.query_one("#knobs-panel").border_title = "setting"
-        self.app.main_ready()
+        # The first frame before the first layout (the app drained the bus already), then the app's timer.
+        self.refresh_panels()
+        self.post_message(self.Ready())
 
     @property
     def session(self) -> Any:
@@ -105,6 +123,31 @@ class MainScreen(Screen[None]):
         self.query_one("#what-if", WhatIfLine).set_compact(short)
         self.query_one(KeyFooter).fit(self.size.width)
 
+    def show_activity(self, text: str) -> None:
+        """What runs in the background (a capture, py-spy, a relaunch) in the bar above the footer; "" hides it."""
+        bar = self.query_one("#capture-bar", Static)
+        bar.update(text)
+        bar.set_class(bool(text), "-active")
+
+    @on(CaptureProgress)
+    def _capture_progress(self, message: CaptureProgress) -> None:
+        frac = "" if message.fraction is None else f" {message.fraction * 100:.0f}%"
+        self.show_activity(f"⧗ trace capture{frac}: {message.text}")
+
+    @on(RelaunchProgress)
+    def _relaunch_progress(self, message: RelaunchProgress) -> None:
+        if self.control.relaunching:
+            self.show_activity(f"⧗ relaunch for {self.control.relaunching}: {message.text[-160:]}")
+
+    def latest_analysis(self) -> tuple[Any, str] | None:
+        """The newest capture's analysis in the store and its title; None when there is none."""
+        analysed = [tr for tr in self.session.store.traces() if tr.analysis is not None]
+        if not analysed:
+            return None
+        latest = analysed[-1]
+        when = rel_time(latest.t - self.origin())
+        return thaw(latest.analysis), f"trace analysis · {latest.trace_id} · captured at {when}"
+
     def clear_log(self) -> None:
         """Forget what the event log showed (a replay seek refills the store from the start)."""
         self._logged = 0
@@ -119,19 +162,27 @@ class MainScreen(Screen[None]):
             self._origin = self.session.store.t_first
         return self._origin if math.isfinite(self._origin) else self.session.now()
 
-    def refresh_panels(self) -> None:
-        """Pull every panel's window from the store and hand it to the panel."""
+    def show_control(self, control: ControlState) -> None:
+        """The operator's state changed (a change sent or answered, a relaunch): redraw the knobs."""
+        self.control = control
+        self.query_one("#knobs", KnobsPanel).show(self.knob_view(self.session.active_config()))
+
+    def refresh_panels(self, control: ControlState | None = None) -> None:
+        """Pull every panel's window from the store and hand it to the panel (with `control`, the
+        operator's state now)."""
+        if control is not None:
+            self.control = control
         store, origin = self.session.store, self.origin()
         now = self.session.now()
         t_end = now if math.isfinite(now) else store.t_last
         active = self.session.active_config()
         self.draw_header(active)
         self._draw_notice()
-        chart = views.throughput_view(store, origin, t_end, self.app.chart_window_s)
+        chart = views.throughput_view(store, origin, t_end, self.chart_window_s)
         self.query_one("#throughput", TimeChart).show(chart)
         self.query_one("#throughput-legend", Static).update(self._legend(chart), layout=False)
         self.query_one("#accept-chart", TimeChart).show(
-            views.accept_chart_view(store, origin, t_end, self.app.chart_window_s))
+            views.accept_chart_view(store, origin, t_end, self.chart_window_s))
         steps = active.get(STEPS)
         self.query_one("#positions", PositionBars).show(
             views.accept_view(store, t_end, steps if isinstance(steps, int) else None))
@@ -140,10 +191,10 @@ class MainScreen(Screen[None]):
         info = self.session.server_info()
         self.query_one("#what-if", WhatIfLine).show(views.what_if_view(
             store, t_end, active, info.get("tp_size"), PHASE_WINDOW_S,
-            has_phases=not why_no_phases and (not self.app.read_only or bool(store.series_names("phase/"))),
+            has_phases=not why_no_phases and (not self.control.read_only or bool(store.series_names("phase/"))),
             device=(info.get("launch") or {}).get("device"), kind=info.get("kind")))
         self.query_one("#gpus", GpuTable).show(views.gpu_view(store, t_end, note=self._why_no_gpus(),
-                                                                labels=self.app.gpu_labels))
+                                                                labels=self.gpu_labels))
         self.query_one("#knobs", KnobsPanel).show(self.knob_view(active))
         ab = self._ab_view(t_end)
         self.query_one("#ab", ABReadout).show(ab)
@@ -160,7 +211,7 @@ class MainScreen(Screen[None]):
 
     def _draw_notice(self) -> None:
         backend = self.session.backend
-        caps = None if backend is None or self.app.read_only else backend.capabilities
+        caps = None if backend is None or self.control.read_only else backend.capabilities
         text = "\n".join([*caps.missing, caps.still_works]) if caps is not None and caps.missing else ""
         notice = self.query_one("#notice", Static)
         if text != getattr(notice, "_shown", ""):
@@ -173,7 +224,7 @@ class MainScreen(Screen[None]):
         active = self.session.active_config() if active is None else active
         backend = self.session.backend
         notes = self._notes(info)
-        if self.app.read_only:
+        if self.control.read_only:
             state = "paused" if getattr(backend, "paused", False) else "replay"
             detail = replay_detail(self.session.now() - self.origin(), backend.length_s, backend.speed)
         else:
@@ -205,35 +256,33 @@ class MainScreen(Screen[None]):
         return "   ".join(parts) + f"   [dim]{views.SMOOTH_S:g}-s means · red: setting changed[/]"
 
     def knob_view(self, active: dict) -> KnobView:
-        relaunch = frozenset(k.arg for k in vocab.knobs() if self.app.offers_relaunch(k.arg))
-        unavailable = {k.arg: r for k in vocab.knobs() if k.arg not in relaunch and (r := self.app.capability(k.arg))}
-        return KnobView(
-            values=vocab.by_arg(active), unavailable=unavailable, pending=self.app.pending,
-            refused=self.app.refused, load=self._load_text(), read_only=self.app.read_only,
-            relaunch=relaunch, notes=self.app.knob_notes(active))
+        c = self.control
+        return KnobView(values=vocab.by_arg(active), unavailable=dict(c.unavailable), pending=c.pending,
+                        refused=c.refused, load=self._load_text(), read_only=c.read_only, relaunch=c.relaunch,
+                        notes=c.notes)
 
     def _load_text(self) -> str:
-        if self.app.read_only:
+        if self.control.read_only:
             return ""
         load = self.session.load
         if load is None:
-            return f"off · l starts {self.app.load_concurrency} concurrent"
+            return f"off · l starts {self.control.load_concurrency} concurrent"
         now = self.session.now()
         tok = views.mean(self.session.store.window("load/tok_per_s", now - views.SMOOTH_S, now).v)
-        return f"{self.app.load_concurrency} concurrent · client {tok:.1f} tok/s" if tok == tok else \
-            f"{self.app.load_concurrency} concurrent"
+        return f"{self.control.load_concurrency} concurrent · client {tok:.1f} tok/s" if tok == tok else \
+            f"{self.control.load_concurrency} concurrent"
 
     def _ab_view(self, now: float) -> ABView:
         change = self.session.store.last_event("config_changed", at=now)
         if change is None:
             return ABView()
         label = views.change_label(change.data.get("old") or {}, change.data.get("new") or {})
-        if not self.app.read_only and not self.session.connection().connected:
+        if not self.control.read_only and not self.session.connection().connected:
             # Readings taken while the server is away are not the new setting's: wait for it.
             return ABView(label, False, "the server is not answering")
         tok = self.session.ab(now=now)
         acc = self.session.ab("spec/accept_len", now=now)
-        base_at, base_words = self.app.baseline(now)
+        base_at, base_words = self.baseline(now)
         if not tok.ready:
             return ABView(label, False, tok.text().removeprefix("not yet").strip(" ()"), baseline=base_words)
         metrics = [Metric("vs previous", tok.median_before, tok.median_after, tok.ratio, tok.lo, tok.hi)]
@@ -254,6 +303,18 @@ class MainScreen(Screen[None]):
         if acc.ready:
             metrics.append(Metric("accept len", acc.median_before, acc.median_after, acc.ratio, acc.lo, acc.hi, "τ"))
         return ABView(label, True, "", tuple(metrics), base_words, note)
+
+    def baseline(self, now: float) -> tuple[float | None, str]:
+        """When the A/B's baseline ran (a time inside its run; None before the first change) and the
+        panel's words for it."""
+        pin = self.control.baseline_pin
+        if pin is not None and pin[0] <= now:    # a replay seeked back before the pin: the default
+            return pin[0], f"base {vocab.compact(pin[1])} (pinned {rel_time(pin[0] - self.origin())}) · b moves"
+        first = next(iter(self.session.store.events("config_changed")), None)
+        if first is None or first.t > now:
+            return None, "b pins a baseline"
+        where = "start" if self.control.read_only else "attach"
+        return first.t - 1e-3, f"base {vocab.compact(first.data.get('old') or {})} ({where}) · b pins"
 
     def _why_no_phases(self) -> str:
         backend = self.session.backend

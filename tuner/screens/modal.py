@@ -48,7 +48,7 @@ class ModalBox(ModalScreen[T]):
         return self.BOX_TITLE
 
 
-class ModalPanel(ModalBox[None]):
+class ModalPanel(ModalBox[T]):
     """A box that only shows something: esc or q closes it."""
 
     BINDINGS = [Binding("escape,q", "dismiss", "close")]

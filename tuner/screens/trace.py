@@ -121,7 +121,13 @@ def summary(analysis: Mapping[str, Any]) -> Text:
     return text
 
 
-class TraceScreen(ModalPanel):
+class TraceScreen(ModalPanel["tuple[str, Any] | None"]):
+    """Dismissed with (knob, value) when the operator asks for the relaunch it offers, else None.
+
+    Args:
+        relaunch: this face can relaunch the server (managed mode, live): r offers it.
+    """
+
     BINDINGS = [Binding("r", "pcie_relaunch", "relaunch with PCIe-IPC all-reduce", show=False)]
     DEFAULT_CSS = """
     TraceScreen #trace-summary { margin-bottom: 1; }
@@ -129,10 +135,11 @@ class TraceScreen(ModalPanel):
     TraceScreen #trace-remedies { margin-top: 1; }
     """
 
-    def __init__(self, analysis: Mapping[str, Any], title: str = "trace analysis") -> None:
+    def __init__(self, analysis: Mapping[str, Any], title: str = "trace analysis", *, relaunch: bool = False) -> None:
         super().__init__()
         self.analysis = analysis
         self.title_text = title
+        self.relaunch = relaunch
 
     def body(self) -> Iterable[Widget]:
         yield Static(summary(self.analysis), id="trace-summary")
@@ -162,7 +169,7 @@ class TraceScreen(ModalPanel):
             return Text("")
         if pcie_ipc_offer(info):
             lines.append("r: relaunch with it (a server `specdecode-tune launch` owns)"
-                         if getattr(self.app, "relauncher", None) is not None and not self.app.read_only else
+                         if self.relaunch else
                          f"to apply: relaunch the server with {PCIE_IPC_ENV}=1 in its environment "
                          f"(or `specdecode-tune launch --try {PCIE_IPC_ENV}=1 -- …`)")
         return Text("what this server lets you change\n", style="bold") + Text("\n".join(lines))
@@ -170,17 +177,15 @@ class TraceScreen(ModalPanel):
     def action_pcie_relaunch(self) -> None:
         from tuner.tuning.comm_whatif import PCIE_IPC_ENV, pcie_ipc_offer
 
-        app = self.app
-        session = getattr(app, "session", None)
+        session = getattr(self.app, "session", None)
         if session is None or not pcie_ipc_offer(session.server_info()):
             self.notify("the plugin does not report NCCL on a PCIe-only TP group here", severity="warning")
             return
-        if getattr(app, "relauncher", None) is None or app.read_only:
+        if not self.relaunch:
             self.notify(f"only a server `specdecode-tune launch` owns can be relaunched from here: set "
                         f"{PCIE_IPC_ENV}=1 in the server's environment and relaunch it", severity="warning")
             return
-        self.dismiss()
-        app.offer_relaunch(PCIE_IPC_ENV, 1)
+        self.dismiss((PCIE_IPC_ENV, 1))     # the app offers the relaunch
 
     def box_title(self) -> str:
         return self.title_text

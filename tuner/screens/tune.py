@@ -4,14 +4,15 @@ vs measured), the fitted costs in brief, the A/B verdicts, and a key to apply a 
 The app drives the tuner (`Tuner.step()` on its tick, before `session.tick()`) and calls
 `refresh_view()` while this screen is up; the screen only draws a `TuneView` (tuner.widgets.
 tune_view) and turns keys into `Tuner.apply` / `Tuner.cancel`. On a replay it shows the recorded
-tuning read-only. Closing the screen hands the tuner back to the app, which cancels it (the tuner
-then puts the best verified setting back) and closes it.
+tuning read-only. Closing the screen dismisses it: the app, told by the dismissal, cancels the tuner
+(which then puts the best verified setting back) and closes it. It reads nothing of the app but the
+session.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from rich.text import Text
 from textual import events
@@ -21,13 +22,11 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, ProgressBar, Static
 
+from tuner.tuning.live import State
 from tuner.tuning.settings import Setting
 from tuner.tuning.what_if_now import active_setting
 from tuner.widgets.fmt import is_num, num
 from tuner.widgets.tune_view import TuneRow, TuneView, build_view, live_doc
-
-if TYPE_CHECKING:
-    from tuner.app import TunerApp
 
 COLUMNS = (("", 3), ("setting", 22), ("predicted tok/s", 16), ("τ", 5), ("measured", 9), ("basis / note", 30))
 BASIS_STYLE = {"measured": "#8bc34a", "fitted": "", "extrapolated": "#e0b040", "what-if": "#b38cd9"}
@@ -84,7 +83,6 @@ class TuneTable(DataTable):
 class TuneScreen(Screen[None]):
     """Either `tuner` (live) or `recorded` ((result-shaped dict, state)) is given."""
 
-    app: "TunerApp"
     BINDINGS = [
         Binding("enter", "apply", "apply selected", priority=True),
         Binding("s", "stop", "stop tuning"),
@@ -139,7 +137,7 @@ class TuneScreen(Screen[None]):
         if action == "apply":
             return self.tuner is not None
         if action == "stop":
-            return self.tuner is not None and self.tuner.state == "running"
+            return self.tuner is not None and self.tuner.state == State.RUNNING
         return True
 
     # -- drawing ------------------------------------------------------------------------------
@@ -213,7 +211,7 @@ class TuneScreen(Screen[None]):
         row = self.selected()
         if self.tuner is None or row is None:
             return
-        if self.tuner.state == "running":
+        if self.tuner.state == State.RUNNING:
             self.notify("tuning is still running: press s to stop it (the best verified setting stays), "
                         "then apply", severity="warning")
             return
@@ -244,11 +242,9 @@ class TuneScreen(Screen[None]):
             self.notify(f"{what}: {reason or 'no reason given'}", title="refused", severity="error")
 
     def action_stop(self) -> None:
-        if self.tuner is not None and self.tuner.state == "running":
+        if self.tuner is not None and self.tuner.state == State.RUNNING:
             self.tuner.cancel()
             self.notify("stopping: the best verified setting is put back")
 
     def action_close(self) -> None:
-        if self.tuner is not None:
-            self.app.release_tuner()
         self.dismiss()

@@ -1,8 +1,8 @@
 """The knobs panel: the active speculative setting, the keys that change it, and why a knob is absent.
 
 A control is drawn only when the backend can do it; otherwise the panel says why and what would
-(e.g. a relaunch). The key hints are clickable and run the same app actions as the keys. This widget
-never talks to the backend: clicks and keys become app actions, the app sends the change.
+(e.g. a relaunch). The key hints are clickable: a click posts `KnobsPanel.Pressed` with the action
+of the same key, and the app runs it. This widget never talks to the backend nor calls the app.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 from textual.content import Content
 from textual.markup import escape
+from textual.message import Message
 from textual.widgets import Static
 
 from tuner.core import setting as vocab
@@ -50,12 +51,27 @@ def _button(action: str, key: str) -> str:
 def _controls(k: vocab.Knob) -> str:
     """The clickable key hints of one knob: "less more" for a stepped knob, "next" for a cycled one."""
     if k.cycled:
-        return f"{_button('app.' + knob_action(k, 1), k.shown[0])} [dim]next[/]"
-    return f"{_button('app.' + knob_action(k, -1), k.shown[1])} {_button('app.' + knob_action(k, 1), k.shown[0])}"
+        return f"{_button(knob_action(k, 1), k.shown[0])} [dim]next[/]"
+    return f"{_button(knob_action(k, -1), k.shown[1])} {_button(knob_action(k, 1), k.shown[0])}"
 
 
 class KnobsPanel(Static):
     DEFAULT_CSS = "KnobsPanel { height: auto; }"
+
+    @dataclass
+    class Pressed(Message):
+        """A key hint was clicked: `action` is what its key is bound to."""
+
+        action: str
+
+    # The hints' clicks land here (the widget is their namespace) and go up as messages.
+    def action_knob(self, name: str, delta: int = 1) -> None:
+        k = vocab.knob(name)
+        if k is not None:
+            self.post_message(self.Pressed(knob_action(k, delta)))
+
+    def action_toggle_load(self) -> None:
+        self.post_message(self.Pressed("toggle_load"))
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -94,7 +110,7 @@ class KnobsPanel(Static):
         if view.load:
             load = f"{'load':<13}{escape(view.load)}"
             if not view.read_only:
-                load += f"  {_button('app.toggle_load', 'l')}"
+                load += f"  {_button('toggle_load', 'l')}"
             lines.append(load)
         if view.pending:
             lines.append(f"[$warning]⧗ sent {escape(view.pending)}, waiting for the server[/]")
