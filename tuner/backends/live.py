@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from tuner.backends.base import Backend, Capabilities, ConnectionMonitor, ConnectionState, ControlResult
 from tuner.backends import phase_pages
 from tuner.backends.derive import MetricsDeriver, PhaseStreamReader
+from tuner.backends.latency_buckets import LatencyBuckets
 from tuner.backends.http import (DEFAULT_DEADLINE_S, AnswerTooLarge, BadAnswer, HttpClient, ServerError, ServerSlow,
                                  ServerUnreachable)
 from tuner.backends.promtext import MetricsParseError, parse_metrics, rank_info
@@ -72,6 +73,7 @@ class LiveBackend(Backend):
         self._rank_info: list[dict[str, str]] = []
         self.phase_stream: bool | None = None          # unknown until /specdecode/phases answers
         self.metrics = MetricsDeriver(acceptance=False, phases=False)
+        self.latency = LatencyBuckets()       # the latency histograms' bucket deltas (one poller thread)
         self._metrics_missing = False
         self._metrics_retry_at = 0.0
         self.phases = PhaseStreamReader()
@@ -262,6 +264,7 @@ class LiveBackend(Backend):
             with self._lock:
                 self._rank_info = ranks
         self._put(list(self.metrics.update(now, ms, self.active_config())))
+        self._put(self.latency.update(now, ms))
         return True
 
     def poll_server_info(self) -> bool:

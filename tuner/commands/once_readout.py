@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from probes.names import R_PHASE_MS
 from tuner.core import setting as vocab
 from tuner.core.redact import redact_url
 
@@ -35,14 +36,14 @@ def readings(session: Any, t0: float) -> dict[str, Any]:
         "accept_rate": _mean(st, S.SPEC_ACCEPT_RATE, t0),
         "iter_per_s": _mean(st, S.SERVER_ITER_PER_S, t0),
         "batch_size": _mean(st, S.SERVER_BATCH, t0),
-        "accept_pos": {}, "accept_cond": {}, "phase_ms": {}, "phase_comm_ms": {}, "phase_share_pct": {},
+        "accept_pos": {}, "accept_cond": {}, R_PHASE_MS: {}, "phase_comm_ms": {}, "phase_share_pct": {},
     }
     for name in st.series_names("spec/accept_pos/"):
         out["accept_pos"][name.rsplit("/", 1)[1]] = _mean(st, name, t0)
     for name in st.series_names("spec/accept_cond/"):
         out["accept_cond"][name.rsplit("/", 1)[1]] = _mean(st, name, t0)
     for phase in S.PHASES:
-        for key, fn in (("phase_ms", S.phase_ms), ("phase_comm_ms", S.phase_comm_ms),
+        for key, fn in ((R_PHASE_MS, S.phase_ms), ("phase_comm_ms", S.phase_comm_ms),
                         ("phase_share_pct", S.phase_share_pct)):
             if st.latest(fn(phase)) is not None:
                 out[key][phase] = _mean(st, fn(phase), t0)
@@ -60,7 +61,17 @@ def readings(session: Any, t0: float) -> dict[str, Any]:
     out["still_works"] = caps.still_works if caps else ""
     out["has_phase_timers"] = bool(caps and caps.HAS_PHASE_TIMERS)
     out["problems"] = [e.data.get("error") for e in st.events(("poll_error", "load_error"))]
+    out["latency"] = latency_window(st, t0)
     return _nan_to_none(out)
+
+
+def latency_window(st: Any, t0: float) -> dict[str, Any]:
+    """tuner.core.latency.window_readout since t0: the load driver's exact percentiles and the
+    server's histogram buckets."""
+    from tuner.core import latency as L
+
+    kinds = ("load_request", "latency_buckets", "latency_unavailable")
+    return L.window_readout(st.events(kinds), t0, math.inf)
 
 
 def _nan_to_none(x: Any) -> Any:
@@ -90,9 +101,9 @@ def format_table(r: dict[str, Any]) -> str:
         ks = sorted(r["accept_pos"], key=int)
         lines.append("p_k       " + "  ".join(f"p{k} {_f(r['accept_pos'][k])}" for k in ks))
         lines.append("a_k       " + "  ".join(f"a{k} {_f(r['accept_cond'].get(k))}" for k in ks))
-    if r["phase_ms"]:
+    if r[R_PHASE_MS]:
         lines.append(f"phase     {'ms/iter':>9} {'comm ms':>9}")
-        for p, v in r["phase_ms"].items():
+        for p, v in r[R_PHASE_MS].items():
             lines.append(f"  {p:<14}{_f(v, '{:9.3f}')} {_f(r['phase_comm_ms'].get(p), '{:9.3f}')}")
         lines.append(f"  {'wall':<14}{_f(r.get('wall_ms'), '{:9.3f}')}   idle {_f(r.get('idle_ms'), '{:.3f}')}")
     elif r["phase_share_pct"]:
@@ -108,6 +119,9 @@ def format_table(r: dict[str, Any]) -> str:
         notes = r.get("value_notes", {}).get(k, {})
         lines.append(f"          {k.replace('speculative_', '')} takes {', '.join(map(str, vals)) or 'nothing'} live"
                      + "".join(f"; {v} {t}" for v, t in notes.items()))
+    if r.get("latency"):
+        from tuner.core.latency import readout_lines
+        lines += readout_lines(r["latency"])
     for m in r.get("remedies", []):
         lines.append(f"remedy    {m}")
     for m in r.get("missing", []):

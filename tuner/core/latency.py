@@ -82,27 +82,32 @@ def cumulative(name: str, buckets: Iterable[tuple[Mapping[str, str], float]]) ->
     return out
 
 
-def delta(cur: Mapping[float, float], prev: Mapping[float, float] | None) -> dict[float, float] | None:
-    """Per-bucket (non-cumulative) counts observed between two scrapes: {bound: n}, zero buckets left
-    out. None when the histogram began again (a count went down, or the bounds changed) or there is
-    no previous scrape: nothing can be said for that interval."""
+Counts = Mapping[tuple[float, float], float]
+"""Non-cumulative counts per bucket: {(lower bound, upper bound): n}, lo < value ≤ hi."""
+
+
+def delta(cur: Mapping[float, float], prev: Mapping[float, float] | None) -> dict[tuple[float, float], float] | None:
+    """Per-bucket (non-cumulative) counts observed between two scrapes: {(lo, hi): n}, zero buckets
+    left out. None when the histogram began again (a count went down, or the bounds changed) or
+    there is no previous scrape: nothing can be said for that interval."""
     if prev is None or set(cur) != set(prev):
         return None
     bounds = sorted(cur)
     d = [cur[b] - prev[b] for b in bounds]
     if any(x < 0 for x in d):
         return None
-    out: dict[float, float] = {}
-    below = 0.0
+    out: dict[tuple[float, float], float] = {}
+    below, lo = 0.0, 0.0
     for b, c in zip(bounds, d):
         n = c - below
         below = c
         if n > 0:
-            out[b] = n
+            out[(lo, b)] = n
+        lo = b
     return out
 
 
-def add_counts(a: Mapping[float, float], b: Mapping[float, float]) -> dict[float, float]:
+def add_counts(a: Counts, b: Counts) -> dict[tuple[float, float], float]:
     out = dict(a)
     for k, v in b.items():
         out[k] = out.get(k, 0.0) + v
@@ -117,44 +122,43 @@ class Bucketed:
     lo: float
     hi: float
 
-    def text(self, unit_s: bool = False) -> str:
+    def text(self) -> str:
+        """"≤ 40 ms" (the bucket's upper bound), or "> 8 s" in the +Inf bucket."""
         return f"≤ {ms_text(self.hi)}" if math.isfinite(self.hi) else f"> {ms_text(self.lo)}"
 
 
-def bucket_percentiles(counts: Mapping[float, float], quantiles: Sequence[float] = QUANTILES
-                       ) -> dict[float, Bucketed]:
-    """The bucket each quantile falls in, from non-cumulative counts {upper bound: n}; {} when empty."""
+def bucket_percentiles(counts: Counts, quantiles: Sequence[float] = QUANTILES) -> dict[float, Bucketed]:
+    """The bucket each quantile falls in, from non-cumulative counts {(lo, hi): n}; {} when empty."""
     total = sum(counts.values())
     if total <= 0:
         return {}
-    bounds = sorted(counts)
+    buckets = sorted(counts)
     out: dict[float, Bucketed] = {}
     for q in quantiles:
-        need, seen, lo = q * total, 0.0, 0.0
-        for i, b in enumerate(bounds):
-            seen += counts[b]
+        need, seen = q * total, 0.0
+        for lo, hi in buckets:
+            seen += counts[(lo, hi)]
             if seen >= need:
-                out[q] = Bucketed(q, bounds[i - 1] if i else 0.0, b)
+                out[q] = Bucketed(q, lo, hi)
                 break
-            lo = b
     return out
 
 
-def buckets_data(counts: Mapping[float, float]) -> list[list[Any]]:
-    """Counts as JSON (an event's data): [[le text, n], ...], +Inf as "+Inf"."""
-    return [[_fmt_le_label(b), n] for b, n in sorted(counts.items())]
+def buckets_data(counts: Counts) -> list[list[Any]]:
+    """Counts as JSON (an event's data): [[lo, le text, n], ...], +Inf as "+Inf"."""
+    return [[lo, _fmt_le_label(hi), n] for (lo, hi), n in sorted(counts.items())]
 
 
-def buckets_from_data(rows: Any) -> dict[float, float]:
+def buckets_from_data(rows: Any) -> dict[tuple[float, float], float]:
     """The inverse of buckets_data; malformed rows are left out (a recording may be damaged)."""
-    out: dict[float, float] = {}
+    out: dict[tuple[float, float], float] = {}
     for row in rows if isinstance(rows, (list, tuple)) else ():
         try:
-            b, n = _le(str(row[0])), float(row[1])
+            lo, hi, n = float(row[0]), _le(str(row[1])), float(row[2])
         except (LatencyError, TypeError, ValueError, IndexError):
             continue
-        if math.isfinite(n) and n > 0:
-            out[b] = out.get(b, 0.0) + n
+        if math.isfinite(n) and n > 0 and math.isfinite(lo) and lo <= hi:
+            out[(lo, hi)] = out.get((lo, hi), 0.0) + n
     return out
 
 
@@ -302,3 +306,92 @@ def bootstrap_ratio(before: Sequence[RequestTiming], after: Sequence[RequestTimi
     draws.sort()
     tail = (1 - confidence) / 2
     return fa / fb, percentile(draws, tail), percentile(draws, 1 - tail)
+
+
+# -- one window, both sources -------------------------------------------------------------------------
+
+def requests_in(events: Iterable[Any], t0: float, t1: float) -> list[RequestTiming]:
+    """The load requests wholly inside [t0, t1] (sent at or after t0, finished by t1) from
+    `load_request` events (objects with .t and .data)."""
+    out: list[RequestTiming] = []
+    for e in events:
+        if e.kind != "load_request" or not (t0 <= e.t <= t1):
+            continue
+        r = RequestTiming.from_data(e.data)
+        if r is not None and r.sent >= t0:
+            out.append(r)
+    return out
+
+
+def server_counts(events: Iterable[Any], t0: float, t1: float) -> dict[str, dict[tuple[float, float], float]]:
+    """{kind: per-bucket counts} summed over the `latency_buckets` events in (t0, t1]."""
+    out: dict[str, dict[tuple[float, float], float]] = {}
+    for e in events:
+        if e.kind != "latency_buckets" or not (t0 < e.t <= t1):
+            continue
+        for kind in KINDS:
+            if kind in e.data:
+                out[kind] = add_counts(out.get(kind, {}), buckets_from_data(e.data[kind]))
+    return out
+
+
+def window_readout(events: Sequence[Any], t0: float, t1: float) -> dict[str, Any]:
+    """A window's latency, JSON-shaped (once --json, the recording's report, the TUI's panel):
+
+    {"driver": {kind: {"n", "p50", "p90", "p99"} (seconds) for ttft, itl, gap, e2e, queue, wait
+                with samples}, "requests": n,
+     "server": {kind: {"n", "p50": [lo, hi], "p90": [...], "p99": [...]}} (bucket bounds, seconds;
+                hi null for the +Inf bucket),
+     "unavailable": the server's reason when its histograms cannot be read, else null}"""
+    reqs = requests_in(events, t0, t1)
+    driver: dict[str, Any] = {}
+    for kind in ("ttft", "itl", "gap", "e2e", "queue", "wait"):
+        ex = exact(kind, reqs)
+        if ex.n and not (kind == "wait" and ex.p99 == 0):
+            driver[kind] = {"n": ex.n, "p50": ex.p50, "p90": ex.p90, "p99": ex.p99}
+    server: dict[str, Any] = {}
+    for kind, counts in server_counts(events, t0, t1).items():
+        bp = bucket_percentiles(counts)
+        if bp:
+            server[kind] = {"n": sum(counts.values()),
+                            **{_qkey(q): [b.lo, b.hi if math.isfinite(b.hi) else None] for q, b in bp.items()}}
+    unavailable = None
+    for e in events:
+        if e.t <= t1 and e.kind == "latency_unavailable":
+            unavailable = str(e.data.get("reason", "")) or None
+    return {"driver": driver, "requests": len(reqs), "server": server,
+            "unavailable": None if server else unavailable}
+
+
+def _qkey(q: float) -> str:
+    return f"p{round(q * 100):d}"
+
+
+def readout_lines(r: Mapping[str, Any]) -> list[str]:
+    """The window's latency as text lines: one per figure, the driver's exact percentiles then the
+    server's buckets ("p99 ≤ 40 ms")."""
+    lines: list[str] = []
+    drv = r.get("driver") or {}
+    names = {**LABELS, "gap": "burst gap", "wait": "slot wait"}
+    if drv:
+        lines.append(f"{'latency':<10}{'p50':>9} {'p90':>9} {'p99':>9}   load driver, {r.get('requests', 0)} requests")
+        for kind in ("ttft", "itl", "gap", "e2e", "queue", "wait"):
+            if kind in drv:
+                d = drv[kind]
+                lines.append(f"  {names[kind]:<8}" + " ".join(f"{ms_text(d[k]):>9}" for k in ("p50", "p90", "p99")))
+    srv = r.get("server") or {}
+    if srv:
+        lines.append("server    histogram buckets (/metrics)")
+        for kind in KINDS:
+            if kind in srv:
+                d = srv[kind]
+                parts = [f"{k} {_bucket_text(d[k])}" for k in ("p50", "p90", "p99") if k in d]
+                lines.append(f"  {names[kind]:<8}" + "  ".join(parts) + f"   ({int(d['n'])} observed)")
+    elif r.get("unavailable"):
+        lines.append(f"server    latency: {r['unavailable']}")
+    return lines
+
+
+def _bucket_text(b: Sequence[Any]) -> str:
+    lo, hi = b
+    return f"≤ {ms_text(hi)}" if hi is not None else f"> {ms_text(lo)}"
