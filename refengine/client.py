@@ -26,6 +26,7 @@ from dataclasses import asdict
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
+from probes.names import R_PHASE_MS
 from refengine.config import (ConfigError, EngineOptions, ModelLimits, SpecConfig, refuse_for_simulator,
                               resolve_config, simulator)
 from refengine.messages import (Abort, ConfigApplied, GenRequest, GenUpdate, PhaseRecord, ProfileDone, ProfileStart,
@@ -336,7 +337,7 @@ class EngineClient:
         with self._lock:
             c = self._counters
             verify = c["verify_ct"]
-            per_rank = {r: {"phase_seconds": {p: v / 1e3 for p, v in s.get("phase_ms", {}).items()},
+            per_rank = {r: {"phase_seconds": {p: v / 1e3 for p, v in s.get(R_PHASE_MS, {}).items()},
                             "phase_comm_seconds": {p: v / 1e3 for p, v in s.get("comm_ms", {}).items()},
                             "iterations": s.get("iterations", 0), "comm_calls_by_op": s.get("comm_by_op", {}),
                             "comm_bytes": s.get("comm_bytes", {}),

@@ -12,8 +12,8 @@ from typing import Any
 
 from probes import adaptive_policy
 from probes.adaptive_policy import AdaptiveConfigError
-from probes.names import (ADAPTIVE_CONFIG, DRAFT_TOKENS, PINNED_STEPS, PLACEMENT, PLACEMENTS, SHARDED, STEPS, TOPK,
-                          tree_pool)
+from probes.names import (ADAPTIVE_CONFIG, DRAFT_TOKENS, PINNED_STEPS, PLACEMENT, PLACEMENTS, R_DRAFT_TOKENS,
+                          SHARDED, STEPS, TOPK, tree_pool)
 
 # The fused kernels of refengine.models.fused_ops. All on by default (measured faster in the engine's
 # forward on an H200: benchmarks/results/fused_kernels_h200.md); the environment picks them for a
@@ -46,7 +46,7 @@ def fused_kernels_from(text: str | None) -> set[str]:
 CONFIG_KEYS = {
     STEPS: "steps",
     TOPK: "topk",
-    DRAFT_TOKENS: "num_draft_tokens",
+    DRAFT_TOKENS: R_DRAFT_TOKENS,
     PLACEMENT: "placement",
 }
 # Everything /set_internal_state sets: the knobs, SGLang's adaptive config and the SGLang plugin's pin.
@@ -153,14 +153,14 @@ def resolve_config(current: SpecConfig, changes: dict[str, Any], limits: ModelLi
         raise ConfigError(f"speculative_eagle_topk {topk} exceeds this engine's maximum {limits.max_topk}")
     if topk == 1:
         n = steps + 1
-        if "num_draft_tokens" in fields and fields["num_draft_tokens"] != n:
+        if R_DRAFT_TOKENS in fields and fields[R_DRAFT_TOKENS] != n:
             raise ConfigError(
                 f"with speculative_eagle_topk 1, speculative_num_draft_tokens must be steps + 1 = {n}, "
                 f"got {fields['num_draft_tokens']}")
     elif steps == 0:
         n = 1
     else:
-        n = fields.get("num_draft_tokens", current.num_draft_tokens if current.topk > 1 else None)
+        n = fields.get(R_DRAFT_TOKENS, current.num_draft_tokens if current.topk > 1 else None)
         if n is None:
             n = min(tree_pool(steps, topk), limits.max_draft_tokens - 1) + 1
         pool = tree_pool(steps, topk)
@@ -194,7 +194,7 @@ def _adaptive_fields(current: SpecConfig, fields: dict[str, Any], adaptive: dict
     """The fixed knobs under an adaptive schedule, as SGLang allows them: steps and draft tokens are
     the controller's (the pin is `specdecode_num_steps`), topk is 1, and the starting step is one of
     the candidates (the current steps when it is one, else the middle of the first tier's)."""
-    if "steps" in fields or "num_draft_tokens" in fields:
+    if "steps" in fields or R_DRAFT_TOKENS in fields:
         key = STEPS if "steps" in fields else DRAFT_TOKENS
         raise ConfigError(f"{key} is chosen by the adaptive schedule on this server: pin a tier with "
                           f"{PINNED_STEPS} (-1 unpins), or remove the schedule with {ADAPTIVE_CONFIG}: null")

@@ -47,7 +47,7 @@ import torch
 from torch.profiler import record_function
 
 from probes.adaptive_policy import Schedule
-from probes.names import DRAFT, DRAFT_EXTEND, OTHER, PREFILL, SHARDED, VERIFY, VERIFY_SAMPLE
+from probes.names import (DRAFT, DRAFT_EXTEND, OTHER, PREFILL, R_DRAFT_TOKENS, R_PHASE_MS, SHARDED, VERIFY, VERIFY_SAMPLE)
 from refengine import spec
 from refengine.comm import PHASES, Communicator
 from refengine.graphs import GROUP, LOCAL, GraphCache, chain_tail, graphed_forward, resolve_mode
@@ -750,8 +750,8 @@ class Engine:
         ms[OTHER] += max(0.0, wall - sum(ms.values()))
         self.iteration += 1
         record = {"t": time.time(), "t_launch": f.t_launch, "epoch": cfg.epoch, "steps": s, "topk": k,
-                  "num_draft_tokens": cfg.num_draft_tokens, "placement": cfg.placement, "bs": len(f.reqs),
-                  "committed": committed, "wall_ms": wall, "phase_ms": ms, "comm_ms": cms,
+                  R_DRAFT_TOKENS: cfg.num_draft_tokens, "placement": cfg.placement, "bs": len(f.reqs),
+                  "committed": committed, "wall_ms": wall, R_PHASE_MS: ms, "comm_ms": cms,
                   "comm_calls": calls, "accepted": acc_l, "ctx": ctx_l,
                   # the controller chose these steps (a pinned tier is the operator's choice)
                   "adaptive": cfg.adaptive is not None and cfg.pinned is None,

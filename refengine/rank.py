@@ -20,7 +20,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from probes.names import OTHER
+from probes.names import OTHER, R_PHASE_MS
 from refengine.messages import (Abort, ConfigApplied, PhaseRecord, ProfileDone, ProfileStart, ProfileStop, RankError,
                                 RankStats, Ready, SetConfig, Shutdown, Submit, Updates)
 
@@ -152,7 +152,7 @@ class Follower:
         self.profiler = None
         self.profile_args: dict | None = None
         self.profile_steps = 0
-        self.totals = {"phase_ms": {}, "comm_ms": {}, "iterations": 0}
+        self.totals = {R_PHASE_MS: {}, "comm_ms": {}, "iterations": 0}
         self.last_stats = 0.0
         self.last_bcast = time.monotonic()
         self.pending_config = None
@@ -266,7 +266,7 @@ class Follower:
     def _accumulate(self, record: dict) -> None:
         t = self.totals
         t["iterations"] += 1
-        for key in ("phase_ms", "comm_ms"):
+        for key in (R_PHASE_MS, "comm_ms"):
             for p, v in record[key].items():
                 t[key][p] = t[key].get(p, 0.0) + v
 

@@ -17,6 +17,8 @@ import os
 import socket
 from typing import Any
 
+from probes.names import R_PHASE_MS
+
 
 class PhaseMetrics:
     """Counters fed from finished phase-stream records of one rank."""
@@ -52,7 +54,7 @@ class PhaseMetrics:
         phase_s: dict[str, float] = {}
         at_least: dict[int, int] = {}
         for r in records:
-            for phase, ms in r.get("phase_ms", {}).items():
+            for phase, ms in r.get(R_PHASE_MS, {}).items():
                 if ms > 0:
                     phase_s[phase] = phase_s.get(phase, 0.0) + ms / 1e3
             accepted = r.get("accepted")

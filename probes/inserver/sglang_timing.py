@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 # The phase stream's phases (probes.names); `other` is wall minus the rest.
-from probes.names import DRAFT, DRAFT_EXTEND, OTHER, PREFILL, SHARDED, VERIFY, VERIFY_SAMPLE
+from probes.names import (DRAFT, DRAFT_EXTEND, OTHER, PREFILL, R_DRAFT_TOKENS, R_PHASE_MS, SHARDED, VERIFY, VERIFY_SAMPLE)
 
 # Marks the hooks open. `verify_all` is the whole EAGLEWorkerV2.verify call and `target_verify`
 # the target forward inside it, so verify_sample = verify_all - target_verify.
@@ -145,7 +145,7 @@ class PhaseTimeline:
             self._current = None
         controlled = bool(meta.get("controller", meta.get("adaptive")))
         config = ((None, meta.get("topk"), None, meta.get("placement"), True) if controlled else
-                  (meta.get("steps"), meta.get("topk"), meta.get("num_draft_tokens"),
+                  (meta.get("steps"), meta.get("topk"), meta.get(R_DRAFT_TOKENS),
                    meta.get("placement"), False))
         if self._last_config is not None and config != self._last_config:
             self.epoch += 1
@@ -236,10 +236,10 @@ class PhaseTimeline:
         rec: dict[str, Any] = {
             "seq": it.seq, "t": it.t_end, "epoch": meta["epoch"], "rank": self.rank,
             "steps": meta.get("steps"), "topk": meta.get("topk"),
-            "num_draft_tokens": meta.get("num_draft_tokens"),
+            R_DRAFT_TOKENS: meta.get(R_DRAFT_TOKENS),
             "placement": meta.get("placement", SHARDED),
             "bs": meta.get("bs"), "wall_ms": round(wall_ms, 4),
-            "phase_ms": {k: round(v, 4) for k, v in compose_phases(marks, wall_ms).items()},
+            R_PHASE_MS: {k: round(v, 4) for k, v in compose_phases(marks, wall_ms).items()},
             "simulated": bool(meta.get("simulated", False)), "emulated_comm": False,
             "adaptive": bool(meta.get("adaptive", False)),
         }

@@ -18,7 +18,7 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from probes.names import DRAFT_TOKENS, PLACEMENT, STEPS, TOPK
+from probes.names import DRAFT_TOKENS, PLACEMENT, R_DRAFT_TOKENS, STEPS, TOPK
 from refengine.server import decode_log
 from refengine.server.chat_template import ChatTemplate, ChatTemplateError, load_chat_template
 from refengine.server.generation import Admission, Generation, run_all, slot_problems
@@ -60,7 +60,7 @@ def active_tier(cfg: dict[str, Any], ps: dict[str, Any]) -> tuple[int, int]:
         return cfg["pinned"], cfg["pinned"] + 1      # a pin switches at once (the plugin's _activate)
     if cfg.get("adaptive") is not None and tier is not None and tier[0] == cfg["epoch"]:
         return tier[1], tier[2]
-    return cfg["steps"], cfg["num_draft_tokens"]
+    return cfg["steps"], cfg[R_DRAFT_TOKENS]
 
 
 def say(message: str, tp_size: int = 1) -> None:
@@ -387,7 +387,7 @@ class ServerApp:
         assert self.admission is not None
         gen = Generation(self.admission, self.tokenizer, item, speculative=self.opts.speculative,
                          context_length=self.context_length(), on_finish=finished,
-                         launch_num_draft_tokens=int(self.launch_config.get("num_draft_tokens") or 1))
+                         launch_num_draft_tokens=int(self.launch_config.get(R_DRAFT_TOKENS) or 1))
         if count:
             gen.out.latency = self.metrics.observer(streaming)   # TTFT and ITL as outputs arrive
         return gen
@@ -466,6 +466,7 @@ class ServerApp:
             per_rank = {}
         for key in ("phase_seconds", "phase_comm_seconds"):
             snap[key] = {(phase, rank): v for rank, st in per_rank.items() for phase, v in st.get(key, {}).items()}
+        snap["iterations"] = {rank: st.get("iterations", 0) for rank, st in per_rank.items()}
         ps = self.phase_stats.snapshot()
         # Collective counts per phase travel in rank 0's phase records (every rank runs the same ones).
         snap["phase_comm_calls"] = {(phase, 0): n for phase, n in ps["comm_calls"].items()}
@@ -490,7 +491,7 @@ class ServerApp:
         lc = self.launch_config
         if lc:
             d.update(speculative_num_steps=lc.get("steps"), speculative_eagle_topk=lc.get("topk"),
-                     speculative_num_draft_tokens=lc.get("num_draft_tokens"),
+                     speculative_num_draft_tokens=lc.get(R_DRAFT_TOKENS),
                      speculative_draft_placement=lc.get("placement"))
         if self.httpd is not None:
             d["port"] = self.httpd.server_address[1]  # the real port when --port 0 picked one

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from probes.names import DRAFT, DRAFT_EXTEND, VERIFY
+from probes.names import DRAFT, DRAFT_EXTEND, R_DRAFT_TOKENS, R_PHASE_MS, VERIFY
 
 # Our phase -> SGLang's forward_execution_seconds_total category (reference §7.4).
 CATEGORY = {DRAFT: "eagle_draft", DRAFT_EXTEND: "eagle_draft_extend", VERIFY: "target_verify"}
@@ -80,8 +80,8 @@ class PhaseStats:
         self.decode_tokens += committed
         steps = int(r.get("steps", 0))
         if r.get("adaptive"):
-            self.adaptive_tier = (int(r.get("epoch", -1)), steps, int(r.get("num_draft_tokens", steps + 1)))
-        phase_ms = r.get("phase_ms", {})
+            self.adaptive_tier = (int(r.get("epoch", -1)), steps, int(r.get(R_DRAFT_TOKENS, steps + 1)))
+        phase_ms = r.get(R_PHASE_MS, {})
         plain = steps == 0 and not self.speculative
         for phase, ms in phase_ms.items():
             cat = "decode" if (phase == VERIFY and plain) else CATEGORY.get(phase)
@@ -98,7 +98,7 @@ class PhaseStats:
         w.tokens += committed
         if not plain:
             accepted = [int(a) for a in r.get("accepted", [])]
-            ndt = int(r.get("num_draft_tokens", steps + 1)) if steps > 0 else 1
+            ndt = int(r.get(R_DRAFT_TOKENS, steps + 1)) if steps > 0 else 1
             n = len(accepted)
             w.verifies += n
             w.accepted += sum(accepted)

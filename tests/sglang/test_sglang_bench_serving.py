@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT / "benchmarks") not in sys.path:      # the script imports its sibling `common`
+    sys.path.insert(0, str(ROOT / "benchmarks"))
 _spec = importlib.util.spec_from_file_location(
     "sglang_bench_serving", ROOT / "benchmarks" / "sglang_bench_serving.py")
 bench = importlib.util.module_from_spec(_spec)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from probes import accept_buckets as AB
-from probes.names import DRAFT, DRAFT_EXTEND, VERIFY
+from probes.names import DRAFT, DRAFT_EXTEND, R_DRAFT_TOKENS, R_PHASE_MS, VERIFY
 from tuner.core import acceptance as A
 from tuner.core import series as S
 from tuner.core.events import EventKind
@@ -301,13 +301,13 @@ class PhaseStreamReader:
             return sum(vals) / len(vals) if vals else NAN
 
         for phase in S.PHASES:
-            out.append(Sample(t, S.phase_ms(phase), mean(_field(r, "phase_ms", phase) for r in group)))
+            out.append(Sample(t, S.phase_ms(phase), mean(_field(r, R_PHASE_MS, phase) for r in group)))
             # SGLang's plugin cannot see collectives inside CUDA graphs and leaves comm_ms out:
             # that is "not available", never 0.
             out.append(Sample(t, S.phase_comm_ms(phase), mean(_field(r, "comm_ms", phase) for r in group)))
         walls = [_num(r.get("wall_ms")) for r in group]
         out.append(Sample(t, S.PHASE_WALL_MS, mean(walls)))
-        idle = [max(0.0, w - sum(_num(v) for v in _map(r.get("phase_ms")).values()))
+        idle = [max(0.0, w - sum(_num(v) for v in _map(r.get(R_PHASE_MS)).values()))
                 for w, r in zip(walls, group)]
         out.append(Sample(t, S.PHASE_IDLE_MS, mean(idle)))
         out.append(Sample(t, S.SERVER_BATCH, mean(_num(r.get("bs")) for r in group)))
@@ -328,7 +328,7 @@ def _runs(records: list[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
     tiers inside an epoch; each record says what it ran, and a run's aggregates (acceptance by
     position above all) must not mix depths."""
     def key(r: Mapping[str, Any]) -> tuple:
-        return r.get("epoch"), r.get("steps"), r.get("topk"), r.get("num_draft_tokens")
+        return r.get("epoch"), r.get("steps"), r.get("topk"), r.get(R_DRAFT_TOKENS)
 
     runs: list[list[Mapping[str, Any]]] = []
     for r in records:

@@ -12,6 +12,7 @@ from typing import Any
 
 from probes.names import R_PHASE_MS
 from tuner.core import setting as vocab
+from tuner.core.events import EventKind
 from tuner.core.redact import redact_url
 
 
@@ -60,7 +61,7 @@ def readings(session: Any, t0: float) -> dict[str, Any]:
     out["remedies"] = session_remedies(session)
     out["still_works"] = caps.still_works if caps else ""
     out["has_phase_timers"] = bool(caps and caps.HAS_PHASE_TIMERS)
-    out["problems"] = [e.data.get("error") for e in st.events(("poll_error", "load_error"))]
+    out["problems"] = [e.data.get("error") for e in st.events((EventKind.POLL_ERROR, EventKind.LOAD_ERROR))]
     out["latency"] = latency_window(st, t0)
     return _nan_to_none(out)
 
@@ -70,7 +71,7 @@ def latency_window(st: Any, t0: float) -> dict[str, Any]:
     server's histogram buckets."""
     from tuner.core import latency as L
 
-    kinds = ("load_request", "latency_buckets", "latency_unavailable")
+    kinds = (EventKind.LOAD_REQUEST, EventKind.LATENCY_BUCKETS, EventKind.LATENCY_UNAVAILABLE)
     return L.window_readout(st.events(kinds), t0, math.inf)
 
 

@@ -232,11 +232,11 @@ class Setting:
             # Tier 0 drafts nothing (only the draft-extend runs), so no speculative knob exists for
             # it: one canonical point, whatever the server reports.
             object.__setattr__(self, "topk", 1)
-            object.__setattr__(self, "num_draft_tokens", 1)
+            object.__setattr__(self, R_DRAFT_TOKENS, 1)
             object.__setattr__(self, "placement", SHARDED)
             object.__setattr__(self, "extra", ())
         elif self.topk == 1 and self.num_draft_tokens == 0:
-            object.__setattr__(self, "num_draft_tokens", self.steps + 1)
+            object.__setattr__(self, R_DRAFT_TOKENS, self.steps + 1)
         object.__setattr__(self, "extra", tuple(sorted(dict(self.extra).items())))
         problem = setting_problem(self)
         if problem:
@@ -270,7 +270,7 @@ class Setting:
     def from_json(cls, d: Mapping[str, Any]) -> "Setting":
         """From a setting's JSON (record keys); ValueError/TypeError/KeyError when it is not one."""
         extra = tuple((k.key, d[k.key]) for k in KNOBS if k.key not in CORE and d.get(k.key) is not None)
-        return cls(int(d["steps"]), int(d.get("topk", 1)), int(d.get("num_draft_tokens", 0)),
+        return cls(int(d["steps"]), int(d.get("topk", 1)), int(d.get(R_DRAFT_TOKENS, 0)),
                    str(d.get("placement", SHARDED)), extra)
 
     @classmethod

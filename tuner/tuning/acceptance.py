@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from probes.names import R_DRAFT_TOKENS
 from tuner.tuning.observations import SettingStats
 from tuner.tuning.settings import Setting
 
@@ -94,7 +95,7 @@ class AcceptanceModel:
         return {"p": list(self.p), "alpha": list(self.alpha), "n": list(self.n),
                 "tau_chain": {str(s): [self.chain_tau(s).tau, self.chain_tau(s).sd]
                               for s in range(0, self.depth + 1)},
-                "trees": [{"steps": k[0], "topk": k[1], "num_draft_tokens": k[2],
+                "trees": [{"steps": k[0], "topk": k[1], R_DRAFT_TOKENS: k[2],
                            "tau": v[0], "se": v[1], "rounds": v[2]}
                           for k, v in sorted(self.trees.items())]}
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from probes.names import ALL_PHASES as PHASES
-from probes.names import DRAFT, DRAFT_EXTEND, DRAFT_TOKENS, PLACEMENT, PREFILL, SHARDED, STEPS, TOPK, VERIFY, VERIFY_SAMPLE
+from probes.names import (DRAFT, DRAFT_EXTEND, DRAFT_TOKENS, PLACEMENT, PREFILL, R_PHASE_MS, SHARDED, STEPS, TOPK, VERIFY, VERIFY_SAMPLE)
 from tuner.backends.phase_pages import record_config, record_knobs
 from tuner.core.setting import Setting, extra_knobs
 from tuner.core.windows import SETTLE_ITERATIONS, SETTLE_S, settled
@@ -73,7 +73,7 @@ def parse_record(rec: Mapping) -> Iteration:
         setting = Setting(steps, topk, n, str(placement), extra)
     except ValueError as e:
         raise ValueError(f"phase record {rec.get('seq', '?')}: {e}") from None
-    phases, comms = rec.get("phase_ms"), rec.get("comm_ms", {})
+    phases, comms = rec.get(R_PHASE_MS), rec.get("comm_ms", {})
     if not isinstance(phases, Mapping) or not isinstance(comms, Mapping):
         raise ValueError(f"phase record {rec.get('seq', '?')}: phase_ms/comm_ms must be objects")
     phase_ms = {p: _num(phases, p) if p in phases else 0.0 for p in PHASES}
