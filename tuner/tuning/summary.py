@@ -141,6 +141,7 @@ def summary(result: Mapping[str, Any]) -> list[str]:
                      + f" ({v['windows'][0]}+{v['windows'][1]} windows of {v['series']})")
     lines.append("predicted vs measured (* = chosen):")
     lines += table(result, limit=12)
+    lines += objective_lines(result.get("objective"), result.get("best") or {})
     if result.get("model"):
         lines.append("fitted costs:")
         lines += costs(result["model"], result["bs"])
@@ -162,4 +163,28 @@ def summary(result: Mapping[str, Any]) -> list[str]:
     if sg.get("adaptive_config"):
         lines.append("SGLang per-batch-size steps: " + " ".join(sg.get("adaptive_flags", [])))
         lines.append("  tuned-adaptive.json: " + json.dumps(sg["adaptive_config"]))
+    return lines
+
+
+def objective_lines(obj: Mapping[str, Any] | None, best: Mapping[str, Any]) -> list[str]:
+    """Under an objective (tuner.tuning.slo): each measured setting's predicted and measured latency
+    and whether it met the SLO; when none did, the nearest, said so."""
+    if not obj:
+        return []
+    slo = ",".join(obj.get("slo") or [])
+    lines = [f"objective: {obj.get('kind')}" + (f", SLO {slo}" if slo else "")
+             + (f" (judged: {', '.join(obj.get('judged') or [])})" if slo else "")]
+    lines.append(f"  {'setting':<34} {'tok/s':>7} {'pred. ITL':>16} {'measured':>28}  SLO")
+    for r in obj.get("settings", []):
+        mark = "*" if best and vocab.key_of(r) == vocab.key_of(best) else " "
+        pi, psd = r.get("predicted_itl"), r.get("predicted_itl_sd")
+        pred = "-" if pi is None else f"{pi * 1e3:.1f} ± {(psd or 0) * 1e3:.1f} ms"
+        figs = " ".join(f"{k} {v * 1e3:.1f}ms" for k, v in sorted((r.get("figures") or {}).items())
+                        if isinstance(v, (int, float)) and math.isfinite(v))
+        meets = {True: "meets", False: "misses", None: "unknown"}[r.get("meets")]
+        lines.append(f"{mark} {label(r):<34} {_num(r.get('tok_s')):>7} {pred:>16} {figs:>28}  {meets}")
+    near = obj.get("nearest")
+    if obj.get("met") is False and near:
+        lines.append(f"no setting measured meets the SLO {slo}; nearest: {label(near)} "
+                     f"({_num(near.get('tok_s'))} tok/s)")
     return lines
