@@ -51,6 +51,7 @@ from common import ROOT  # noqa: E402  (puts this checkout on sys.path)
 
 import torch  # noqa: E402
 
+import folded  # noqa: E402
 from attention_variants import matmul_floor  # noqa: E402
 from cuda_timing import graph_us  # noqa: E402
 from decode_roofline import bytes_per_token, copy_bandwidth  # noqa: E402
@@ -374,13 +375,14 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-engine", action="store_true")
     ap.add_argument("--skip-anchor", action="store_true")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--from-json", default=None, metavar="FILE", help="print the table of a saved report; run nothing")
+    ap.add_argument("--from-json", default=None, metavar="FILE[#RUN]",
+                    help="print the table of a saved report (a run of a folded results file); run nothing")
     a = ap.parse_args(argv)
     if a.from_json:
         try:
-            report = json.loads(Path(a.from_json).read_text())
+            report = folded.read(a.from_json)
             print("\n".join(table_lines(report)))
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError) as e:       # FoldedError is a ValueError
             print(f"batch_cost: --from-json {a.from_json}: not a batch_cost report ({type(e).__name__}: {e})",
                   file=sys.stderr)
             return 2

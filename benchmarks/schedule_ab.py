@@ -56,6 +56,7 @@ from typing import Any
 
 from common import ROOT  # noqa: E402  (puts this checkout on sys.path)
 
+import folded  # noqa: E402
 import schedule_stats as st  # noqa: E402
 from engine_runs import PAPER_TAU_T1, base_env, published_curve, workload_curve  # noqa: E402
 from probes import adaptive_policy  # noqa: E402
@@ -601,12 +602,11 @@ def parse(argv: list[str] | None):
 
 
 def read_json(path: str, what: str) -> Any:
+    """FILE, or FILE#RUN: a run of a folded results file (benchmarks/folded.py)."""
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise st.PlanError(f"{what} {path}: {e.strerror or e}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise st.PlanError(f"{what} {path}: not JSON ({str(e).splitlines()[0]})") from None
+        return folded.read(path)
+    except folded.FoldedError as e:
+        raise st.PlanError(f"{what} {e}") from None
 
 
 def table_from(path: str, a) -> dict[str, Any]:

@@ -14,9 +14,11 @@ the tuner's final choice against the grid (within that target or not); and what 
 policy (SGLang's adaptive steps, which never moves the draft off the TP group) would run, with its
 grid tok/s. Each scenario records the host's load average before and after.
 
-    python benchmarks/tuner_vs_grid.py --summarise run1.json run2.json ...
+    python benchmarks/tuner_vs_grid.py --summarise benchmarks/results/tuner_vs_grid_cpu_2core.json
 
-prints the median and range over several runs' files (the figures move with the host's load).
+prints the median and range over several runs (the figures move with the host's load): the runs of
+a series file, or of several run files. `--out FILE` adds the run to FILE's series
+(benchmarks/folded.py), so repeated runs of one question stay one file.
 
     python benchmarks/tuner_vs_grid.py --head-to-head 4:replicated,5:replicated --repeats 8 \
         --emulate-comm-latency 3000
@@ -45,6 +47,8 @@ import time
 from pathlib import Path
 
 from common import ROOT  # noqa: E402  (puts this checkout on sys.path)
+
+import folded  # noqa: E402
 
 from tuner.backends import connect  # noqa: E402
 from tuner.commands.attach import builtin_prompts  # noqa: E402
@@ -333,11 +337,12 @@ def summarise(paths: list[Path]) -> list[str]:
     by: dict[str, list[dict]] = {}
     for path in paths:
         try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise SystemExit(f"tuner_vs_grid: cannot read {path}: {e}") from None
-        for r in doc.get("results", []):
-            by.setdefault(str(r["emulate_comm_latency"] or "none"), []).append(r)
+            docs = folded.runs(folded.read(path))
+        except folded.FoldedError as e:
+            raise SystemExit(f"tuner_vs_grid: cannot read {e}") from None
+        for doc in docs:
+            for r in doc.get("results", []) if isinstance(doc, dict) else []:
+                by.setdefault(str(r["emulate_comm_latency"] or "none"), []).append(r)
 
     def spread(vals: list[float], fmt: str) -> str:
         vals = [v for v in vals if v is not None and math.isfinite(v)]
@@ -492,8 +497,8 @@ def main(argv: list[str] | None = None) -> int:
         for line in report(results[-1]):
             print(line, flush=True)
         if args.out:   # after every scenario, so a run cut short keeps what it measured
-            args.out.write_text(json.dumps({"argv": argv or sys.argv[1:], "results": results},
-                                           indent=1, default=str) + "\n")
+            folded.append_run(args.out, {"argv": argv or sys.argv[1:], "results": results},
+                              replace_last=len(results) > 1)
     print("\n== summary (command: python benchmarks/tuner_vs_grid.py " + " ".join(argv or sys.argv[1:]) + ")")
     for r in results:
         for line in report(r):

@@ -279,7 +279,7 @@ class EngineOptions:
     torch_compile_mode: str = "auto"
     """Inductor mode: default or max-autotune-no-cudagraphs (CUDA graphs are refengine.graphs'); auto =
     SGLang's choice: $SGLANG_TORCH_COMPILE_MODE if set, else max-autotune-no-cudagraphs on CUDA (its GEMM autotuning was worth 5 % of batch-1
-    decode on the H200: benchmarks/results/decode_roofline_h200_overlap_autotune.json) and default on CPU."""
+    decode on the H200: benchmarks/results/overlap_h200.json, run decode_roofline_h200_overlap_autotune) and default on CPU."""
     torch_compile_backend: str = "inductor"
     """inductor, or aot_eager: traced and checked like inductor but no code generated (CPU tests)."""
 

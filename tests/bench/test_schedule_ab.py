@@ -259,7 +259,8 @@ def test_intervals_resample_cycles_so_a_same_steps_phase_is_not_called_a_loss():
     The verdict stays MISS, on the means."""
     import schedule_ab as sa
 
-    run = json.loads((ROOT / "benchmarks" / "results" / "schedule_ab_cpu_llama_small_ab.json").read_text())
+    run = json.loads((ROOT / "benchmarks" / "results" / "schedule_ab_cpu.json").read_text())[
+        "schedule_ab_cpu_llama_small_ab"]
     assert run["ab"]["ratios"]["acceptance"]["16"][2] < 1.0          # what the window-level bootstrap said
 
     class Plan(_Plan):

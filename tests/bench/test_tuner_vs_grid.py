@@ -44,3 +44,26 @@ def test_head_to_head_takes_two_different_chain_settings():
     for bad in ("4:replicated", "4,4", "x,5", "4:nowhere,5"):
         with pytest.raises(SystemExit, match="--head-to-head"):
             tvg.parse_pair(bad)
+
+
+def test_summarise_reads_the_committed_series_and_out_extends_it(tmp_path):
+    """The quiet 2-core runs are one series file (benchmarks/folded.py): --summarise reads all six,
+    and --out adds a run to a series instead of writing a file per run."""
+    import folded
+
+    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    series = results / "tuner_vs_grid_cpu_2core.json"
+    assert len(folded.runs(folded.read(series))) == 6
+    lines = tvg.summarise([series])
+    assert lines and any("slow link" in ln for ln in lines) and any("no emulated latency" in ln for ln in lines)
+    out = tmp_path / "series.json"
+    run = {"argv": [], "results": []}
+    folded.append_run(out, run)
+    folded.append_run(out, {**run, "argv": ["a"]})
+    folded.append_run(out, {**run, "argv": ["b"]}, replace_last=True)   # the same run, grown
+    assert [r["argv"] for r in folded.runs(folded.read(out))] == [[], ["b"]]
+    with pytest.raises(folded.FoldedError, match="no run 'nope'"):
+        folded.read(f"{series}#nope")
+    with pytest.raises(folded.FoldedError, match="not JSON"):
+        (tmp_path / "bad.json").write_text("{")
+        folded.read(tmp_path / "bad.json")
