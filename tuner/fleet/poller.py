@@ -134,8 +134,14 @@ class FleetPoller:
             slot.held.set()
             return slot.session
 
-    def give_back(self, name: str) -> None:
-        self._slots[name].held.clear()
+    def give_back(self, name: str, closed: bool = False) -> None:
+        """Tick the member's session again; `closed`: the caller closed it (the single-server view
+        closes its session on exit), so the member's thread connects anew."""
+        slot = self._slots[name]
+        if closed:
+            with self._lock:
+                slot.session = None
+        slot.held.clear()
 
     def sessions(self) -> dict[str, Any]:
         """The connected members' sessions now (for a setting change: set_config is thread-safe)."""
