@@ -47,9 +47,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draft placements to consider (default: every one the server can set live; "
                              "with --schedule: sharded)")
     parser.add_argument("--no-off", action="store_true", help="do not consider tier 0 (steps 0, draft kept warm)")
+    add_objective_arguments(parser)
     add_schedule_arguments(parser)
     add_load_arguments(parser, tui=False)      # headless: no l key
     parser.set_defaults(load=4)
+
+
+def add_objective_arguments(parser: argparse.ArgumentParser) -> None:
+    """--objective and --slo (tuner.tuning.slo); the TUI's tune key takes the same."""
+    from tuner.tuning.slo import OBJECTIVES
+    parser.add_argument("--objective", choices=OBJECTIVES, default="throughput",
+                        help="throughput (highest tok/s) or latency (lowest p99 inter-token latency)")
+    parser.add_argument("--slo", default=None, metavar="TERMS",
+                        help="highest tok/s subject to e.g. 'itl_p99<=40ms,ttft_p99<=2s' "
+                             "(ttft, queue and e2e terms are judged only under --rate)")
+
+
+def objective_of(args: argparse.Namespace):
+    """The Objective of --objective/--slo/--rate; SloError (one line) when the SLO does not parse."""
+    from tuner.tuning.slo import Objective, parse_slo
+    return Objective(args.objective, parse_slo(args.slo) if args.slo else (), open_loop=bool(args.rate))
 
 
 def _say(line: str) -> None:
@@ -73,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         budget = parse_duration(args.budget)
         prompts = prompts_for(args) if args.load > 0 else []
+        args.objective_obj = objective_of(args)      # SloError is a ValueError: one line, status 2
     except (OSError, ValueError) as e:
         return fail("tune", e, 2)
     trees = any(k > 1 for k in args.topk) and not args.draft_tokens and "trees (--topk > 1) need --draft-tokens"
@@ -107,13 +125,15 @@ def _tune(args: argparse.Namespace, opened, budget: float, prompts: list[dict]) 
     try:
         if args.schedule:
             return run_schedule(args, backend, session, driver, space, prompts, budget, _say)
-        tuner = Tuner(session, space, TunerOptions(budget_s=budget, apply_best=args.apply), runner=InlineRunner())
+        tuner = Tuner(session, space, TunerOptions(budget_s=budget, apply_best=args.apply,
+                                                   objective=args.objective_obj), runner=InlineRunner())
         if args.load > 0:
             session.start_load(prompts, args.load, args.max_new_tokens)
         _say(f"tuning {args.url} ({backend.kind}); load: "
              + (f"Poisson arrivals of {args.rate:g} requests/s, at most {args.load} in flight" if args.rate
                 else f"{args.load} requests in flight" if args.load else "the server's own traffic")
-             + "".join(f"\n{n}" for n in [steps_left_out(caps, args.max_steps)] if n))
+             + "".join(f"\n{n}" for n in [steps_left_out(caps, args.max_steps)] if n)
+             + ("" if args.objective_obj.plain else f"\nobjective: {args.objective_obj.describe()}"))
         driver.start_tuner(tuner)
         for ctrl_c in (1, 2):     # the first cancels the tuner, which puts the server back; the second quits
             try:

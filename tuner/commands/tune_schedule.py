@@ -90,6 +90,7 @@ def sweep(args: argparse.Namespace, backend: Any, session: Any, driver: Any, spa
           prompts: list[dict], budget_s: float, say: Callable[[str], None]) -> tuple[list, list[int], list[str]]:
     """Run the tuner at each load; (settled iterations, loads swept, problems)."""
     from tuner.tuning.live import InlineRunner, Tuner, TunerOptions, TuningError
+    from tuner.tuning.slo import Objective
     from tuner.tuning.schedule import loads_to_sweep
 
     cap = max_running(backend)
@@ -106,7 +107,8 @@ def sweep(args: argparse.Namespace, backend: Any, session: Any, driver: Any, spa
         say(f"load {load} in flight: tuning for {share:.0f} s" if load else
             f"the server's own traffic: tuning for {share:.0f} s")
         try:
-            tuner = Tuner(session, space, TunerOptions(budget_s=share, apply_best=False, max_rounds=1),
+            tuner = Tuner(session, space, TunerOptions(budget_s=share, apply_best=False, max_rounds=1,
+                                                       objective=getattr(args, "objective_obj", None) or Objective()),
                           runner=InlineRunner())
         except TuningError as e:
             raise ScheduleError(str(e)) from None

@@ -26,6 +26,7 @@ from probes.names import DRAFT_TOKENS, PLACEMENT, REPLICATED, SHARDED, STEPS, TO
 from tuner.core.setting import extra_knobs
 from tuner.core import timeline
 from tuner.core import windows as core_windows
+from tuner.core.events import EventKind
 from tuner.core.records import Event
 from probes.adaptive_policy import acceptance_only_pick
 from tuner.tuning.cost_model import CostModel, Prediction, best, fit_cost_model, recommend
@@ -34,6 +35,7 @@ from tuner.tuning.observations import Iteration, parse_record, summarise
 from tuner.tuning.phase_feed import PhaseFeed
 from tuner.tuning.probing import next_probes
 from tuner.tuning.settings import Setting
+from tuner.tuning.slo import LATENCY, Objective, itl_values, predicted_itl
 
 
 class TuningError(Exception):
@@ -110,6 +112,7 @@ class TunerOptions:
     max_rounds: int = 3              # verifications at most
     apply_best: bool = True          # leave the best applied (else restore the starting setting)
     stall_s: float = 20.0            # no iteration of a setting for this long: say so
+    objective: Objective = Objective()   # what proposals and verdicts judge (tuner.tuning.slo)
 
 
 class InlineRunner:
@@ -199,10 +202,14 @@ class TuningResult:
     # Settings measured faster than the pick beyond the probes' noise and never judged by an A/B:
     # said beside the result, never silently dropped (probe tok/s, ratio to the pick's).
     unverified_leads: tuple[tuple[Setting, float], ...] = ()
+    # Under an objective other than plain throughput: what it was, each measured setting's latency
+    # figures and whether it met the SLO, and the nearest setting when none did (Tuner._objective_report).
+    objective: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict:
         ao = self.acceptance_only
-        return {
+        extra = {"objective": dict(self.objective)} if self.objective is not None else {}
+        return {**extra,
             "initial": self.initial.to_json(), "best": self.best.to_json(),
             "applied": self.applied.to_json(), "bs": self.bs, "stop_reason": self.stop_reason,
             "elapsed_s": round(self.elapsed_s, 3), "probes": self.probes,
@@ -639,6 +646,8 @@ class Tuner:
         assert self._incumbent is not None
         pool = [p for p in self.predictions
                 if p.setting not in self._rejected and p.setting not in self._verified]
+        if not self.opts.objective.plain:
+            return self._propose_for_objective(now, pool)
         cand = best(pool)
         inc_pred = self._predicted(self._incumbent)
         if cand is None or cand.setting == self._incumbent:
@@ -651,6 +660,128 @@ class Tuner:
         if gain < self.opts.noise_floor:
             return self._lead_or_stop(now, f"next candidate predicted {gain * 100:+.1f} %, within noise")
         return self._start_ab(now, cand, gain, inc_pred)
+
+    def _acceptance_p(self) -> tuple[float, ...]:
+        return tuple(self.model.acceptance.p) if self.model is not None else ()
+
+    def _propose_for_objective(self, now: float, pool: list[Prediction]) -> None:
+        """The objective's pick (tuner.tuning.slo.Objective.pick) against the incumbent: A/B'd when
+        it is predicted to do better by the objective beyond the noise floor."""
+        assert self._incumbent is not None
+        obj, p = self.opts.objective, self._acceptance_p()
+        cand, _meets = obj.pick(pool, p)
+        inc_pred = self._predicted(self._incumbent)
+        if cand is None or cand.setting == self._incumbent:
+            return self._next_round(now, "the previous best is the predicted best" if self._rounds
+                                    else "the starting setting is the predicted best")
+        q = obj.itl_q()
+        c_itl = predicted_itl(cand, p, q)[0]
+        i_itl = predicted_itl(inc_pred, p, q)[0] if inc_pred is not None else math.nan
+        term = obj.itl_term
+        if obj.kind == LATENCY or (term is not None and math.isfinite(i_itl) and i_itl > term.limit_s):
+            # Latency first (or the incumbent is predicted over the SLO): the gain is in p99 ITL.
+            gain = i_itl / c_itl - 1 if c_itl > 0 and math.isfinite(i_itl) else math.inf
+        elif inc_pred is not None and inc_pred.tok_s:
+            gain = cand.tok_s / inc_pred.tok_s - 1           # type: ignore[operator]
+        else:
+            gain = math.inf
+        if gain < self.opts.noise_floor:
+            return self._next_round(now, f"next candidate predicted {gain * 100:+.1f} % by the objective, "
+                                         "within noise")
+        return self._start_ab(now, cand, gain, inc_pred)
+
+    def _figures(self, jobs: Sequence[_Job] | None = None, setting: Setting | None = None) -> dict[str, float]:
+        """Measured latency figures {itl_p99: s, ...} of the objective's terms: ITL from the phase
+        records of `jobs` (or every settled iteration of `setting`), TTFT/queue/e2e from the load
+        driver's requests timed wholly inside those spans."""
+        from tuner.core import latency as L
+        obj = self.opts.objective
+        if jobs is not None:
+            iters = [i for j in jobs for i in j.iters]
+            spans = [(j.settled_at, j.end_at) for j in jobs if math.isfinite(j.settled_at)]
+        else:
+            iters = [i for i in self._iters if i.setting == setting]
+            spans = [(j.settled_at, j.end_at) for j in self._done_jobs
+                     if j.setting == setting and math.isfinite(j.settled_at) and j.measure_s > 0]
+        out: dict[str, float] = {}
+        itl = itl_values(iters)
+        names = {t.name for t in obj.slo} | {f"itl_p{round(obj.itl_q() * 100)}"}
+        for name in names:
+            kind, q = name.split("_p")[0], int(name.split("_p")[1]) / 100
+            if kind == "itl":
+                out[name] = L.percentile(itl, q)
+            else:
+                store = getattr(self.session, "store", None)
+                evs = store.events(EventKind.LOAD_REQUEST) if store is not None else []
+                reqs = [r for a, b in spans for r in L.requests_in(evs, a, b)]
+                out[name] = L.figure(reqs, kind, q)
+        return out
+
+    def _judge_objective(self, c_jobs: Sequence[_Job], i_jobs: Sequence[_Job], tok_verdict: str
+                         ) -> tuple[str, dict[str, Any]]:
+        """The verdict under the objective, with its figures: latency compares the p99 ITL of 1-s
+        windows (ratio of medians, bootstrap interval); an SLO: meeting it beats missing it, both
+        meeting is the tok/s verdict, both missing goes to the nearer."""
+        obj = self.opts.objective
+        fc, fi = self._figures(c_jobs), self._figures(i_jobs)
+        mc, mi = obj.meets(fc), obj.meets(fi)
+        info: dict[str, Any] = {"objective": obj.to_json(), "candidate_figures": fc, "incumbent_figures": fi,
+                                "candidate_meets": mc, "incumbent_meets": mi}
+        if obj.kind == LATENCY:
+            q = obj.itl_q()
+            cw, iw = self._itl_windows(c_jobs, q), self._itl_windows(i_jobs, q)
+            if len(cw) < 2 or len(iw) < 2:
+                return "same", info
+            ratio, lo, hi = core_windows.ratio_of_medians(iw, cw)     # p99 ITL candidate / incumbent
+            info.update(itl_ratio=ratio, itl_lo=lo, itl_hi=hi)
+            # A higher ITL is worse: the tok/s words turn round.
+            return {core_windows.BETTER: "worse", core_windows.WORSE: "better"}.get(
+                core_windows.judge(lo, hi), "same"), info
+        if mc is None or mi is None:
+            return "same", info
+        if mc and not mi:
+            return "better", info
+        if mi and not mc:
+            return "worse", info
+        if mc and mi:
+            return tok_verdict, info
+        dc, di = obj.miss(fc), obj.miss(fi)
+        return ("better" if dc < di else "worse" if dc > di else "same"), info
+
+    def _itl_windows(self, jobs: Sequence[_Job], q: float) -> list[float]:
+        """The q-quantile ITL of each 1-s window of the jobs' phase records."""
+        from tuner.core.latency import percentile
+        out: list[float] = []
+        for j in jobs:
+            if not j.iters:
+                continue
+            t0, width = j.iters[0].t, core_windows.WINDOW_S
+            for w in range(int((j.iters[-1].t - t0) // width)):
+                v = itl_values(i for i in j.iters if t0 + w * width <= i.t < t0 + (w + 1) * width)
+                if v:
+                    out.append(percentile(v, q))
+        return out
+
+    def _objective_report(self) -> dict[str, Any] | None:
+        """For the result: the objective, each measured setting's figures (predicted and measured
+        ITL, tok/s, whether it meets the SLO) and, when no setting met it, the nearest."""
+        obj = self.opts.objective
+        if obj.plain:
+            return None
+        p, q = self._acceptance_p(), obj.itl_q()
+        rows = []
+        for s in sorted(self.measured, key=lambda x: x.label()):
+            f = self._figures(setting=s)
+            pred = self._predicted(s)
+            pi, psd = predicted_itl(pred, p, q) if pred is not None else (math.nan, math.nan)
+            rows.append({**s.to_json(), "tok_s": self.measured[s], "figures": f, "meets": obj.meets(f),
+                         "predicted_itl": None if math.isnan(pi) else pi,
+                         "predicted_itl_sd": None if math.isnan(psd) else psd})
+        met = [r for r in rows if r["meets"]]
+        out: dict[str, Any] = {**obj.to_json(), "settings": rows, "met": bool(met) if obj.slo else None}
+        if obj.slo and not met and rows:
+            out["nearest"] = min(rows, key=lambda r: obj.miss(r["figures"]))
+        return out
 
     def _lead_or_stop(self, now: float, reason: str) -> None:
         """The model has nothing better to try: a setting measured clearly faster than the incumbent
@@ -737,7 +868,7 @@ class Tuner:
             self._emit(EventKinds.PROBLEM, now, {"message": "A/B had too few tok/s windows to compare"})
             return self._finish(now, "A/B without data")
         ratio, lo, hi = core_windows.ratio_of_medians(iw, cw)
-        if lo <= 1 <= hi and len(c_jobs) < self.opts.ab_max_pairs \
+        if lo <= 1 <= hi and len(c_jobs) < self.opts.ab_max_pairs and self.opts.objective.plain \
                 and now - self._t0 + 2 * (self.opts.settle_s + self.opts.ab_segment_s) \
                 + self._completion_reserve() < self.opts.budget_s:
             # Not decided yet: one more interleaved pair narrows the interval.
@@ -751,9 +882,12 @@ class Tuner:
         self._refit(now)
         pr = self._predicted_ratio
         verdict = {core_windows.BETTER: "better", core_windows.WORSE: "worse"}.get(core_windows.judge(lo, hi), "same")
+        judged: dict[str, Any] = {}
+        if not self.opts.objective.plain:
+            verdict, judged = self._judge_objective(c_jobs, i_jobs, verdict)
         outcome = ABOutcome(cand, inc, verdict, ratio, lo, hi, pr, len(cw), len(iw), series)
         self.verifications.append(outcome)
-        self._emit(EventKinds.VERIFIED, now, outcome.to_json())
+        self._emit(EventKinds.VERIFIED, now, {**outcome.to_json(), **judged})
         if verdict == "better":
             self._verified.add(cand)
             self._incumbent = cand
@@ -762,7 +896,8 @@ class Tuner:
             self._rejected.add(cand)
             self._emit(EventKinds.ROLLED_BACK, now, {"setting": cand.to_json(), "to": inc.to_json(),
                                                      "reason": f"measured {(ratio - 1) * 100:+.1f} % "
-                                                               f"[{(lo - 1) * 100:+.1f}, {(hi - 1) * 100:+.1f}]"})
+                                                               f"[{(lo - 1) * 100:+.1f}, {(hi - 1) * 100:+.1f}]"
+                                                     if self.opts.objective.plain else _objective_words(judged)})
             return self._next_round(now, None)
         # Within noise: keep the previous best (no change is the cheaper bet), and while the budget
         # allows another A/B, try the next-best candidate rather than stopping on one tie.
@@ -831,9 +966,27 @@ class Tuner:
             predictions=tuple(self.predictions), model=self.model, acceptance_only=ao,
             measured_tok_s=dict(self.measured),
             advice=derive_advice(best_s, self.predictions, self.model, ao, bs),
-            unverified_leads=self._unverified_leads(best_s))
+            unverified_leads=self._unverified_leads(best_s) if self.opts.objective.plain else (),
+            objective=self._objective_report())
+        report = self.result.objective
+        if report is not None and report.get("met") is False and report.get("nearest"):
+            near = report["nearest"]
+            self._emit(EventKinds.PROBLEM, now, {
+                "message": f"no setting measured meets the SLO {','.join(report['slo'])}; nearest: "
+                           f"{Setting.from_json(near).label()} ({_figure_words(near['figures'])}, "
+                           f"{near['tok_s']:.1f} tok/s)"})
         self._emit(EventKinds.FINISHED, now, self.result.to_json())
         self.state = State.DONE
         self.stage = Stage.DONE
         # The outcome's words are the result line's (tuner.tuning.summary), shown beside this.
         self.status = f"done after {now - self._t0:.0f} s"
+
+
+def _figure_words(f: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in sorted(f.items()) if isinstance(v, float) and math.isfinite(v))
+
+
+def _objective_words(judged: Mapping[str, Any]) -> str:
+    """Why a candidate lost under the objective, in a line."""
+    return (f"by the objective: {_figure_words(judged.get('candidate_figures', {}))} against "
+            f"{_figure_words(judged.get('incumbent_figures', {}))}")
