@@ -9,7 +9,8 @@ from tests.tuning.synth import Truth
 from tuner.core.clock import ManualClock
 from tuner.core.records import thaw
 from tuner.core.session import Session
-from tuner.tuning.live import EventKinds, InlineRunner, Tuner, TunerOptions, TuningError, probe_plan
+from tuner.core.events import TuningKind
+from tuner.tuning.live import InlineRunner, Tuner, TunerOptions, TuningError, probe_plan
 from tuner.tuning.settings import Setting, settings_space
 
 SPACE = settings_space(7)
@@ -36,15 +37,15 @@ def test_tuner_finds_the_best_chain_and_verifies_it():
     assert truth.tok_s(res.best, 2) >= 0.97 * truth.tok_s(true_best, 2)
     assert engine.setting == res.best == res.applied
     ks = kinds(session)
-    assert ks[0] == EventKinds.STARTED and ks[-1] == EventKinds.FINISHED
-    assert EventKinds.PREDICTION in ks and EventKinds.APPLIED in ks and EventKinds.VERIFIED in ks
+    assert ks[0] == TuningKind.STARTED and ks[-1] == TuningKind.FINISHED
+    assert TuningKind.PREDICTION in ks and TuningKind.APPLIED in ks and TuningKind.VERIFIED in ks
     v = res.verifications[0]
     assert v.incumbent == Setting(1) and v.verdict == "better"
     # The measured gain agrees with the prediction within the A/B interval (+ a little).
     assert v.lo - 0.05 <= v.predicted_ratio <= v.hi + 0.05
     # Far less time than measuring every setting the same way (8 settings × (2 s settle + 3 s)).
     assert took < 8 * 5 * 3
-    doc = json.loads(json.dumps(thaw(session.store.events(EventKinds.FINISHED)[0].data)))
+    doc = json.loads(json.dumps(thaw(session.store.events(TuningKind.FINISHED)[0].data)))
     assert doc["best"] == res.best.to_json() and doc["model"]["version"] == 1
     assert doc["sglang"]["adaptive_config"]["1"]["candidate_steps"] == [res.best.steps]
 
@@ -58,7 +59,7 @@ def test_slow_link_moves_the_draft_off_the_tp_group():
     assert res.best.placement == "replicated"
     true_best = max(space, key=lambda s: truth.tok_s(s, 2))
     assert truth.tok_s(res.best, 2) >= 0.97 * truth.tok_s(true_best, 2)
-    probes = [thaw(e.data)["setting"] for e in session.store.events(EventKinds.PROBE)]
+    probes = [thaw(e.data)["setting"] for e in session.store.events(TuningKind.PROBE)]
     assert any(p["placement"] == "replicated" for p in probes)
 
 
@@ -70,13 +71,13 @@ def test_slow_link_proposes_after_three_probes_and_completes_the_table_after():
     clock, engine, session, tuner = make(truth, space, start=Setting(5))
     drive(clock, engine, session, tuner)
     evs = [e for e in session.store.events() if e.kind.startswith("tuning_")]
-    first = next(i for i, e in enumerate(evs) if e.kind == EventKinds.APPLIED)
-    before = [thaw(e.data)["setting"] for e in evs[:first] if e.kind == EventKinds.PROBE]
+    first = next(i for i, e in enumerate(evs) if e.kind == TuningKind.APPLIED)
+    before = [thaw(e.data)["setting"] for e in evs[:first] if e.kind == TuningKind.PROBE]
     assert [(p["steps"], p["placement"]) for p in before] == [(5, "sharded"), (7, "replicated"),
                                                               (1, "replicated")]
     assert thaw(evs[first].data)["setting"]["placement"] == "replicated"
     after = [thaw(e.data)["setting"] for e in evs[first:]
-             if e.kind == EventKinds.PROBE and thaw(e.data)["purpose"] == "probe"]
+             if e.kind == TuningKind.PROBE and thaw(e.data)["purpose"] == "probe"]
     assert [(p["steps"], p["placement"]) for p in after] == [(7, "sharded")]
     res = tuner.result
     true_best = max(space, key=lambda s: truth.tok_s(s, 2))
@@ -93,7 +94,7 @@ def test_with_collectives_inside_cuda_graphs_the_other_placements_are_measured()
     space = settings_space(7, placements=("sharded", "replicated"))
     clock, engine, session, tuner = make(truth, space, start=Setting(5), graphs=True)
     drive(clock, engine, session, tuner)
-    probes = [thaw(e.data)["setting"] for e in session.store.events(EventKinds.PROBE)]
+    probes = [thaw(e.data)["setting"] for e in session.store.events(TuningKind.PROBE)]
     assert any(p["placement"] == "replicated" for p in probes)
     res = tuner.result
     assert res.best.placement == "replicated"
@@ -107,7 +108,7 @@ def test_a_worse_candidate_is_rolled_back():
     # The predicted best is secretly slow (something the linear costs cannot know).
     clock, engine, session, tuner = make(truth, SPACE, start=Setting(1), penalty={true_best: 1.6})
     drive(clock, engine, session, tuner)
-    assert EventKinds.ROLLED_BACK in kinds(session)
+    assert TuningKind.ROLLED_BACK in kinds(session)
     res = tuner.result
     assert res.best != true_best and engine.setting == res.best
     assert any(v.setting == true_best and v.verdict == "worse" for v in res.verifications)
@@ -117,7 +118,7 @@ def test_refused_setting_is_skipped():
     truth = Truth()
     clock, engine, session, tuner = make(truth, SPACE, start=Setting(2), refuse={Setting(0)})
     drive(clock, engine, session, tuner)
-    refused = [thaw(e.data) for e in session.store.events(EventKinds.REFUSED)]
+    refused = [thaw(e.data) for e in session.store.events(TuningKind.REFUSED)]
     assert refused and refused[0]["setting"]["steps"] == 0 and "refused" in refused[0]["reason"]
     assert tuner.state == "done"
 
@@ -168,7 +169,7 @@ def test_malformed_records_are_counted_not_fatal():
         session.tick()
         tuner.step()
     assert tuner.bad_records == 1
-    assert EventKinds.PROBLEM in kinds(session)
+    assert TuningKind.PROBLEM in kinds(session)
 
 
 def test_extra_ab_pairs_leave_room_for_the_held_back_probes(monkeypatch):
@@ -194,7 +195,7 @@ def test_extra_ab_pairs_leave_room_for_the_held_back_probes(monkeypatch):
     space = settings_space(7, placements=("sharded", "replicated"))
     clock, engine, session, tuner = make(truth, space, TunerOptions(budget_s=50), start=Setting(5))
     drive(clock, engine, session, tuner)
-    probes = [thaw(e.data) for e in session.store.events(EventKinds.PROBE)]
+    probes = [thaw(e.data) for e in session.store.events(TuningKind.PROBE)]
     assert (7, "sharded") in [(p["setting"]["steps"], p["setting"]["placement"]) for p in probes
                               if p["purpose"] == "probe"]
     assert all(p.tok_s is not None for p in tuner.result.predictions)

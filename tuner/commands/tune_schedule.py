@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 
 from probes.names import SHARDED, STEPS
 from tuner.commands.options import fail
+from tuner.core.events import TuningKind
 
 SCHEDULE_PLACEMENTS = [SHARDED]
 """A schedule's tiers are chain steps per batch size on one placement: the draft inside the TP
@@ -124,7 +125,7 @@ def sweep(args: argparse.Namespace, backend: Any, session: Any, driver: Any, spa
         iters += tuner.iterations
         if tuner.result is None:
             problems.append(f"load {load}: {tuner.status}")
-        refused = [e for e in session.store.events("tuning_refused", t_start, session.now() + 1)]
+        refused = [e for e in session.store.events(TuningKind.REFUSED, t_start, session.now() + 1)]
         if refused:
             labels = sorted({_label(e.data.get("setting")) for e in refused})
             problems.append(f"load {load}: the server refused {', '.join(labels)}"

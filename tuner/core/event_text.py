@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping
 
 from tuner.core import setting as vocab
 from tuner.core.events import EventKind as K
+from tuner.core.events import TuningKind as TK
 
 
 @dataclass(frozen=True)
@@ -157,19 +158,19 @@ _TEXTS: dict[str, Callable[[Mapping[str, Any]], EventText | None]] = {
     K.RECORDING_GAP: lambda d: EventText(f"recording gap: {d.get('reason', '?')}", "warn"),
     K.SERVER_INFO: lambda d: EventText(f"server: {d.get('kind', '?')} {d.get('version', '')} · {d.get('model', '')}",
                                        "dim"),
-    # The tuner's events (tuner.tuning.live.EventKinds; named here as strings: core never imports tuning).
-    "tuning_started": _tuning_started,
-    "tuning_probe": lambda d: EventText(f"measured {setting_words(d.get('setting'))} ({d.get('purpose', '?')}): "
-                                        f"{_num(d.get('tok_s'))} tok/s over {d.get('n', '?')} iterations", "dim"),
-    "tuning_prediction": _tuning_prediction,
-    "tuning_applied": _tuning_applied,
-    "tuning_verified": _tuning_verified,
-    "tuning_rolled_back": lambda d: EventText(f"rolled back {setting_words(d.get('setting'))} to "
-                                              f"{setting_words(d.get('to'))}: {d.get('reason', '')}", "warn"),
-    "tuning_refused": lambda d: EventText(f"the server refused {setting_words(d.get('setting'))}: "
-                                          f"{d.get('reason', '')}", "warn"),
-    "tuning_problem": lambda d: EventText(f"tuning problem: {d.get('message', '?')}", "warn"),
-    "tuning_finished": lambda d: _tuning_finished(d),
+    # The tuner's events (tuner.tuning.live emits them).
+    TK.STARTED: _tuning_started,
+    TK.PROBE: lambda d: EventText(f"measured {setting_words(d.get('setting'))} ({d.get('purpose', '?')}): "
+                                  f"{_num(d.get('tok_s'))} tok/s over {d.get('n', '?')} iterations", "dim"),
+    TK.PREDICTION: _tuning_prediction,
+    TK.APPLIED: _tuning_applied,
+    TK.VERIFIED: _tuning_verified,
+    TK.ROLLED_BACK: lambda d: EventText(f"rolled back {setting_words(d.get('setting'))} to "
+                                        f"{setting_words(d.get('to'))}: {d.get('reason', '')}", "warn"),
+    TK.REFUSED: lambda d: EventText(f"the server refused {setting_words(d.get('setting'))}: "
+                                    f"{d.get('reason', '')}", "warn"),
+    TK.PROBLEM: lambda d: EventText(f"tuning problem: {d.get('message', '?')}", "warn"),
+    TK.FINISHED: lambda d: _tuning_finished(d),
 }
 
 

@@ -72,6 +72,30 @@ class EventKind:
     """Free text from the operator or a tool. data: text."""
     RECORDING_GAP = "recording_gap"
     """Written by readers for records they could not read. data: reason."""
+    CONTROLLER_CHECK = "controller_check"
+    """SGLang's adaptive controller checked against the tuner's cost model
+    (tuner.tuning.controller_check's JSON: source, approximate, placement, rows, overall, note)."""
+
+
+TUNING_PREFIX = "tuning_"
+
+
+class TuningKind:
+    """The events the live tuner (tuner.tuning.live) puts on the bus; the data keys beside each."""
+
+    STARTED = "tuning_started"        # space, probes, budget_s, initial
+    PROBE = "tuning_probe"            # setting, purpose, n, tok_s, terms_ms
+    PREDICTION = "tuning_prediction"  # bs, best, predictions, model
+    APPLIED = "tuning_applied"        # setting, predicted_tok_s, sd, incumbent, predicted_gain
+    VERIFIED = "tuning_verified"      # setting, incumbent, verdict, ratio, lo, hi, predicted_ratio, windows, series
+    ROLLED_BACK = "tuning_rolled_back"  # setting, to, reason
+    REFUSED = "tuning_refused"        # setting, reason
+    FINISHED = "tuning_finished"      # result (TuningResult.to_json())
+    PROBLEM = "tuning_problem"        # message
+
+
+TUNING_KINDS: tuple[str, ...] = tuple(v for k, v in vars(TuningKind).items() if k.isupper())
+"""Every kind the tuner emits: what the tune screen, `tune` and a replay read back."""
 
 
 # Events after which the before/after comparison restarts its sides (see tuner.core.ab). A

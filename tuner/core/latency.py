@@ -19,6 +19,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+from tuner.core.events import EventKind
+
 NAN = math.nan
 QUANTILES = (0.5, 0.9, 0.99)
 KINDS = ("ttft", "itl", "e2e", "queue")
@@ -315,7 +317,7 @@ def requests_in(events: Iterable[Any], t0: float, t1: float) -> list[RequestTimi
     `load_request` events (objects with .t and .data)."""
     out: list[RequestTiming] = []
     for e in events:
-        if e.kind != "load_request" or not (t0 <= e.t <= t1):
+        if e.kind != EventKind.LOAD_REQUEST or not (t0 <= e.t <= t1):
             continue
         r = RequestTiming.from_data(e.data)
         if r is not None and r.sent >= t0:
@@ -327,7 +329,7 @@ def server_counts(events: Iterable[Any], t0: float, t1: float) -> dict[str, dict
     """{kind: per-bucket counts} summed over the `latency_buckets` events in (t0, t1]."""
     out: dict[str, dict[tuple[float, float], float]] = {}
     for e in events:
-        if e.kind != "latency_buckets" or not (t0 < e.t <= t1):
+        if e.kind != EventKind.LATENCY_BUCKETS or not (t0 < e.t <= t1):
             continue
         for kind in KINDS:
             if kind in e.data:
@@ -357,7 +359,7 @@ def window_readout(events: Sequence[Any], t0: float, t1: float) -> dict[str, Any
                             **{_qkey(q): [b.lo, b.hi if math.isfinite(b.hi) else None] for q, b in bp.items()}}
     unavailable = None
     for e in events:
-        if e.t <= t1 and e.kind == "latency_unavailable":
+        if e.t <= t1 and e.kind == EventKind.LATENCY_UNAVAILABLE:
             unavailable = str(e.data.get("reason", "")) or None
     return {"driver": driver, "requests": len(reqs), "server": server,
             "unavailable": None if server else unavailable}

@@ -25,6 +25,7 @@ from tuner.backends.base import DRAFT_TOKENS, STEPS, TOPK
 from tuner.backends.derive import MetricsDeriver
 from tuner.backends.promtext import MetricSet
 from tuner.core import series as S
+from tuner.core.events import EventKind
 from tuner.core.records import Event, Sample
 from tuner.fleet.prometheus import Matcher, PrometheusClient, PrometheusError, parse_selector
 from tuner.report.data import RecordingData, Series
@@ -102,15 +103,15 @@ def build(matrix: list[tuple[dict[str, str], list[tuple[float, float]]]], start:
         t = t_abs - start
         if t_prev is not None and t - t_prev > 1.5 * step:
             # No series at all between two steps: Prometheus did not reach the server then.
-            events.append(Event(t_prev, "disconnected", {"since": t_prev, "error": "no series in Prometheus"}))
-            events.append(Event(t, "connected", {}))
+            events.append(Event(t_prev, EventKind.DISCONNECTED, {"since": t_prev, "error": "no series in Prometheus"}))
+            events.append(Event(t, EventKind.CONNECTED, {}))
             deriver.reset()
         ms = MetricSet(by_t[t_abs])
         active = active_of(ms)
         if active_prev is None:
             header["active"] = active
         elif active and active != active_prev:
-            events.append(Event(t, "config_changed", {"old": active_prev, "new": active, "by": "prometheus"}))
+            events.append(Event(t, EventKind.CONFIG_CHANGED, {"old": active_prev, "new": active, "by": "prometheus"}))
         active_prev = active or active_prev
         for s in deriver.update(t, ms, active):
             add(s)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from tuner.core.events import EventKind
 from tuner.core.records import Event, Sample, Trace, thaw
 from tuner.core.timeline import Window
 from tuner.recording import open_recording
@@ -109,7 +110,7 @@ class RecordingData:
     def server_info(self) -> dict[str, Any]:
         """The first server_info event's data, else the header's server_info."""
         for e in self.event_list:
-            if e.kind == "server_info":
+            if e.kind == EventKind.SERVER_INFO:
                 return thaw(e.data)
         return dict(self.header.get("server_info") or {})
 

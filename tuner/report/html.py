@@ -38,8 +38,9 @@ td.l,th.l{text-align:left}tr.best td{background:#e6f2ea;font-weight:600}svg.char
 """
 
 MAX_EVENT_ROWS = 300
-NOTABLE = ("connected", "disconnected", "server_info", "config_changed", "config_refused", "load_started",
-           "load_stopped", "load_error", "phase_gap", "trace_captured", "note", "poll_error")
+NOTABLE = (EventKind.CONNECTED, EventKind.DISCONNECTED, EventKind.SERVER_INFO, EventKind.CONFIG_CHANGED,
+           EventKind.CONFIG_REFUSED, EventKind.LOAD_STARTED, EventKind.LOAD_STOPPED, EventKind.LOAD_ERROR,
+           EventKind.PHASE_GAP, EventKind.TRACE_CAPTURED, EventKind.NOTE, EventKind.POLL_ERROR)
 
 
 def _n(x: Any, fmt: str = "{:.1f}") -> str:
@@ -76,7 +77,7 @@ def _table(head: list[str], rows: list[list[str]], left: int = 1, classes: list[
 def _markers(s: Summary) -> tuple[list[Marker], list[Band]]:
     markers, bands = [], []
     for seg in s.segments:
-        if seg.source in ("config_changed", "server_info"):
+        if seg.source in (EventKind.CONFIG_CHANGED, EventKind.SERVER_INFO):
             markers.append(Marker(seg.t0, " ".join(f"{k.name}={v}" for k, v in zip(vocab.knobs(), seg.key)
                                                    if v is not None and k.arg != TOPK)))
     for a, b, err in s.gaps:
@@ -257,11 +258,11 @@ def events_section(s: Summary) -> str:
     rows = []
     for e in evs[:MAX_EVENT_ROWS]:
         d = thaw(e.data)
-        if e.kind == "config_changed":
+        if e.kind == EventKind.CONFIG_CHANGED:
             what = f"now {setting_label(setting_key(d.get('new')))} (from {d.get('source')})"
-        elif e.kind == "server_info":
+        elif e.kind == EventKind.SERVER_INFO:
             what = f"{d.get('kind')} {d.get('version')} · {d.get('model')} · TP {d.get('tp_size')}"
-        elif e.kind == "trace_captured":
+        elif e.kind == EventKind.TRACE_CAPTURED:
             what = f"{d.get('trace_id')} ({d.get('ranks')} ranks, {d.get('mode') or 'no analysis'})"
         else:
             what = ", ".join(f"{k}={v}" for k, v in d.items() if k not in ("capabilities", "launch", "active"))[:200]
@@ -279,9 +280,9 @@ def active_at_end(events: list) -> dict:
     changed: dict | None = None
     for e in events:
         d = e.data
-        if e.kind in ("server_info", "config_active") and isinstance(d.get("active"), Mapping) and d["active"]:
+        if e.kind in (EventKind.SERVER_INFO, EventKind.CONFIG_ACTIVE) and isinstance(d.get("active"), Mapping) and d["active"]:
             whole, changed = dict(d["active"]), None
-        elif e.kind == "config_changed" and isinstance(d.get("new"), Mapping):
+        elif e.kind == EventKind.CONFIG_CHANGED and isinstance(d.get("new"), Mapping):
             changed = {**dict(d["new"]), **({"config_epoch": d["epoch"]} if "epoch" in d else {})}
     if changed is None:
         return whole

@@ -17,6 +17,7 @@ from typing import Any
 from tuner import __version__
 from tuner.core import timeline as T
 from tuner.core.event_text import event_text
+from tuner.core.events import TUNING_PREFIX, EventKind, TuningKind
 from tuner.core.records import thaw
 from tuner.core.redact import redact
 from tuner.core.segments import Segment, segments, setting_label
@@ -24,8 +25,6 @@ from tuner.report.acceptance_profile import collect
 from tuner.report.data import RecordingData
 from tuner.report.rows import SettingRow, build_rows, clean
 from tuner.report.verdict import Verdict, verdict
-
-TUNING_PREFIX = "tuning_"
 
 
 @dataclass
@@ -96,7 +95,7 @@ def tuning_of(data: RecordingData) -> tuple[list[dict[str, Any]], list[dict[str,
         d = thaw(e.data)
         said = event_text(e.kind, d)
         rows.append({"t": e.t, "kind": e.kind, "summary": said.text if said is not None else ""})
-        if e.kind == "tuning_prediction":
+        if e.kind == TuningKind.PREDICTION:
             preds = list(d.get("predictions") or [])
     return rows, preds
 
@@ -127,7 +126,7 @@ def captures_of(data: RecordingData) -> list[dict[str, Any]]:
             across = analysis.get("across") or {}
             entry["skew_ms"], entry["slowest_rank"] = across.get("skew_ms"), across.get("slowest_rank")
         else:
-            ev = next((e for e in data.events("trace_captured") if e.data.get("trace_id") == tid), None)
+            ev = next((e for e in data.events(EventKind.TRACE_CAPTURED) if e.data.get("trace_id") == tid), None)
             if ev is not None and ev.data.get("analysis_error"):
                 entry["warnings"] = [str(ev.data.get("analysis_error"))]
         out.append(entry)

@@ -25,6 +25,7 @@ from tuner.core import ab as ab_runs
 from tuner.core import setting as vocab
 from tuner.core.control import ControlState
 from tuner.core.event_text import short_error
+from tuner.core.events import EventKind
 from tuner.core.records import thaw
 from tuner.messages import CaptureProgress, RelaunchProgress
 from tuner.widgets import views
@@ -273,7 +274,7 @@ class MainScreen(Screen[None]):
             f"{self.control.load_concurrency} concurrent"
 
     def _ab_view(self, now: float) -> ABView:
-        change = self.session.store.last_event("config_changed", at=now)
+        change = self.session.store.last_event(EventKind.CONFIG_CHANGED, at=now)
         if change is None:
             return ABView()
         label = views.change_label(change.data.get("old") or {}, change.data.get("new") or {})
@@ -310,7 +311,7 @@ class MainScreen(Screen[None]):
         pin = self.control.baseline_pin
         if pin is not None and pin[0] <= now:    # a replay seeked back before the pin: the default
             return pin[0], f"base {vocab.compact(pin[1])} (pinned {rel_time(pin[0] - self.origin())}) · b moves"
-        first = next(iter(self.session.store.events("config_changed")), None)
+        first = next(iter(self.session.store.events(EventKind.CONFIG_CHANGED)), None)
         if first is None or first.t > now:
             return None, "b pins a baseline"
         where = "start" if self.control.read_only else "attach"

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from probes.names import SHARDED
+from tuner.core.events import EventKind
 from tuner.tuning.observations import Iteration
 from tuner.tuning.schedule import (
     TOO_LITTLE, BucketRow, Schedule, bucket_bounds, bucket_lo, fit_schedule, range_text, time_by_bucket,
@@ -49,7 +50,7 @@ from tuner.tuning.settings import Setting
 RECORDS, GAUGES, LOG = "records", "gauges", "log"
 NO_FIT = "no fit"
 ONE_TIER = "one tier measured"
-EVENT_KIND = "controller_check"
+EVENT_KIND = EventKind.CONTROLLER_CHECK
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from tuner.core import setting as vocab
+from tuner.core.events import TUNING_KINDS, TuningKind  # noqa: F401  (TUNING_KINDS re-exported for the app)
 from tuner.core.records import Event, thaw
-from tuner.tuning.live import TUNING_KINDS  # noqa: F401  (re-exported for the app)
 from tuner.tuning.summary import costs, label, result_line
 
 
@@ -140,24 +140,24 @@ def recorded_doc(events: Iterable[Event]) -> tuple[dict, str] | None:
     A finished tuning is its `tuning_finished` result; one the recording cut short is rebuilt from
     its last prediction, probes and verifications."""
     evs = [e for e in events if e.kind in TUNING_KINDS]
-    starts = [i for i, e in enumerate(evs) if e.kind == "tuning_started"]
+    starts = [i for i, e in enumerate(evs) if e.kind == TuningKind.STARTED]
     if starts:
         evs = evs[starts[-1]:]
     if not evs:
         return None
     for e in reversed(evs):
-        if e.kind == "tuning_finished":
+        if e.kind == TuningKind.FINISHED:
             return thaw(e.data), "done"
     doc: dict = {"predictions": [], "measured_tok_s": [], "verifications": [], "model": None}
     sums: dict[tuple, tuple[dict, float]] = {}
     for e in evs:
         d = thaw(e.data)
-        if e.kind == "tuning_prediction":
+        if e.kind == TuningKind.PREDICTION:
             doc.update(predictions=d.get("predictions") or [], model=d.get("model"), bs=d.get("bs"),
                        best=d.get("best"))
-        elif e.kind == "tuning_probe" and isinstance(d.get("tok_s"), (int, float)):
+        elif e.kind == TuningKind.PROBE and isinstance(d.get("tok_s"), (int, float)):
             sums[vocab.key_of(d["setting"])] = (d["setting"], d["tok_s"])
-        elif e.kind == "tuning_verified":
+        elif e.kind == TuningKind.VERIFIED:
             doc["verifications"].append(d)
     doc["measured_tok_s"] = [{**s, "tok_s": v} for s, v in sums.values()]
     return doc, "cut short"

@@ -15,7 +15,7 @@ from probes import accept_buckets as AB
 from tuner.core import series as S
 from tuner.core import setting as vocab
 from tuner.core.event_text import event_text
-from tuner.core.events import EventKind
+from tuner.core.events import EventKind, TuningKind
 from tuner.core.records import Event, thaw
 from tuner.core.store import Store
 from tuner.tuning import controller_check as CC
@@ -215,7 +215,7 @@ def gpu_view(store: Store, t_end: float, history_s: float = 30.0, note: str = ""
     return GpuView(tuple(rows), note)
 
 
-LOG_HIDDEN = frozenset({"tuning_probe", "tuning_prediction"})
+LOG_HIDDEN = frozenset({TuningKind.PROBE, TuningKind.PREDICTION})
 """Event kinds the log leaves out: the tuner's probes and predictions are the tune screen's rows."""
 
 

@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping
 import httpx
 
 from tuner.backends.sglang.args import Launch, apply_settings, runs_already, server_url
+from tuner.core.events import EventKind
 
 READY_LINE = "The server is fired up and ready to roll!"
 
@@ -219,7 +220,7 @@ class ManagedServer:
         if not confirmed and not self.confirm(self.question(changes, new)):
             return False
         old = self.launch
-        self.on_event("relaunch_started", {"changes": dict(changes), "command": new.display(),
+        self.on_event(EventKind.RELAUNCH_STARTED, {"changes": dict(changes), "command": new.display(),
                                            "previous": old.display()})
         t0 = time.monotonic()
         self.on_progress("stopping the server")
@@ -228,15 +229,15 @@ class ManagedServer:
         try:
             self.start(changes)
         except LaunchError as e:
-            self.on_event("relaunch_failed", {"changes": dict(changes), "command": new.display(),
+            self.on_event(EventKind.RELAUNCH_FAILED, {"changes": dict(changes), "command": new.display(),
                                               "error": e.args[0].splitlines()[0]})
             self.on_progress("the new setting did not come up; starting the previous command again")
             self.launch = old
             self.start({"rollback": True})
-            self.on_event("relaunch_rolled_back", {"command": old.display()})
+            self.on_event(EventKind.RELAUNCH_ROLLED_BACK, {"command": old.display()})
             raise LaunchError(f"relaunch with {_describe(changes)} failed and was rolled back: "
                               f"{e.args[0].splitlines()[0]}") from None
-        self.on_event("relaunch_ready", {"changes": dict(changes), "command": new.display(),
+        self.on_event(EventKind.RELAUNCH_READY, {"changes": dict(changes), "command": new.display(),
                                          "seconds": round(time.monotonic() - t0, 3)})
         return True
 
