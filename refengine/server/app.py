@@ -18,7 +18,8 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from probes.names import DRAFT_TOKENS, PLACEMENT, R_DRAFT_TOKENS, STEPS, TOPK
+from probes.names import DRAFT_TOKENS, ENGINE_KNOBS, PLACEMENT, R_DRAFT_TOKENS, R_STEPS, STEPS, TOPK
+from refengine.config import CONFIG_KEYS
 from refengine.server import decode_log
 from refengine.server.chat_template import ChatTemplate, ChatTemplateError, load_chat_template
 from refengine.server.generation import Admission, Generation, run_all, slot_problems
@@ -61,6 +62,13 @@ def active_tier(cfg: dict[str, Any], ps: dict[str, Any]) -> tuple[int, int]:
     if cfg.get("adaptive") is not None and tier is not None and tier[0] == cfg["epoch"]:
         return tier[1], tier[2]
     return cfg["steps"], cfg[R_DRAFT_TOKENS]
+
+
+def knob_values(cfg: dict[str, Any], steps: Any, num_draft_tokens: Any) -> dict[str, Any]:
+    """The engine's knobs (CONFIG_KEYS, the subset of probes.names.KNOBS it supports) under their
+    server-arg names, from a config dict; steps and draft tokens as running (an adaptive tier's)."""
+    running = {R_STEPS: steps, R_DRAFT_TOKENS: num_draft_tokens}
+    return {arg: running.get(field, cfg.get(field)) for arg, field in CONFIG_KEYS.items()}
 
 
 def say(message: str, tp_size: int = 1) -> None:
@@ -490,9 +498,7 @@ class ServerApp:
         d = self.opts.resolved_dict()
         lc = self.launch_config
         if lc:
-            d.update(speculative_num_steps=lc.get("steps"), speculative_eagle_topk=lc.get("topk"),
-                     speculative_num_draft_tokens=lc.get(R_DRAFT_TOKENS),
-                     speculative_draft_placement=lc.get("placement"))
+            d.update(knob_values(lc, lc.get(R_STEPS), lc.get(R_DRAFT_TOKENS)))
         if self.httpd is not None:
             d["port"] = self.httpd.server_address[1]  # the real port when --port 0 picked one
         d["max_running_requests"] = self.max_running_requests()
@@ -517,10 +523,10 @@ class ServerApp:
         cfg = self.client.active_config()
         ps = self.phase_stats.snapshot()
         steps, ndt = active_tier(cfg, ps)
+        state.update(knob_values(cfg, steps, ndt))
+        state[ENGINE_KNOBS] = list(CONFIG_KEYS)
         state.update(
-            speculative_num_steps=steps, speculative_eagle_topk=cfg["topk"],
-            speculative_num_draft_tokens=ndt,
-            speculative_draft_placement=cfg["placement"], config_epoch=cfg["epoch"],
+            config_epoch=cfg["epoch"],
             world_size=self.opts.tp_size, startup_time=self.startup_time,
             effective_max_running_requests_per_dp=launch["max_running_requests"],
             last_gen_throughput=ps["gen_throughput"],

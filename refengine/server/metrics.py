@@ -113,6 +113,13 @@ class _EngineCollector(Collector):
                 for (phase, rank), v in sorted(s[key].items()):
                     c.add_metric([str(phase), str(rank)], float(v))
                 yield c
+        if s.get("iterations"):
+            # The same counter the SGLang plugin exports: phase seconds / iterations = ms per iteration
+            # for a reader of /metrics or Prometheus without the phase stream.
+            c = CounterMetricFamily("specdecode:iterations", "Decode iterations per rank.", labels=["rank"])
+            for rank, n in sorted(s["iterations"].items()):
+                c.add_metric([str(rank)], float(n))
+            yield c
         if "accept_position" in s:
             c = CounterMetricFamily(
                 "specdecode:accept_position",

@@ -219,7 +219,7 @@ def test_metrics_surface(http):
                  "sglang:num_queue_reqs", "sglang:realtime_tokens_total",
                  "sglang:forward_execution_seconds_total", "specdecode:phase_seconds_total",
                  "specdecode:phase_comm_seconds_total", "specdecode:phase_comm_calls_total",
-                 "specdecode:accept_position_total",
+                 "specdecode:accept_position_total", "specdecode:iterations_total",
                  "specdecode:rank_info"):
         assert name in mv, name
     assert {l["mode"] for l, _ in mv["sglang:realtime_tokens_total"]} == {"decode"}
@@ -227,6 +227,7 @@ def test_metrics_surface(http):
     cats = {l["category"] for l, _ in mv["sglang:forward_execution_seconds_total"]}
     assert {"eagle_draft", "eagle_draft_extend", "target_verify"} <= cats
     assert {l["rank"] for l, _ in mv["specdecode:phase_seconds_total"]} == {"0", "1"}
+    assert {l["rank"] for l, _ in mv["specdecode:iterations_total"]} == {"0", "1"}
     assert {l["phase"] for l, _ in mv["specdecode:phase_seconds_total"]} >= {"draft", "verify", "draft_extend"}
     ranks = sorted(int(l["tp_rank"]) for l, _ in mv["specdecode:rank_info"])
     assert ranks == [0, 1]

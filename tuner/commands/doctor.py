@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -96,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         return fail("doctor", e, 2)
     if members is not None:
         from tuner.commands.doctor_fleet import run_fleet
+        for note in getattr(args, "fleet_notes", []):      # targets --prometheus left out, and why
+            print(terminal_safe(f"specdecode-tune doctor: {note}"), file=sys.stderr)
         return run_fleet(args, members, diagnose, CAPABILITIES, MISSING)
     try:     # the session is never started: doctor reads on its own schedule, not the pollers'
         with open_session(args) as opened:

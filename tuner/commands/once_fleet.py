@@ -40,6 +40,7 @@ def run_fleet(args: argparse.Namespace, members: list[Member], key: str | None, 
         for s in poller.sessions().values():
             s.stop_load()
         rows = poller.rows()
+    rows = _through_prometheus(args, rows, members)
     agg = aggregate(rows)
     if args.json:
         print(json.dumps({"servers": [r.to_json() for r in rows], "aggregate": agg,
@@ -50,3 +51,22 @@ def run_fleet(args: argparse.Namespace, members: list[Member], key: str | None, 
         print(terminal_safe("\n".join(lines), keep_newlines=True))
     ok = all(r.state == "connected" for r in rows) and all(o.status == "applied" for o in outcomes.values())
     return 0 if ok else 1
+
+
+def _through_prometheus(args: argparse.Namespace, rows: list, members: list[Member]) -> list:
+    """With --prometheus: DCGM's GPU readings, the phase split where a server gave none, and the
+    state of a server only Prometheus reaches (tuner.fleet.prom_overlay); its notes on stderr."""
+    url = getattr(args, "prometheus", None)
+    if url is None:
+        return rows
+    import sys
+
+    from tuner.fleet.prom_overlay import PrometheusOverlay
+    from tuner.fleet.prometheus import PrometheusClient
+
+    with PrometheusClient(url) as client:
+        overlay = PrometheusOverlay(client)
+        overlay.refresh()
+    for note in list(getattr(args, "fleet_notes", [])) + overlay.notes():
+        print(terminal_safe(f"specdecode-tune once: {note}"), file=sys.stderr)
+    return overlay.fill(rows, members)

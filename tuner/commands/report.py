@@ -6,8 +6,9 @@ trace.json` writes a trace for ui.perfetto.dev; `--csv DIR` writes the series fo
 that is not a readable recording is one line on stderr and status 1; a damaged one gives one line
 per problem on stderr and a report of what is readable (status 0, the report says so too). Outputs
 are checked first: an existing one is refused without --overwrite (status 2), the recording itself
-is never written over, and a write that fails is one line (status 1).
-Reads only the file; never imports textual.
+is never written over, and a write that fails is one line (status 1). `--prometheus URL --from T --to T`
+builds the same report from one server's series in Prometheus (tuner.fleet.prom_report) instead.
+Reads only the file or Prometheus; never imports textual.
 """
 
 from __future__ import annotations
@@ -25,7 +26,15 @@ FORMATS = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md", ".js
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", type=Path, metavar="FILE", help="a recording made by `specdecode-tune record`")
+    p.add_argument("file", type=Path, nargs="?", default=None, metavar="FILE",
+                   help="a recording made by `specdecode-tune record` (or --prometheus instead)")
+    p.add_argument("--prometheus", default=None, metavar="URL",
+                   help="build the report from Prometheus' series of one server instead of a recording")
+    p.add_argument("--selector", default=None, metavar="SEL",
+                   help='with --prometheus: series labels that pick the server, e.g. \'{instance="10.0.0.1:30000"}\'')
+    p.add_argument("--from", dest="t_from", default=None, metavar="T",
+                   help="with --prometheus: start (Unix seconds, RFC 3339, now-1h; default now-1h)")
+    p.add_argument("--to", dest="t_to", default=None, metavar="T", help="with --prometheus: end (default now)")
     p.add_argument("--out", "-o", type=Path, default=None, metavar="PATH",
                    help="the report to write: .html (default), .md or .json; '-' writes to stdout")
     p.add_argument("--format", choices=("html", "md", "json"), default=None, help="override the extension")
@@ -74,6 +83,14 @@ def _run(args: argparse.Namespace) -> int:
         print(f"specdecode-tune report: {msg}", file=sys.stderr)
 
     out = args.out
+    if args.prometheus is not None:
+        return _from_prometheus(args, say)
+    if args.file is None:
+        say("name a recording FILE, or --prometheus URL --from T --to T")
+        return 2
+    if args.selector is not None or args.t_from is not None or args.t_to is not None:
+        say("--selector, --from and --to read Prometheus: they need --prometheus URL")
+        return 2
     if str(args.out) == "-" and str(args.speculation_profile) == "-":
         say("--out - and --speculation-profile - would both write to stdout; name a file for one")
         return 2
@@ -140,6 +157,56 @@ def _run(args: argparse.Namespace) -> int:
         say(summary.verdict.sentences[0])
     if wrote:
         say("wrote " + ", ".join(wrote))
+    return 0
+
+
+def _from_prometheus(args: argparse.Namespace, say) -> int:
+    """The same report, built from Prometheus' range of one server (tuner.fleet.prom_report)."""
+    import time
+
+    from tuner.fleet.prom_report import load as prom_load
+    from tuner.fleet.prom_report import parse_time
+    from tuner.fleet.prometheus import PrometheusError
+    from tuner.recording.outputs import check_output, write_text
+    from tuner.report import summarize
+
+    if args.file is not None:
+        say("--prometheus replaces the recording FILE: give one or the other")
+        return 2
+    if args.out is None or args.perfetto is not None or args.csv is not None or args.speculation_profile is not None:
+        say("--prometheus writes the report to --out (.html, .md, .json or -) only: Prometheus keeps no traces")
+        return 2
+    fmt = args.format or ("md" if str(args.out) == "-" else FORMATS.get(args.out.suffix.lower()))
+    if fmt is None:
+        say(f"cannot tell the format of {args.out} (use .html, .md or .json, or --format)")
+        return 2
+    try:
+        if str(args.out) != "-":
+            check_output(args.out, overwrite=args.overwrite, inputs=[])
+        now = time.time()
+        t_from = parse_time(args.t_from or "now-1h", now)
+        t_to = parse_time(args.t_to or "now", now)
+        data = prom_load(args.prometheus, args.selector, t_from, t_to)
+    except OutputError as e:
+        say(str(e))
+        return 2
+    except PrometheusError as e:
+        say(str(e))
+        return e.rc
+    summary = summarize(data)
+    text = render(summary, fmt)
+    try:
+        if str(args.out) == "-":
+            sys.stdout.write(text)
+        else:
+            write_text(args.out, text)
+    except OutputError as e:
+        say(str(e))
+        return 1
+    if summary.verdict:
+        say(summary.verdict.sentences[0])
+    if str(args.out) != "-":
+        say(f"wrote {args.out}")
     return 0
 
 

@@ -43,8 +43,10 @@ NVLINK_READING = "nvlink_total_per_s"     # the counter's rate, in its own unit 
 RANK_INFO = "specdecode:rank_info"
 HOST_LABELS = ("Hostname", "hostname")
 
-QUERY = ('{__name__=~"' + "|".join(list(FIELDS) + [RANK_INFO]) + '"}'
-         f' or label_replace(rate({NVLINK_COUNTER}[{RATE_WINDOW}]), "__name__", "{NVLINK_RATE}", "", "")')
+# `or` matches series on their labels without the name, so the rate (same labels as the GPU's gauges)
+# also gets a label of its own, or it would be dropped.
+QUERY = ('{__name__=~"' + "|".join(list(FIELDS) + [RANK_INFO]) + '"} or label_replace(label_replace('
+         f'rate({NVLINK_COUNTER}[{RATE_WINDOW}]), "__name__", "{NVLINK_RATE}", "", ""), "rate", "{RATE_WINDOW}", "", "")')
 
 
 @dataclass
