@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
 from probes.names import DRAFT, DRAFT_EXTEND, PREFILL, REPLICATED, SHARDED, VERIFY, VERIFY_SAMPLE
+from tuner.core.windows import SETTLE_ITERATIONS, SETTLE_S
 from tuner.tuning.acceptance import AcceptanceModel, TauEstimate, fit_acceptance
 from tuner.tuning.linfit import LinearFit, fit_linear
 from tuner.tuning.observations import SettingStats
@@ -371,7 +372,7 @@ def recommend(model: CostModel, space: Sequence[Setting], min_iters: int = 100) 
 
 
 def fit_from_records(records: Iterable[Mapping], tp_size: int | None = None,
-                     warmup_iters: int = 20, warmup_s: float = 2.0) -> CostModel:
+                     warmup_iters: int = SETTLE_ITERATIONS, warmup_s: float = SETTLE_S) -> CostModel:
     """Phase-stream records → settled iterations → per-setting stats → fitted model."""
     from tuner.tuning.observations import parse_record, settle, summarise
 

@@ -18,11 +18,6 @@ from tuner.core.setting import Setting, extra_knobs
 from tuner.core.windows import SETTLE_ITERATIONS, SETTLE_S, settled
 
 
-# "What better means" (tuner.core.windows): after a change, drop the later of 2 s and 20 iterations.
-WARMUP_ITERS = SETTLE_ITERATIONS
-WARMUP_S = SETTLE_S
-
-
 @dataclass(frozen=True)
 class Iteration:
     """One decode iteration as the cost model sees it (times in ms, rank 0's)."""
@@ -105,9 +100,10 @@ def parse_record(rec: Mapping) -> Iteration:
     )
 
 
-def settle(iters: Sequence[Iteration], warmup_iters: int = WARMUP_ITERS,
-           warmup_s: float = WARMUP_S) -> list[Iteration]:
-    """Drop each config epoch's warm-up (tuner.core.windows.settled): an iteration counts once
+def settle(iters: Sequence[Iteration], warmup_iters: int = SETTLE_ITERATIONS,
+           warmup_s: float = SETTLE_S) -> list[Iteration]:
+    """Drop each config epoch's warm-up ("What better means", tuner.core.windows.settled: after a
+    change, the later of 2 s and 20 iterations): an iteration counts once
     `warmup_iters` iterations of its epoch came before it and `warmup_s` seconds passed since the
     epoch's first (the records carry server time only, so the change itself is not on their
     clock). Iterations are taken in the order given (stream order)."""
