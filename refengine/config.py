@@ -13,7 +13,7 @@ from typing import Any
 from probes import adaptive_policy
 from probes.adaptive_policy import AdaptiveConfigError
 from probes.names import (ADAPTIVE_CONFIG, DRAFT_TOKENS, PINNED_STEPS, PLACEMENT, PLACEMENTS, R_DRAFT_TOKENS,
-                          SHARDED, STEPS, TOPK, tree_pool)
+                          R_PLACEMENT, R_STEPS, R_TOPK, SHARDED, STEPS, TOPK, tree_pool)
 
 # The fused kernels of refengine.models.fused_ops. All on by default (measured faster in the engine's
 # forward on an H200: benchmarks/results/fused_kernels_h200.md); the environment picks them for a
@@ -42,12 +42,14 @@ def fused_kernels_from(text: str | None) -> set[str]:
     return names
 
 
-# The knobs' /set_internal_state keys (SGLang's names plus our placement key) -> SpecConfig field.
+# The knobs this engine supports, a subset of probes.names.KNOBS (a knob may exist for SGLang
+# alone: the server refuses it by name), by /set_internal_state key -> SpecConfig field (which is
+# the phase record's key).
 CONFIG_KEYS = {
-    STEPS: "steps",
-    TOPK: "topk",
+    STEPS: R_STEPS,
+    TOPK: R_TOPK,
     DRAFT_TOKENS: R_DRAFT_TOKENS,
-    PLACEMENT: "placement",
+    PLACEMENT: R_PLACEMENT,
 }
 # Everything /set_internal_state sets: the knobs, SGLang's adaptive config and the SGLang plugin's pin.
 SETTABLE_KEYS = {**CONFIG_KEYS, ADAPTIVE_CONFIG: "adaptive", PINNED_STEPS: "pinned"}

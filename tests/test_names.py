@@ -37,7 +37,11 @@ def test_every_copy_is_the_shared_one():
         assert phases_copy is names.ALL_PHASES
     for placements in (config.PLACEMENTS, options.PLACEMENTS, base.PLACEMENTS, settings.PLACEMENTS):
         assert placements is names.PLACEMENTS
-    assert tuple(config.CONFIG_KEYS) == names.KNOBS == inputs.CONFIG_KEYS == base.KNOBS
+    assert names.KNOBS == base.KNOBS
+    # The engine supports a subset of the knobs (SGLang's accept threshold is not one) and takes
+    # exactly those, plus the adaptive config and the pin, at /set_internal_state.
+    assert set(config.CONFIG_KEYS) < set(names.KNOBS) and names.ACCEPT_THRESHOLD_SINGLE not in config.CONFIG_KEYS
+    assert inputs.SETTABLE == (*config.CONFIG_KEYS, names.ADAPTIVE_CONFIG, names.PINNED_STEPS)
 
 
 def test_prefill_is_a_phase_of_its_own():

@@ -72,7 +72,8 @@ def knob_rows() -> list[Action]:
         for i, (key, shown, delta, label) in enumerate(k.moves()):
             hint = " → ".join(k.values) if k.cycled else f"{k.arg} {'+' if delta > 0 else '-'} {k.step:g}"
             out.append(Action(knob_action(k, delta), key, label, k.help, k.palette[i] if i < len(k.palette) else "",
-                              hint, Mode.CONTROL, show=i == 0 or k.footer_less, key_display=shown, group=group))
+                              hint, Mode.CONTROL, show=k.footer and (i == 0 or k.footer_less), key_display=shown,
+                              group=group))
     return out
 
 

@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from probes.names import ADAPTIVE_CONFIG, KNOBS, PINNED_STEPS, PLACEMENT, PLACEMENTS
+from probes.names import ADAPTIVE_CONFIG, PINNED_STEPS, PLACEMENT, PLACEMENTS
+from refengine.config import CONFIG_KEYS
 from refengine.messages import MAX_SIMULATE_POSITIONS
 
 # SGLang's SamplingParams / GenerateReqInput defaults.
@@ -24,10 +25,10 @@ MAX_BODY_BYTES = 16 << 20
 INT64_MAX = 2**63 - 1
 # top_k beyond any vocabulary means "off"; SGLang's samplers hold it in an int32 tensor.
 MAX_TOP_K = 2**31 - 1
-CONFIG_KEYS = KNOBS
-# What /set_internal_state takes: the knobs, SGLang's adaptive config (null removes it) and the
-# SGLang plugin's tier pin.
-SETTABLE = (*KNOBS, ADAPTIVE_CONFIG, PINNED_STEPS)
+# What /set_internal_state takes: the knobs this engine supports (a subset of probes.names.KNOBS:
+# another, SGLang's alone, is refused by name as SGLang refuses a key it lacks), SGLang's adaptive
+# config (null removes it) and the SGLang plugin's tier pin.
+SETTABLE = (*CONFIG_KEYS, ADAPTIVE_CONFIG, PINNED_STEPS)
 
 
 # The error type SGLang's OpenAI routes give a body its pydantic models refuse (a missing or

@@ -31,7 +31,7 @@ def test_connect_detects_our_engine_and_reads_active_not_launch(standin):
         assert info["active"][STEPS] == 2                 # internal_states[0]
         assert info["launch"][STEPS] == 3                 # the top level stays the launch value
         caps = b.capabilities
-        assert caps.CAN_SET_STEPS and caps.CAN_SET_PLACEMENT and caps.CAN_FETCH_TRACE and b.HAS_PHASE_TIMERS
+        assert caps.can_set(STEPS) and caps.can_set(PLACEMENT) and caps.CAN_FETCH_TRACE and b.HAS_PHASE_TIMERS
         assert b.why_not(PLACEMENT) is None and b.needs_restart_for(STEPS) is None
     finally:
         b.stop()
@@ -43,7 +43,7 @@ def test_connect_detects_sglang_and_explains_what_it_cannot_do():
         b = connect(sg.url)
         assert isinstance(b, SGLangBackend) and b.plugin is None
         caps = b.capabilities
-        assert not caps.CAN_SET_STEPS and not caps.CAN_SET_PLACEMENT and caps.CAN_CAPTURE_TRACE
+        assert not caps.can_set(STEPS) and not caps.can_set(PLACEMENT) and caps.CAN_CAPTURE_TRACE
         assert "plugin" in caps.why_not(STEPS)
         assert "relaunch" in caps.needs_restart_for(TOPK)
         assert "placement" in caps.why_not(PLACEMENT)
@@ -138,9 +138,9 @@ def test_sglang_with_plugin_sets_steps_through_its_key_and_reads_false_as_refusa
         b = SGLangBackend(sg.url)
         session, clock = wire(b)
         b.poll_server_info()
-        assert b.plugin is not None and b.capabilities.CAN_SET_STEPS
+        assert b.plugin is not None and b.capabilities.can_set(STEPS)
         assert {"server_args": {"specdecode_timers": 60.0}} in sg.posts      # the timer lease
-        assert not b.capabilities.CAN_SET_TOPK
+        assert not b.capabilities.can_set(TOPK)
         res = b.set_config({STEPS: 2})
         assert res.ok and sg.posts[-1] == {"server_args": {"specdecode_num_steps": 2}}
         sg.plugin = False          # the server now says [false] to our key
@@ -163,7 +163,7 @@ def test_sglang_relaunched_server_is_asked_for_the_plugin_and_a_lease_at_once(wi
         sg.plugin, sg.startup_time = True, sg.startup_time + 30
         clock.advance(1.0)                                   # well inside a lease renewal period
         b.poll_server_info()
-        assert b.plugin is not None and b.capabilities.CAN_SET_STEPS
+        assert b.plugin is not None and b.capabilities.can_set(STEPS)
         assert sg.posts == [{"server_args": {"specdecode_timers": 60.0}}]
         b.poll_server_info()
         assert len(sg.posts) == 1                            # the same server: renewed on its period

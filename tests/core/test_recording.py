@@ -183,7 +183,7 @@ def test_replay_virtual_clock_pause_speed_seek(tmp_path):
     real = [0.0]
     backend = ReplayBackend(path, paused=True, monotonic=lambda: real[0])
     session = Session(backend)
-    assert session.clock is backend.clock and backend.READ_ONLY and not backend.CAN_SET_STEPS
+    assert session.clock is backend.clock and backend.READ_ONLY and not backend.capabilities.can_set("speculative_num_steps")
     assert backend.HAS_PHASE_TIMERS and backend.length_s == pytest.approx(9.75)
     session.start()
     session.tick()

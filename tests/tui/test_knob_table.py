@@ -1,9 +1,9 @@
-"""The knob table is the operator side's one vocabulary: a row added to it (and nothing else) shows up
-in the keys, the help, the palette, the knobs panel, the recorded active config, the report's
-columns and the tuner's search space.
+"""The knob table is the operator side's one vocabulary: a row added to it (and its name in
+probes.names) shows up in the keys, the help, the palette, the knobs panel, the recorded active
+config, the report's columns, the tuner's search space and each backend's capabilities.
 
-The extra row is SGLang's `speculative_accept_threshold_single`, the knob issue 21 names; the table
-is monkeypatched, so nothing else in the product is edited for it.
+The row checked is SGLang's `speculative_accept_threshold_single`, a real one: live on SGLang (its own
+/set_internal_state takes it), refused by our engine by name.
 """
 
 from __future__ import annotations
@@ -25,19 +25,14 @@ from tuner.screens.help import HelpScreen, keys_table
 from tuner.widgets.knobs import KnobsPanel, KnobView
 
 ARG = "speculative_accept_threshold_single"
-EXTRA = vocab.Knob(
-    arg=ARG, key="accept_threshold_single", name="accept_single", word="accept", label="accept thr.",
-    letter="a", capability="CAN_SET_ACCEPT_THRESHOLD",
-    help="raise / lower the single-token acceptance threshold (speculative_accept_threshold_single)",
-    keys=("j", "J"), shown=("j", "J"), palette=("Raise the accept threshold", "Lower the accept threshold"),
-    lo=0.0, hi=1.0, step=0.1, tune=(0.5, 1.0))
+EXTRA = vocab.knob(ARG)
 ACTIVE = {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4,
           "speculative_draft_placement": "sharded", ARG: 0.7}
 
 
 @pytest.fixture
-def extra_knob(monkeypatch):
-    monkeypatch.setattr(vocab, "KNOBS", (*vocab.KNOBS, EXTRA))
+def extra_knob():
+    assert EXTRA is not None and EXTRA.key == "accept_threshold_single"
     return EXTRA
 
 
@@ -144,14 +139,31 @@ def test_the_table_names_the_shared_knobs_and_every_row_has_a_capability_flag():
 
     assert vocab.args() == names.KNOBS
     assert vocab.knob(names.PLACEMENT).values is names.PLACEMENTS
-    assert all(k.capability in Capabilities.__dataclass_fields__ for k in vocab.KNOBS)
+    assert [k.arg for k in vocab.KNOBS if k.sglang_live] == [ARG]         # SGLang's own live keys
+    assert not hasattr(Capabilities, "CAN_SET_STEPS")                    # one set, no flag per knob
     assert len({k.name for k in vocab.KNOBS}) == len({k.word for k in vocab.KNOBS}) == len(vocab.KNOBS)
 
 
-def test_an_sglang_server_says_which_relaunch_flag_changes_it(extra_knob):
+def test_sglang_takes_it_live_and_says_which_relaunch_flag_changes_the_others(extra_knob):
     from tuner.backends.sglang import SGLangBackend
 
     caps = SGLangBackend("http://127.0.0.1:9").capabilities      # nothing is contacted to say this
-    assert not caps.can_set(ARG)
-    assert caps.why_not(ARG).endswith("relaunch the server with --speculative-accept-threshold-single N")
-    assert ARG in caps.restart_keys
+    assert caps.can_set(ARG) and ARG not in caps.restart_keys       # SGLang takes it live, no plugin needed
+    assert not caps.can_set("speculative_eagle_topk")
+    assert caps.why_not("speculative_eagle_topk").endswith("relaunch the server with --speculative-eagle-topk N")
+
+
+def test_our_engine_declares_its_knobs_and_refuses_this_one_by_name(extra_knob):
+    from refengine.server.inputs import BadRequest, parse_internal_state
+    from tuner.backends.refengine import RefEngineBackend
+
+    with pytest.raises(BadRequest, match=rf"^Updating {ARG} is not supported\. Supported keys: speculative_num_steps"):
+        parse_internal_state({"server_args": {ARG: 0.5}})         # SGLang's refusal, word for word
+    b = RefEngineBackend("http://127.0.0.1:9")
+    b._info = b.normalize_info({"internal_states": [{"specdecode_knobs": ["speculative_num_steps", "bogus"]}]})
+    caps = b.capabilities
+    assert caps.settable == {"speculative_num_steps"}
+    assert caps.why_not(ARG) == f"the reference engine has no {ARG}"
+    b._info = b.normalize_info({"internal_states": [{}]})       # an engine from before it declared them
+    assert b.capabilities.settable == {"speculative_num_steps", "speculative_eagle_topk",
+                                       "speculative_num_draft_tokens", "speculative_draft_placement"}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from typing import Any, Mapping
 
+from probes.names import DRAFT_TOKENS, PLACEMENT, STEPS, TOPK
 from tests.tuning.synth import Truth, draw_accepted
 from tuner.backends.base import Backend, Capabilities, ControlResult
 from tuner.core.clock import ManualClock
@@ -99,8 +100,8 @@ class SimBackend(Backend):
 
     def __init__(self, engine: SimEngine, placement: bool = True) -> None:
         self.engine = engine
-        self._caps = Capabilities(CAN_SET_STEPS=True, CAN_SET_TOPK=True, CAN_SET_DRAFT_TOKENS=True,
-                                  CAN_SET_PLACEMENT=placement, HAS_PHASE_STREAM=True,
+        self._caps = Capabilities(settable=frozenset({STEPS, TOPK, DRAFT_TOKENS} | ({PLACEMENT} if placement else set())),
+                                  HAS_PHASE_STREAM=True,
                                   HAS_PHASE_TIMERS=True)
         self._bus = None
         self._last_tokens = 0

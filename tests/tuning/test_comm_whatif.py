@@ -125,7 +125,7 @@ def test_tune_says_which_steps_a_launch_cannot_pin():
     from tuner.backends.base import Capabilities
     from tuner.tuning.settings import steps_left_out
 
-    caps = Capabilities(CAN_SET_STEPS=True, live_values={"speculative_num_steps": (0, 1, 3, 5, 7)},
+    caps = Capabilities(settable=frozenset({"speculative_num_steps"}), live_values={"speculative_num_steps": (0, 1, 3, 5, 7)},
                         value_refusal=lambda k, v: f"steps {v} cannot be pinned on this launch: … fix: sglang-flags")
     assert steps_left_out(caps, 5) == "steps 2, 4 left out: steps 2 cannot be pinned on this launch: … fix: sglang-flags"
-    assert steps_left_out(Capabilities(CAN_SET_STEPS=True), 5) == ""
+    assert steps_left_out(Capabilities(settable=frozenset({"speculative_num_steps"})), 5) == ""

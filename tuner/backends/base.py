@@ -32,10 +32,7 @@ class Capabilities:
     read, saying why and what would work instead (e.g. a relaunch).
     """
 
-    CAN_SET_STEPS: bool = False
-    CAN_SET_TOPK: bool = False
-    CAN_SET_DRAFT_TOKENS: bool = False
-    CAN_SET_PLACEMENT: bool = False
+    settable: frozenset[str] = frozenset()   # the knobs (server-arg names) it can change live
     CAN_CAPTURE_TRACE: bool = False
     CAN_FETCH_TRACE: bool = False      # trace files can be downloaded over HTTP (server on another host)
     HAS_PHASE_TIMERS: bool = False     # per-phase ms per iteration are measured live
@@ -61,9 +58,9 @@ class Capabilities:
                                                                   for k, v in self.value_notes.items()}))
 
     def can_set(self, key: str) -> bool:
-        """Whether `key` (a server-arg name) can be changed live: its knob-table row's flag."""
+        """Whether `key` (a server-arg name of a knob-table row) can be changed live here."""
         k = vocab.knob(key)
-        return k is not None and k.arg == key and bool(getattr(self, k.capability, False)) and not self.READ_ONLY
+        return k is not None and k.arg == key and key in self.settable and not self.READ_ONLY
 
     def why_not(self, key: str) -> str | None:
         """None when `key` can be changed live, else the reason to show in place of the control."""
@@ -97,6 +94,7 @@ class Capabilities:
 
     def as_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k.isupper()}
+        d["settable"] = sorted(self.settable)
         d["reasons"] = dict(self.reasons)
         d["restart_keys"] = sorted(self.restart_keys)
         if self.missing:

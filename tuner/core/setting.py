@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Iterable, Mapping, Sequence
 
-from probes.names import (DRAFT_TOKENS, PINNED_STEPS, PLACEMENT, PLACEMENTS, R_DRAFT_TOKENS, R_PLACEMENT,
-                          R_STEPS, R_TOPK, SHARDED, STEPS, TOPK, tree_pool)
+from probes.names import (ACCEPT_THRESHOLD_SINGLE, DRAFT_TOKENS, PINNED_STEPS, PLACEMENT, PLACEMENTS,
+                          R_ACCEPT_THRESHOLD_SINGLE, R_DRAFT_TOKENS, R_PLACEMENT, R_STEPS, R_TOPK, SHARDED, STEPS,
+                          TOPK, tree_pool)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,8 +39,6 @@ class Knob:
     """The knobs panel's row label."""
     letter: str
     """Prefix in the compact label ("s3 k1 N4 sharded"); "" shows the value alone."""
-    capability: str
-    """The `Capabilities` flag that says the backend can change it live."""
     help: str
     """What its keys do, in words (the help screen)."""
     keys: tuple[str, ...]
@@ -55,12 +54,18 @@ class Knob:
     """A cycled knob's values, in the order its key walks them."""
     footer_less: bool = True
     """Whether the footer shows the "less" key too (it is always bound and in the help)."""
+    footer: bool = True
+    """Whether the footer shows its keys at all (a narrow terminal keeps room for the common keys;
+    the keys stay bound and in the help, the palette and the knobs panel)."""
     aliases: tuple[str, ...] = ()
     """Other server names a server may report the same knob under."""
     tune: tuple[Any, ...] = ()
     """Values the tuner sweeps when the server can change it live (core knobs have their own rule)."""
     sglang_flag: bool = True
     """SGLang has a launch flag for it (`--` + arg with dashes); placement is ours alone."""
+    sglang_live: bool = False
+    """SGLang 0.5.23 itself takes it live through /set_internal_state (its `_update_handlers`);
+    steps is live only through the plugin's pin, which the SGLang backend judges."""
 
     @property
     def cycled(self) -> bool:
@@ -104,24 +109,26 @@ class Knob:
 
 KNOBS: tuple[Knob, ...] = (
     Knob(arg=STEPS, key=R_STEPS, name="steps", word="steps", label="steps", letter="s",
-         capability="CAN_SET_STEPS",
          help="one more / one fewer draft step (speculative_num_steps; 0 = tier 0, draft kept warm)",
          keys=("plus,equals_sign", "minus"), shown=("+", "-"),
          palette=("More draft steps", "Fewer draft steps"), lo=0, aliases=(PINNED_STEPS,)),
     Knob(arg=TOPK, key=R_TOPK, name="topk", word="topk", label="topk", letter="k",
-         capability="CAN_SET_TOPK",
          help="wider / narrower draft tree (speculative_eagle_topk)",
          keys=("t", "T"), shown=("t", "T"),
          palette=("Wider draft tree", "Narrower draft tree"), lo=1, footer_less=False),
     Knob(arg=DRAFT_TOKENS, key=R_DRAFT_TOKENS, name="draft_tokens", word="draft", label="draft tokens",
-         letter="N", capability="CAN_SET_DRAFT_TOKENS",
+         letter="N",
          help="more / fewer tokens verified per step (speculative_num_draft_tokens)",
          keys=("d", "D"), shown=("d", "D"),
          palette=("More draft tokens", "Fewer draft tokens"), lo=1, footer_less=False),
     Knob(arg=PLACEMENT, key=R_PLACEMENT, name="placement", word="placement", label="placement", letter="",
-         capability="CAN_SET_PLACEMENT",
          help="move the draft: sharded (target's TP group) → replicated (every rank) → rank0",
          keys=("p",), shown=("p",), palette=("Next draft placement",), values=PLACEMENTS, sglang_flag=False),
+    Knob(arg=ACCEPT_THRESHOLD_SINGLE, key=R_ACCEPT_THRESHOLD_SINGLE, name="accept_single", word="accept",
+         label="accept thr.", letter="a",
+         help="raise / lower the single-token acceptance threshold (speculative_accept_threshold_single)",
+         keys=("j", "J"), shown=("j", "J"), palette=("Raise the accept threshold", "Lower the accept threshold"),
+         lo=0.0, hi=1.0, step=0.1, tune=(0.5, 1.0), footer=False, sglang_live=True),
 )
 """Every knob, in display order. Read it at call time (never copy it at import): a test adds a row."""
 

@@ -91,6 +91,8 @@ class KnobsPanel(Static):
         lines: list[str] = []
         for k in vocab.knobs():
             value = view.values.get(k.arg)
+            if value is None and k.key not in vocab.CORE and (view.read_only or k.arg in view.unavailable):
+                continue      # a knob this server does not have (SGLang's accept threshold on our engine)
             if k.cycled:     # a word: shown bold, "?" until reported
                 shown = f"[b]{escape(str(value or '?')):>4}[/]"
             else:

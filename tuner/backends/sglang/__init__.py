@@ -97,9 +97,10 @@ class SGLangBackend(LiveBackend):
             # Never str.format a template holding a server string: "{build}" in a version is data.
             return f"SGLang {version} cannot change {what} live: relaunch the server with {flag}"
 
-        # Every knob with a launch flag but steps (the plugin's, below) needs a relaunch on SGLang.
+        # Every knob with a launch flag that SGLang does not take live, but steps (the plugin's,
+        # below), needs a relaunch on SGLang.
         reasons = {k.arg: relaunch(k.label, f"{k.launch_flag} N") for k in vocab.knobs()
-                   if k.launch_flag and k.arg != STEPS}
+                   if k.launch_flag and not k.sglang_live and k.arg != STEPS}
         reasons[PLACEMENT] = (f"SGLang {version} has no draft placement setting: the draft runs on the target's "
                               "TP group (a relaunch with attention-DP moves it)")
         if not plugin:
@@ -136,12 +137,13 @@ class SGLangBackend(LiveBackend):
                      + (", the plugin's phase split and live steps" if plugin else ""))
         return Capabilities(
             missing=missing, still_works=works,
-            CAN_SET_STEPS=steps_live, CAN_CAPTURE_TRACE=True, CAN_FETCH_TRACE=False,
+            settable=frozenset({k.arg for k in vocab.knobs() if k.sglang_live} | ({STEPS} if steps_live else set())),
+            CAN_CAPTURE_TRACE=True, CAN_FETCH_TRACE=False,
             live_values=live_values, value_notes=notes, value_refusal=refusal,
             HAS_PHASE_TIMERS=plugin and self.phase_stream is not False,
             HAS_PHASE_STREAM=bool(self.phase_stream),
             LOCAL_GPUS=self.local_gpus(), reasons=reasons,
-            restart_keys=frozenset(vocab.args()),
+            restart_keys=frozenset(k.arg for k in vocab.knobs() if not k.sglang_live),
         )
 
     def metrics_fix(self) -> str | None:
