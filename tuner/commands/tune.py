@@ -23,6 +23,7 @@ from tuner.commands.tune_schedule import SCHEDULE_PLACEMENTS, add_schedule_argum
 from tuner.core.driver import Driver
 from tuner.core import setting as vocab
 from tuner.core.event_text import event_text
+from tuner.core.events import TUNING_PREFIX, TuningKind
 from tuner.core.records import Event, thaw
 from tuner.core.text import terminal_safe
 from tuner.recording.outputs import OutputError, check_output, write_text
@@ -76,14 +77,14 @@ def _say(line: str) -> None:
 def say_event(e: Event) -> None:
     """A tuning event as a line of its own (tuner.core.event_text's words); its findings indented
     under the decisions. The finish is the summary that follows."""
-    if not e.kind.startswith("tuning_") or e.kind == "tuning_finished":
+    if not e.kind.startswith(TUNING_PREFIX) or e.kind == TuningKind.FINISHED:
         return
     said = event_text(e.kind, thaw(e.data))
     if said is not None:
         _say(("" if e.kind in TOP_LEVEL else "  ") + said.text)
 
 
-TOP_LEVEL = frozenset({"tuning_started", "tuning_applied"})
+TOP_LEVEL = frozenset({TuningKind.STARTED, TuningKind.APPLIED})
 
 
 def run(args: argparse.Namespace) -> int:

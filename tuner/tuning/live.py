@@ -26,7 +26,7 @@ from probes.names import DRAFT_TOKENS, PLACEMENT, REPLICATED, SHARDED, STEPS, TO
 from tuner.core.setting import extra_knobs
 from tuner.core import timeline
 from tuner.core import windows as core_windows
-from tuner.core.events import EventKind
+from tuner.core.events import EventKind, TuningKind
 from tuner.core.records import Event
 from probes.adaptive_policy import acceptance_only_pick
 from tuner.tuning.cost_model import CostModel, Prediction, best, fit_cost_model, recommend
@@ -71,24 +71,6 @@ class Purpose(StrEnum):
     CANDIDATE = "candidate"
     INCUMBENT = "incumbent"
     APPLY = "apply"
-
-
-class EventKinds:
-    """Events the tuner puts on the bus (data keys beside each)."""
-
-    STARTED = "tuning_started"        # space, probes, budget_s, initial
-    PROBE = "tuning_probe"            # setting, purpose, n, tok_s, terms_ms
-    PREDICTION = "tuning_prediction"  # bs, best, predictions, model
-    APPLIED = "tuning_applied"        # setting, predicted_tok_s, sd, incumbent, predicted_gain
-    VERIFIED = "tuning_verified"      # setting, incumbent, verdict, ratio, lo, hi, predicted_ratio, windows, series
-    ROLLED_BACK = "tuning_rolled_back"  # setting, to, reason
-    REFUSED = "tuning_refused"        # setting, reason
-    FINISHED = "tuning_finished"      # result (TuningResult.to_json())
-    PROBLEM = "tuning_problem"        # message
-
-
-TUNING_KINDS: tuple[str, ...] = tuple(v for k, v in vars(EventKinds).items() if k.isupper())
-"""Every kind the tuner emits: what the tune screen, `tune` and a replay read back."""
 
 
 @dataclass(frozen=True)
@@ -437,7 +419,7 @@ class Tuner:
             if now - self._t0 > self.opts.budget_s:
                 self.state, self.stage = State.FAILED, Stage.FAILED
                 self.status = "no decode iteration arrived: start load (or traffic) on the server"
-                self._emit(EventKinds.PROBLEM, now, {"message": self.status})
+                self._emit(TuningKind.PROBLEM, now, {"message": self.status})
                 return False
             return True
         if now - self._t0 > self.opts.budget_s and self._stop_reason == "":
@@ -471,13 +453,13 @@ class Tuner:
             except ValueError as e:
                 self.bad_records += 1
                 if self.bad_records == 1:
-                    self._emit(EventKinds.PROBLEM, now, {"message": str(e)})
+                    self._emit(TuningKind.PROBLEM, now, {"message": str(e)})
                 continue
             if self._initial is None:
                 self._initial = it.setting
                 self._current = it.setting
                 self._incumbent = it.setting
-                self._emit(EventKinds.STARTED, now, {
+                self._emit(TuningKind.STARTED, now, {
                     "initial": it.setting.to_json(), "budget_s": self.opts.budget_s,
                     "space": [s.to_json() for s in self.space],
                     "probes": [s.to_json() for s in probe_plan(self.space, it.setting)]})
@@ -509,7 +491,7 @@ class Tuner:
         store = getattr(self.session, "store", None)
         if store is None:
             return False
-        last = store.last_event("config_changed", at=now)
+        last = store.last_event(EventKind.CONFIG_CHANGED, at=now)
         return last is None or now - last.t >= self.opts.settle_s
 
     @staticmethod
@@ -542,7 +524,7 @@ class Tuner:
                 if not ok:
                     self._rejected.add(job.setting)
                     self.space = [s for s in self.space if s != job.setting]
-                    self._emit(EventKinds.REFUSED, now, {"setting": job.setting.to_json(), "reason": reason})
+                    self._emit(TuningKind.REFUSED, now, {"setting": job.setting.to_json(), "reason": reason})
                     return True
                 self._current = job.setting
                 job.applied, job.t_apply = True, now
@@ -551,7 +533,7 @@ class Tuner:
                 return True
         if math.isnan(job.settled_at) or now < job.end_at or len(job.iters) < job.min_iters:
             if job.seen == 0 and now - job.t_apply > self.opts.stall_s:
-                self._emit(EventKinds.PROBLEM, now, {
+                self._emit(TuningKind.PROBLEM, now, {
                     "message": f"no decode iteration at {job.setting.label()} for "
                                f"{now - job.t_apply:.0f} s: is load running?"})
                 job.t_apply = now
@@ -576,7 +558,7 @@ class Tuner:
             tok, ms = self._sums.get(job.setting, (0, 0.0))
             self._sums[job.setting] = (tok + total_tok, ms + total_ms)
             self.measured[job.setting] = 1000.0 * self._sums[job.setting][0] / self._sums[job.setting][1]
-            self._emit(EventKinds.PROBE, now, {
+            self._emit(TuningKind.PROBE, now, {
                 "setting": job.setting.to_json(), "purpose": job.purpose.value, "n": len(job.iters),
                 "bs": main.bs, "tok_s": tok_s, "t0": job.settled_at, "t1": now,
                 "terms_ms": {k: v[0] for k, v in main.terms.items()}})
@@ -593,7 +575,7 @@ class Tuner:
         bs = self._main_bs()
         self.predictions = self.model.predict_all(self.space, bs)
         top = best(self.predictions)
-        self._emit(EventKinds.PREDICTION, now, {
+        self._emit(TuningKind.PREDICTION, now, {
             "bs": bs, "best": top.to_json() if top else None,
             "predictions": [p.to_json() for p in self.predictions],
             "model": self.model.to_json()})
@@ -817,7 +799,7 @@ class Tuner:
         self._candidate = cand
         # Judged later against the prediction made now, before the A/B's own data refine the fit.
         self._predicted_ratio = gain + 1 if math.isfinite(gain) else math.nan
-        self._emit(EventKinds.APPLIED, now, {
+        self._emit(TuningKind.APPLIED, now, {
             "setting": cand.setting.to_json(), "predicted_tok_s": cand.tok_s, "sd": cand.sd,
             "basis": cand.basis, "incumbent": self._incumbent.to_json(),
             "incumbent_predicted_tok_s": inc_pred.tok_s if inc_pred else None,
@@ -865,7 +847,7 @@ class Tuner:
         cw, iw, series = self._windows(c_jobs, i_jobs)
         if len(cw) < 2 or len(iw) < 2:
             self._rounds += 1
-            self._emit(EventKinds.PROBLEM, now, {"message": "A/B had too few tok/s windows to compare"})
+            self._emit(TuningKind.PROBLEM, now, {"message": "A/B had too few tok/s windows to compare"})
             return self._finish(now, "A/B without data")
         ratio, lo, hi = core_windows.ratio_of_medians(iw, cw)
         if lo <= 1 <= hi and len(c_jobs) < self.opts.ab_max_pairs and self.opts.objective.plain \
@@ -887,14 +869,14 @@ class Tuner:
             verdict, judged = self._judge_objective(c_jobs, i_jobs, verdict)
         outcome = ABOutcome(cand, inc, verdict, ratio, lo, hi, pr, len(cw), len(iw), series)
         self.verifications.append(outcome)
-        self._emit(EventKinds.VERIFIED, now, {**outcome.to_json(), **judged})
+        self._emit(TuningKind.VERIFIED, now, {**outcome.to_json(), **judged})
         if verdict == "better":
             self._verified.add(cand)
             self._incumbent = cand
             return self._next_round(now, None)
         if verdict == "worse":
             self._rejected.add(cand)
-            self._emit(EventKinds.ROLLED_BACK, now, {"setting": cand.to_json(), "to": inc.to_json(),
+            self._emit(TuningKind.ROLLED_BACK, now, {"setting": cand.to_json(), "to": inc.to_json(),
                                                      "reason": f"measured {(ratio - 1) * 100:+.1f} % "
                                                                f"[{(lo - 1) * 100:+.1f}, {(hi - 1) * 100:+.1f}]"
                                                      if self.opts.objective.plain else _objective_words(judged)})
@@ -971,11 +953,11 @@ class Tuner:
         report = self.result.objective
         if report is not None and report.get("met") is False and report.get("nearest"):
             near = report["nearest"]
-            self._emit(EventKinds.PROBLEM, now, {
+            self._emit(TuningKind.PROBLEM, now, {
                 "message": f"no setting measured meets the SLO {','.join(report['slo'])}; nearest: "
                            f"{Setting.from_json(near).label()} ({_figure_words(near['figures'])}, "
                            f"{near['tok_s']:.1f} tok/s)"})
-        self._emit(EventKinds.FINISHED, now, self.result.to_json())
+        self._emit(TuningKind.FINISHED, now, self.result.to_json())
         self.state = State.DONE
         self.stage = Stage.DONE
         # The outcome's words are the result line's (tuner.tuning.summary), shown beside this.
