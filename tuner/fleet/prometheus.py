@@ -326,9 +326,10 @@ def parse_matrix(data: Any, where: str = "Prometheus") -> list[tuple[dict[str, s
     return out
 
 
-def discover(url: str, selector: str | None) -> list[Member]:
+def discover_fleet(url: str, selector: str | None) -> Any:
     """The servers Prometheus scrapes whose target labels match `selector`, follower nodes grouped
-    under their leaders (tuner.fleet.followers). PrometheusError (one line) when there are none."""
+    under their leaders (a tuner.fleet.followers.Grouping, with one note per target left out).
+    PrometheusError (one line) when there are none."""
     from tuner.fleet.followers import group_followers
 
     matchers = parse_selector(selector)
@@ -337,4 +338,11 @@ def discover(url: str, selector: str | None) -> list[Member]:
         if not members:
             why = f" ({skipped[0]})" if skipped else ""
             raise PrometheusError(f"{client.where}: no target matches {selector or '{}'}{why}")
-        return group_followers(client, members).members
+        grouping = group_followers(client, members)
+    grouping.notes[:0] = skipped
+    return grouping
+
+
+def discover(url: str, selector: str | None) -> list[Member]:
+    """The members of `discover_fleet`."""
+    return discover_fleet(url, selector).members
