@@ -19,16 +19,13 @@ from typing import Any, Iterable
 from textual import on, work
 from textual.app import App, SystemCommand
 from textual.screen import Screen
-from textual.widgets import Static
 
-from probes.names import STEPS
 from tuner import actions
 from tuner.core import control
 from tuner.core import setting as vocab
 from tuner.core.control import ControlState
 from tuner.core.driver import Driver
-from tuner.core.records import thaw
-from tuner.core.relaunch import Relauncher, relaunch_changes
+from tuner.core.relaunch import Relauncher, relaunch_changes, relaunch_keeping_load
 from tuner.core.session import Session
 from tuner.messages import (CaptureFinished, CaptureProgress, ControlFinished, PySpyFinished, RelaunchFinished,
                             RelaunchProgress)
@@ -36,6 +33,7 @@ from tuner.screens.help import HelpScreen
 from tuner.screens.main import CHART_WINDOW_S, MainScreen
 from tuner.screens.trace import TraceScreen
 from tuner.screens.tune import TuneScreen
+from tuner.tuning.tune_request import TuneRequest
 from tuner.widgets.fmt import rel_time
 from tuner.widgets.knobs import KnobsPanel
 from tuner.widgets.tune_view import TUNING_KINDS, recorded_doc
@@ -73,10 +71,8 @@ class TunerApp(App[None]):
         self.relauncher = relauncher
         self.tick_s = tick_s
         self.prompts = prompts or []
-        self.chart_window_s = chart_window_s
-        self.autostart_load = start_load
-        self.max_new_tokens = max_new_tokens
-        self.gpu_labels = gpu_labels or {}
+        self.autostart_load, self.max_new_tokens = start_load, max_new_tokens
+        self._main_options = {"chart_window_s": chart_window_s, "gpu_labels": gpu_labels}
         self.read_only = session.backend is not None and session.backend.READ_ONLY
         # The operator's state the screens are handed (the l key starts this many when --load gave none).
         self.control = ControlState(read_only=self.read_only, managed=relauncher is not None,
@@ -88,16 +84,10 @@ class TunerApp(App[None]):
         from tuner.tuning.controller_watch import ControllerWatch
         self.driver = Driver(session, watch=None if self.read_only else ControllerWatch(session))
         # Budget and space for the next tuner:
-        self.tune_budget_s = tune_budget_s
-        self.tune_max_steps = tune_max_steps
-        self.tune_topks, self.tune_draft_tokens = tuple(tune_topks), tuple(tune_draft_tokens)
-        self.tune_placements: tuple[str, ...] | None = None     # None: every one settable live
-        self._recorded_tuning = False
-
-    # -- layout -----------------------------------------------------------------------------------
+        self.tune = TuneRequest(tune_budget_s, tune_max_steps, tuple(tune_topks), tuple(tune_draft_tokens))
 
     def get_default_screen(self) -> Screen:
-        self.main = MainScreen(self.control_state(), chart_window_s=self.chart_window_s, gpu_labels=self.gpu_labels)
+        self.main = MainScreen(self.control_state(), **self._main_options)
         return self.main
 
     def on_mount(self) -> None:
@@ -119,16 +109,6 @@ class TunerApp(App[None]):
         self.driver.end_tuner()
         self.session.close()
 
-    @property
-    def tuner(self) -> Any:
-        """The live tuner while the tune screen is open, or while it puts the server back after the
-        screen closed (`tuner_released`); the driver's tick steps it."""
-        return self.driver.tuner
-
-    @property
-    def tuner_released(self) -> bool:
-        return self.driver.tuner_released
-
     # -- the one loop: tick, then pull ------------------------------------------------------------
 
     def tick(self) -> None:
@@ -140,9 +120,6 @@ class TunerApp(App[None]):
         if store.revision != self._seen_revision:
             self._seen_revision = store.revision
             self.main.refresh_panels(self.control_state())
-            if self.read_only and self._recorded_tuning != bool(store.events(TUNING_KINDS)):
-                self._recorded_tuning = not self._recorded_tuning
-                self.refresh_bindings()
         elif self.read_only:
             self.main.draw_header()
         if self.tuning_on_screen() and self.screen.tuner is not None:
@@ -167,49 +144,23 @@ class TunerApp(App[None]):
         return bool(self.screen_stack) and isinstance(self.screen_stack[-1], TuneScreen)
 
     def action_knob(self, name: str, delta: int = 1) -> None:
-        """One key press on a knob of the table: a step within its bounds, or its next value."""
-        k = vocab.knob(name)
-        if k is None:
+        """One key press on a knob of the table: a step within its bounds, or its next value; sent, or
+        offered as a relaunch, or why not (tuner.core.control)."""
+        move = control.knob_move(self.control, self.session.backend, self.session.active_config(), name, delta)
+        if move is None:
             return
-        current = self.session.active_config().get(k.arg)
-        allowed = control.allowed_values(self.session.backend, k.arg)
-        nxt = k.bumped(current, delta, allowed)
-        if nxt is None:
-            self.notify(f"the server has not reported {k.word} yet", severity="warning")
-            return
-        if allowed is not None and nxt == current:
-            edge = "deepest" if delta > 0 else "shallowest"
-            self.notify(f"{k.word} {current} is the {edge} this server can set live "
-                        f"({', '.join(map(str, allowed))})", severity="warning")
-            return
-        self.request_change(k.arg, nxt)
-
-    def request_change(self, key: str, value: Any) -> None:
-        """Send one change, unless the backend cannot do it (then offer a relaunch in managed mode,
-        else say why)."""
-        if self.control.relaunching:
-            self.notify(f"a relaunch is running ({self.control.relaunching}): a moment", severity="warning")
-            return
-        backend = self.session.backend
-        reason = control.why_not(backend, key)
-        if reason and control.offers_relaunch(backend, key, self.control.managed, self.read_only):
-            self.offer_relaunch(key, value)
-            return
-        if reason:
-            self.notify(reason, title=f"{vocab.word(key)} cannot change here", severity="warning")
-            return
-        old = self.session.active_config().get(key)
-        self._set_control(pending=f"{vocab.word(key)} {old} → {value}", refused="")
-        self._send_change(key, value)
+        if move.warning:
+            self.notify(move.warning, title=move.title, severity="warning")
+        elif move.relaunch:
+            self.offer_relaunch(move.key, move.value)
+        else:
+            old = self.session.active_config().get(move.key)
+            self._set_control(pending=f"{vocab.word(move.key)} {old} → {move.value}", refused="")
+            self._send_change(move.key, move.value)
 
     @work(thread=True, group="control", exit_on_error=False)
     def _send_change(self, key: str, value: Any) -> None:
-        try:
-            result = self.session.set_config({key: value})
-            ok, reason = bool(getattr(result, "ok", result)), str(getattr(result, "reason", "") or "")
-        except Exception as exc:   # a dead server must not end the app; say what happened
-            ok, reason = False, f"{type(exc).__name__}: {exc}"
-        self.post_message(ControlFinished(key, value, ok, reason))
+        self.post_message(ControlFinished(key, value, *control.send(self.session, key, value)))
 
     @on(ControlFinished)
     def _control_finished(self, message: ControlFinished) -> None:
@@ -235,10 +186,8 @@ class TunerApp(App[None]):
         if proposal is None:
             self.notify(f"the server already runs {words}")
             return
-        question, command = proposal
         from tuner.screens.relaunch import RelaunchConfirm
-
-        self.push_screen(RelaunchConfirm(question, command),
+        self.push_screen(RelaunchConfirm(*proposal),
                          callback=lambda yes: self._relaunch_answered(changes, words, bool(yes)))
 
     def _relaunch_answered(self, changes: dict[str, Any], words: str, yes: bool) -> None:
@@ -247,37 +196,21 @@ class TunerApp(App[None]):
             return
         self._set_control(relaunching=words)
         self.refresh_bindings()
-        self._show_capture(f"⧗ relaunch for {words}: stopping the server…")
+        self.main.show_activity(f"⧗ relaunch for {words}: stopping the server…")
         self._relaunch_worker(changes)
 
     @work(thread=True, exclusive=True, group="relaunch", exit_on_error=False)
     def _relaunch_worker(self, changes: dict[str, Any]) -> None:
         assert self.relauncher is not None
-        # The load would only count errors while the server is away: it resumes on the new one.
-        had_load = self.session.load is not None
-        if had_load:
-            self.session.stop_load()
-        try:
-            self.relauncher.relaunch(changes, lambda text: self.post_message(RelaunchProgress(text)))
-            ok, error = True, ""
-        except Exception as exc:   # noqa: BLE001 - a failed relaunch is said, the app goes on
-            ok, error = False, (str(exc).splitlines() or [type(exc).__name__])[0]
-        if had_load and self.is_running:       # not after a quit during the relaunch
-            try:
-                self.session.start_load(self.prompts, self.control.load_concurrency, self.max_new_tokens)
-            except Exception as exc:   # noqa: BLE001
-                self.session.note(f"load not restarted after the relaunch: {exc}")
-        self.post_message(RelaunchFinished(changes, ok, error))
-
-    @on(RelaunchProgress)
-    def _relaunch_progress(self, message: RelaunchProgress) -> None:
-        if self.control.relaunching:
-            self._show_capture(f"⧗ relaunch for {self.control.relaunching}: {message.text[-160:]}")
+        error = relaunch_keeping_load(self.relauncher, self.session, changes,
+                                      lambda text: self.main.post_message(RelaunchProgress(text)),
+                                      lambda: self.is_running and self._start_load())   # not after a quit
+        self.post_message(RelaunchFinished(changes, not error, error))
 
     @on(RelaunchFinished)
     def _relaunch_finished(self, message: RelaunchFinished) -> None:
         words = self.control.relaunching
-        self._show_capture("")
+        self.main.show_activity("")
         self._set_control(relaunching="")
         self.refresh_bindings()
         if message.ok:
@@ -296,12 +229,12 @@ class TunerApp(App[None]):
     @work(thread=True, group="load", exit_on_error=False)
     def _load_worker(self, start: bool) -> None:
         try:
-            if start:
-                self.session.start_load(self.prompts, self.control.load_concurrency, self.max_new_tokens)
-            else:
-                self.session.stop_load()
+            self._start_load() if start else self.session.stop_load()
         except Exception as exc:
             self.call_from_thread(self.notify, f"load: {exc}", severity="error")
+
+    def _start_load(self) -> None:
+        self.session.start_load(self.prompts, self.control.load_concurrency, self.max_new_tokens)
 
     def action_capture_trace(self) -> None:
         backend = self.session.backend
@@ -311,38 +244,16 @@ class TunerApp(App[None]):
         if self.driver.busy_capturing:
             self.notify("a trace capture is already running", severity="warning")
             return
-        self._show_capture("starting a trace capture across all ranks…")
-
+        self.main.show_activity("starting a trace capture across all ranks…")
         # Both run on the driver's capture thread: post_message is the thread-safe way back.
-        def progress(text: str, fraction: float | None = None) -> None:
-            self.post_message(CaptureProgress(text, fraction))
-
-        def done(captured: Any, error: str) -> None:
-            if captured is None:   # the driver noted it: the log and a recording say so too
-                self.post_message(CaptureFinished(None, error))
-                return
-            failed = f"captured, but the analysis failed: {captured.analysis_error}"
-            self.post_message(CaptureFinished(captured.analysis, "" if captured.analysis else failed,
-                                              getattr(captured, "folder", "")))
-
-        self.driver.capture(progress=progress, done=done)
-
-    def _show_capture(self, text: str) -> None:
-        bar = self.main.query_one("#capture-bar", Static)
-        bar.update(text)
-        bar.set_class(bool(text), "-active")
-
-    @on(CaptureProgress)
-    def _capture_progress(self, message: CaptureProgress) -> None:
-        frac = "" if message.fraction is None else f" {message.fraction * 100:.0f}%"
-        self._show_capture(f"⧗ trace capture{frac}: {message.text}")
+        self.driver.capture(progress=lambda text, fraction=None: self.main.post_message(CaptureProgress(text, fraction)),
+                            done=lambda captured, error: self.post_message(CaptureFinished.of(captured, error)))
 
     @on(CaptureFinished)
     def _capture_finished(self, message: CaptureFinished) -> None:
-        self._show_capture("")
+        self.main.show_activity("")
         if message.folder:
-            self.notify(f"{message.folder} (open them in ui.perfetto.dev)", title="trace files kept in",
-                        timeout=20)
+            self.notify(f"{message.folder} (open them in ui.perfetto.dev)", title="trace files kept in", timeout=20)
         if message.analysis is None:
             self.notify(message.error, title="trace capture failed", severity="error")
             return
@@ -355,31 +266,28 @@ class TunerApp(App[None]):
 
     def action_analysis(self) -> None:
         """Open the newest capture's analysis again (on a replay, the recorded one)."""
-        analysed = [tr for tr in self.session.store.traces() if tr.analysis is not None]
-        if not analysed:
-            hint = "" if self.read_only else ": press c to capture one"
-            self.notify(f"no analysed trace yet{hint}", severity="warning")
+        latest = self.main.latest_analysis()
+        if latest is None:
+            self.notify("no analysed trace yet" + ("" if self.read_only else ": press c to capture one"),
+                        severity="warning")
             return
-        latest = analysed[-1]
-        when = latest.t - self.main.origin()
-        self._show_trace(thaw(latest.analysis), f"trace analysis · {latest.trace_id} · captured at {rel_time(when)}")
+        self._show_trace(*latest)
 
     def action_pyspy(self) -> None:
-        self._show_capture("⧗ sampling the server's Python stacks with py-spy…")
+        self.main.show_activity("⧗ sampling the server's Python stacks with py-spy…")
         self._pyspy_worker()
 
     @work(thread=True, exclusive=True, group="pyspy", exit_on_error=False)
     def _pyspy_worker(self) -> None:
         try:
             from tuner.core.pyspy import pyspy_top
-            sample = getattr(self.session, "pyspy", None) or (lambda: pyspy_top(self.session))
-            self.post_message(PySpyFinished(sample()))
+            self.post_message(PySpyFinished(pyspy_top(self.session)))
         except Exception as exc:
             self.post_message(PySpyFinished(None, f"{type(exc).__name__}: {exc}"))
 
     @on(PySpyFinished)
     def _pyspy_finished(self, message: PySpyFinished) -> None:
-        self._show_capture("")
+        self.main.show_activity("")
         if message.result is None:
             self.notify(message.error, title="py-spy failed", severity="error")
             return
@@ -396,13 +304,13 @@ class TunerApp(App[None]):
                 return
             self.push_screen(TuneScreen(recorded=recorded))
             return
-        if self.tuner is not None:
-            if self.tuner_released:
+        if self.driver.tuner is not None:
+            if self.driver.tuner_released:
                 self.notify("the last tuning is still putting the server back: a moment", severity="warning")
             else:
-                self._show_tuner(self.tuner)
+                self._show_tuner(self.driver.tuner)
             return
-        tuner, reason = self._new_tuner()
+        tuner, reason = self.tune.tuner(self.session)
         if tuner is None:
             self.notify(reason, title="tuning is not available here", severity="warning")
             return
@@ -417,33 +325,8 @@ class TunerApp(App[None]):
         # Closing the screen hands the tuner back: it is cancelled and puts the best verified setting back.
         self.push_screen(TuneScreen(tuner), callback=lambda _: self.release_tuner())
 
-    def tune_space(self) -> list:
-        """tuning.settings.tune_space over what this server can change live (tune_max_steps deep)."""
-        from tuner.tuning.settings import tune_space
-
-        backend = self.session.backend
-        return tune_space(lambda arg: not control.why_not(backend, arg), self.tune_max_steps, self.tune_topks,
-                          self.tune_draft_tokens, self.tune_placements, include_off=True,
-                          steps_allowed=control.allowed_values(backend, STEPS))
-
-    def _new_tuner(self) -> tuple[Any, str]:
-        """A Tuner over the session, or None and why not (one line)."""
-        from tuner.tuning.live import Tuner, TunerOptions, TuningError
-
-        backend = self.session.backend
-        if backend is None:
-            return None, "no server to tune"
-        reason = control.why_not(backend, STEPS)
-        if reason:
-            return None, f"the tuner changes steps live, and {reason}"
-        try:
-            return Tuner(self.session, self.tune_space(), TunerOptions(budget_s=self.tune_budget_s)), ""
-        except TuningError as e:
-            return None, str(e)
-
     def release_tuner(self) -> None:
-        """The tune screen closed: cancel a running tuner (it then puts the best verified setting
-        back, stepped by the tick) and close it once it has finished."""
+        """The tune screen closed: the tuner is cancelled, puts the best verified setting back, closes."""
         if self.driver.release_tuner():
             self.notify("tuning stopped: putting the best verified setting back")
 
@@ -469,17 +352,13 @@ class TunerApp(App[None]):
 
     def action_step(self, dt: float = 1.0) -> None:
         """One step of `dt` recording seconds (pauses first: stepping a running replay means nothing)."""
-        backend = self.session.backend
-        if not backend.paused:
-            backend.pause()
-        backend.step(dt)
+        self.session.backend.pause()
+        self.session.backend.step(dt)
         self.tick()
         self.main.draw_header()
 
     def action_seek(self, delta: float) -> None:
-        backend = self.session.backend
-        target = min(max(self.session.now() + delta, backend.start_t), backend.start_t + backend.length_s)
-        self.session.seek(target)
+        self.session.seek(self.session.now() + delta)      # the recording's bounds hold it
         self.driver.skip_events()
         self.main.clear_log()
         self.tick()
@@ -501,7 +380,8 @@ class TunerApp(App[None]):
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        for a in actions.palette(read_only=self.read_only, recorded_tuning=self._recorded_tuning):
+        recorded = self.read_only and bool(self.session.store.events(TUNING_KINDS))
+        for a in actions.palette(read_only=self.read_only, recorded_tuning=recorded):
             yield SystemCommand(a.title, self.read_only and a.replay_hint or a.hint, partial(self.run_action, a.action))
 
     @on(KnobsPanel.Pressed)
@@ -510,16 +390,10 @@ class TunerApp(App[None]):
         await self.run_action(message.action)
 
 
-def make_app(session: Session, *, load: int = 0, prompts: list[dict] | None = None,
-             max_new_tokens: int = 128, tick_s: float | None = 0.25, start_load: bool = True,
-             gpu_labels: dict[int, str] | None = None, tune_budget_s: float = TUNE_BUDGET_S,
-             tune_max_steps: int = TUNE_MAX_STEPS, tune_topks: tuple[int, ...] = (1,),
-             tune_draft_tokens: tuple[int, ...] = (), relauncher: Relauncher | None = None) -> TunerApp:
-    """The app as every command and test builds it (Posting's make_posting)."""
+def make_app(session: Session, *, load: int = 0, prompts: list[dict] | None = None, start_load: bool = True,
+             **options: Any) -> TunerApp:
+    """The app as every command and test builds it (Posting's make_posting); `options` are TunerApp's."""
     if prompts is None:
         from tuner.backends.load import builtin_prompts
         prompts = builtin_prompts()
-    return TunerApp(session, tick_s=tick_s, load_concurrency=load, prompts=prompts,
-                    max_new_tokens=max_new_tokens, start_load=start_load and load > 0, gpu_labels=gpu_labels,
-                    tune_budget_s=tune_budget_s, tune_max_steps=tune_max_steps, tune_topks=tune_topks,
-                    tune_draft_tokens=tune_draft_tokens, relauncher=relauncher)
+    return TunerApp(session, load_concurrency=load, prompts=prompts, start_load=start_load and load > 0, **options)

@@ -43,6 +43,15 @@ class CaptureFinished(Message):
     folder: str = ""
     """Where the rank files are kept (for Perfetto); "" when they are not."""
 
+    @classmethod
+    def of(cls, captured: Any, error: str) -> "CaptureFinished":
+        """From the driver's capture result (None when it failed: the driver noted why, so the log
+        and a recording say so too)."""
+        if captured is None:
+            return cls(None, error)
+        failed = f"captured, but the analysis failed: {captured.analysis_error}"
+        return cls(captured.analysis, "" if captured.analysis else failed, captured.folder)
+
 
 @dataclass
 class PySpyFinished(Message):

@@ -37,7 +37,7 @@ def tune_app(url: str, budget_s: float):
     session = Session(connect(url))
     app = make_app(session, load=2, prompts=builtin_prompts(), max_new_tokens=32,
                    tune_budget_s=budget_s, tune_max_steps=2)
-    app.tune_placements = ("sharded",)      # chains 1..2 and speculation off: 3 settings
+    app.tune.placements = ("sharded",)      # chains 1..2 and speculation off: 3 settings
     return session, app
 
 
@@ -51,7 +51,7 @@ def test_tune_screen_runs_the_tuner_and_applies_a_row(engine):
             assert ("u", "tune", "tune") in app.key_help()
             await pilot.press("u")
             screen = app.screen
-            assert isinstance(screen, TuneScreen) and app.tuner is screen.tuner
+            assert isinstance(screen, TuneScreen) and app.driver.tuner is screen.tuner
             # The knob keys belong to the tuner while its screen is up.
             assert app.check_action("knob", ("steps", 1)) is False
             seen = set()
@@ -89,9 +89,9 @@ def test_tune_screen_runs_the_tuner_and_applies_a_row(engine):
             await pilot.press("enter")
             await wait_for(pilot, lambda: server_active(engine.url)[STEPS] == 1, why="steps 1 applied")
             await wait_for(pilot, lambda: session.active_config().get(STEPS) == 1, why="the TUI sees steps 1")
-            tuner = app.tuner
+            tuner = app.driver.tuner
             await pilot.press("escape")
-            await wait_for(pilot, lambda: app.tuner is None and not tuner.feed._thread.is_alive(),
+            await wait_for(pilot, lambda: app.driver.tuner is None and not tuner.feed._thread.is_alive(),
                            why="the tuner closed")
             assert not isinstance(app.screen, TuneScreen)
             assert app.check_action("steps", (1,)) is True
@@ -111,15 +111,15 @@ def test_closing_the_screen_while_tuning_puts_the_starting_setting_back(engine):
         async with app.run_test(size=(120, 40)) as pilot:
             await wait_for(pilot, lambda: isinstance(session.active_config().get(STEPS), int), why="first read-back")
             await pilot.press("u")
-            tuner = app.tuner
+            tuner = app.driver.tuner
             # The first probe is the starting setting; the second changes what the server runs.
             # Bounded only against a hang: the first probe's settle and windows took over 40 s on a
             # busy 2-core machine (a fresh-clone CI run).
             await wait_for(pilot, lambda: session.active_config().get(STEPS) != 3, timeout=180,
                            why="the tuner to apply a probe setting")
             await pilot.press("escape")
-            assert app.tuner_released and tuner.state == "running"
-            await wait_for(pilot, lambda: app.tuner is None, timeout=30, why="the tuner to finish after closing")
+            assert app.driver.tuner_released and tuner.state == "running"
+            await wait_for(pilot, lambda: app.driver.tuner is None, timeout=30, why="the tuner to finish after closing")
             assert tuner.state == "done" and tuner.result.stop_reason == "cancelled"
             await wait_for(pilot, lambda: not tuner.feed._thread.is_alive(), why="the feed thread to stop")
             assert server_active(engine.url)[STEPS] == 3
@@ -136,12 +136,12 @@ def test_the_tune_keys_space_takes_trees_when_topk_changes_live(engine):
     session = Session(connect(engine.url))
     try:
         app = make_app(session, tune_max_steps=3, tune_topks=(1, 4), tune_draft_tokens=(8,))
-        app.tune_placements = ("sharded",)
-        space = {(s.steps, s.topk, s.num_draft_tokens) for s in app.tune_space()}
+        app.tune.placements = ("sharded",)
+        space = {(s.steps, s.topk, s.num_draft_tokens) for s in app.tune.space(session.backend)}
         chains = {(0, 1, 1), (1, 1, 2), (2, 1, 3), (3, 1, 4)}
         # steps 1, topk 4: a pool of 4 drafts cannot fill N - 1 = 7; steps 2 and 3 can.
         assert space == chains | {(2, 4, 8), (3, 4, 8)}
         assert {(s.steps, s.topk, s.num_draft_tokens) for s in make_app(session, tune_max_steps=3,
-                tune_topks=(1, 4)).tune_space() if s.placement == "sharded"} == chains
+                tune_topks=(1, 4)).tune.space(session.backend) if s.placement == "sharded"} == chains
     finally:
         session.close()

@@ -6,7 +6,8 @@ Under `specdecode-tune launch` the tool owns the server, so a knob the server ca
 command (tuner.backends.sglang.managed implements the protocol). Outside managed mode there is no
 relauncher and the face says why the knob cannot change, as before.
 
-Standard library and probes.names only: no I/O, no server, no widgets.
+Standard library and probes.names only: no I/O of its own (`relaunch_keeping_load` calls only what
+it is handed), no widgets.
 """
 
 from __future__ import annotations
@@ -47,3 +48,24 @@ def relaunch_changes(key: str, value: Any, active: Mapping[str, Any]) -> dict[st
         if isinstance(n, int) and not isinstance(n, bool):
             changes[DRAFT_TOKENS] = n
     return changes
+
+
+def relaunch_keeping_load(relauncher: Relauncher, session: Any, changes: Mapping[str, Any],
+                          progress: Callable[[str], None], restart_load: Callable[[], Any]) -> str:
+    """Relaunch with `changes` (blocking: a worker thread calls it); the session's load driver is
+    stopped meanwhile (it would only count errors while the server is away) and `restart_load`
+    starts it on the new server. Returns "" or the failure's first line."""
+    had_load = session.load is not None
+    if had_load:
+        session.stop_load()
+    try:
+        relauncher.relaunch(changes, progress)
+        error = ""
+    except Exception as exc:   # noqa: BLE001 - a failed relaunch is said, the face goes on
+        error = (str(exc).splitlines() or [type(exc).__name__])[0]
+    if had_load:
+        try:
+            restart_load()
+        except Exception as exc:   # noqa: BLE001
+            session.note(f"load not restarted after the relaunch: {exc}")
+    return error
