@@ -39,8 +39,6 @@ from tuner.widgets.knobs import KnobsPanel
 from tuner.widgets.tune_view import TUNING_KINDS, recorded_doc
 
 DEFAULT_LOAD = 4
-TUNE_BUDGET_S = 120.0
-TUNE_MAX_STEPS = 5
 
 
 class TunerApp(App[None]):
@@ -63,8 +61,8 @@ class TunerApp(App[None]):
     def __init__(self, session: Session, *, tick_s: float | None = 0.25, load_concurrency: int = 0,
                  prompts: list[dict] | None = None, chart_window_s: float = CHART_WINDOW_S,
                  start_load: bool = False, max_new_tokens: int = 128,
-                 gpu_labels: dict[int, str] | None = None, tune_budget_s: float = TUNE_BUDGET_S,
-                 tune_max_steps: int = TUNE_MAX_STEPS, tune_topks: tuple[int, ...] = (1,),
+                 gpu_labels: dict[int, str] | None = None, tune_budget_s: float = TuneRequest.budget_s,
+                 tune_max_steps: int = TuneRequest.max_steps, tune_topks: tuple[int, ...] = (1,),
                  tune_draft_tokens: tuple[int, ...] = (), relauncher: Relauncher | None = None) -> None:
         super().__init__()
         self.session = session
@@ -219,12 +217,10 @@ class TunerApp(App[None]):
             self.notify(message.error, title="relaunch failed", severity="error")
 
     def action_toggle_load(self) -> None:
-        if self.session.load is not None:
-            self._load_worker(False)
-        elif not self.prompts:
+        if self.session.load is None and not self.prompts:
             self.notify("no prompts for the load driver", severity="warning")
         else:
-            self._load_worker(True)
+            self._load_worker(self.session.load is None)
 
     @work(thread=True, group="load", exit_on_error=False)
     def _load_worker(self, start: bool) -> None:
