@@ -27,7 +27,7 @@ def test_refused_change_and_table(standin, capsys):
 
 
 def test_one_line_errors(capsys):
-    assert main(["once", "http://127.0.0.1:9"]) == 2
+    assert main(["once", "http://127.0.0.1:9"]) == 1          # the server's fault: 1, as every command says it
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "cannot connect" in err
     assert main(["once", "http://127.0.0.1:9", "--set", "nonsense"]) == 2

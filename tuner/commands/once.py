@@ -71,8 +71,10 @@ def run(args: argparse.Namespace) -> int:
             t0 = session.now()
             driver.run(stop, tick_s=TICK_S, duration_s=args.seconds)
             session.stop_load()
-    except (OpenError, ValueError) as e:     # PromptFileError and a bad --set are ValueErrors
-        return fail("once", e, 2)            # once says any failure to start as its usage error
+    except OpenError as e:                   # the opener's rule: 2 for the command's inputs, 1 for the server
+        return fail("once", e)
+    except ValueError as e:                  # PromptFileError and a bad --set: the command's inputs
+        return fail("once", e, 2)
     # Read after close: a poll still in flight when the time was up (a slow server) has ended by
     # then (its deadline bounds it), and what it found belongs to this look.
     r = readings(session, t0)
