@@ -32,9 +32,17 @@ class Declared(Backend):
         pass
 
 
-SGLANG_LIKE = Capabilities(settable=frozenset({STEPS}), reasons={TOPK: "topk needs a relaunch"},
-                           restart_keys=frozenset({TOPK, DRAFT_TOKENS}),
-                           live_values={STEPS: (1, 3, 5)}, value_notes={STEPS: {5: "pinned at bs 1-7 only"}})
+def settable(*keys: str, **kw) -> Capabilities:
+    """Capabilities that change `keys` live, in either shape of the flag (one `settable` set, or the
+    knob table's per-knob `CAN_SET_*` fields): the knob-table issue moves from one to the other."""
+    if "settable" in Capabilities.__dataclass_fields__:
+        return Capabilities(settable=frozenset(keys), **kw)
+    from tuner.core import setting as vocab
+    return Capabilities(**{vocab.knob(k).capability: True for k in keys}, **kw)
+
+
+SGLANG_LIKE = settable(STEPS, reasons={TOPK: "topk needs a relaunch"}, restart_keys=frozenset({TOPK, DRAFT_TOKENS}),
+                       live_values={STEPS: (1, 3, 5)}, value_notes={STEPS: {5: "pinned at bs 1-7 only"}})
 ACTIVE = {STEPS: 3, TOPK: 1, DRAFT_TOKENS: 4, PLACEMENT: "sharded"}
 
 
