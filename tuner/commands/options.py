@@ -26,8 +26,8 @@ from typing import Any, Callable, Iterator
 from tuner.backends.load import builtin_prompts
 from tuner.commands.keys import ApiKeyError, add_key_arguments, api_key_of
 
-__all__ = ["MAX_STEPS_BOUND", "TUI_GPUS_EVERY_S", "OpenError", "Opened", "add_load_arguments", "add_server_arguments",
-           "add_tui_tune_arguments", "api_key", "builtin_prompts", "fail", "gpu_labels", "int_list",
+__all__ = ["MAX_STEPS_BOUND", "TUI_GPUS_EVERY_S", "OpenError", "Opened", "add_load_arguments", "add_objective_arguments", "add_server_arguments",
+           "add_tui_tune_arguments", "api_key", "builtin_prompts", "fail", "gpu_labels", "int_list", "objective_of",
            "open_session", "parse_change", "placement_list", "prompts_for", "run_tui", "start_nvml", "tui_inputs"]
 
 MAX_STEPS_BOUND = 64
@@ -80,6 +80,22 @@ class _RateAction(argparse.Action):
         setattr(namespace, self.dest, values)
         if not getattr(namespace, "load", 0):
             namespace.load = RATE_CAP
+
+
+def add_objective_arguments(parser: argparse.ArgumentParser) -> None:
+    """--objective and --slo (tuner.tuning.slo); the TUI's tune key takes the same."""
+    from tuner.tuning.slo import OBJECTIVES
+    parser.add_argument("--objective", choices=OBJECTIVES, default="throughput",
+                        help="throughput (highest tok/s) or latency (lowest p99 inter-token latency)")
+    parser.add_argument("--slo", default=None, metavar="TERMS",
+                        help="highest tok/s subject to e.g. 'itl_p99<=40ms,ttft_p99<=2s' "
+                             "(ttft, queue and e2e terms are judged only under --rate)")
+
+
+def objective_of(args: argparse.Namespace):
+    """The Objective of --objective/--slo/--rate; SloError (one line) when the SLO does not parse."""
+    from tuner.tuning.slo import Objective, parse_slo
+    return Objective(args.objective, parse_slo(args.slo) if args.slo else (), open_loop=bool(args.rate))
 
 
 # -- parsers --------------------------------------------------------------------------------------------

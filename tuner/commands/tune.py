@@ -1,11 +1,8 @@
-"""`specdecode-tune tune URL [--budget D] [--apply] [--out FILE]`: headless live tuning.
-(`--schedule`: per batch size over a load sweep, tuner.commands.tune_schedule.)
+"""`specdecode-tune tune URL [--budget D] [--apply] [--out FILE]`: headless live tuning
+(`--schedule`: per batch size over a load sweep, tuner.commands.tune_schedule).
 
-Connects to the server, keeps load on it (unless --load 0 and the server has its own traffic),
-runs the live tuner (tuner.tuning.live) to the end on the headless driver (tuner.core.driver),
-prints each step in tuner.core.event_text's words and then the readout: chosen setting, the A/B
-evidence, predicted vs measured tok/s, fitted costs, what an acceptance-only policy would pick,
-the what-if for the draft's placement, and SGLang flags.
+Keeps load on the server (unless --load 0), runs the live tuner (tuner.tuning.live) on the headless
+driver, prints each step in tuner.core.event_text's words, then the readout (tuner.tuning.summary).
 Without --apply the server is put back as it was; --out records everything, as `record` does.
 """
 
@@ -17,8 +14,9 @@ import threading
 from pathlib import Path
 
 from tuner.commands.duration import parse_duration
-from tuner.commands.options import (MAX_STEPS_BOUND, OpenError, add_load_arguments, add_server_arguments, fail,
-                                    int_list, open_session, placement_list, prompts_for)
+from tuner.commands.options import (MAX_STEPS_BOUND, OpenError, add_load_arguments, add_objective_arguments,
+                                    add_server_arguments, fail, int_list, objective_of, open_session, placement_list,
+                                    prompts_for)
 from tuner.commands.tune_schedule import SCHEDULE_PLACEMENTS, add_schedule_arguments, run_schedule, schedule_problem
 from tuner.core.driver import Driver
 from tuner.core import setting as vocab
@@ -26,7 +24,7 @@ from tuner.core.event_text import event_text
 from tuner.core.events import TUNING_PREFIX, TuningKind
 from tuner.core.records import Event, thaw
 from tuner.core.text import terminal_safe
-from tuner.recording.outputs import OutputError, check_output, write_text
+from tuner.recording.outputs import OutputError, unwritable_output, write_text
 from tuner.tuning.settings import steps_left_out, tune_space
 from tuner.tuning.summary import summary
 
@@ -54,22 +52,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(load=4)
 
 
-def add_objective_arguments(parser: argparse.ArgumentParser) -> None:
-    """--objective and --slo (tuner.tuning.slo); the TUI's tune key takes the same."""
-    from tuner.tuning.slo import OBJECTIVES
-    parser.add_argument("--objective", choices=OBJECTIVES, default="throughput",
-                        help="throughput (highest tok/s) or latency (lowest p99 inter-token latency)")
-    parser.add_argument("--slo", default=None, metavar="TERMS",
-                        help="highest tok/s subject to e.g. 'itl_p99<=40ms,ttft_p99<=2s' "
-                             "(ttft, queue and e2e terms are judged only under --rate)")
-
-
-def objective_of(args: argparse.Namespace):
-    """The Objective of --objective/--slo/--rate; SloError (one line) when the SLO does not parse."""
-    from tuner.tuning.slo import Objective, parse_slo
-    return Objective(args.objective, parse_slo(args.slo) if args.slo else (), open_loop=bool(args.rate))
-
-
 def _say(line: str) -> None:
     print(terminal_safe(line, keep_newlines=True), flush=True)
 
@@ -81,10 +63,7 @@ def say_event(e: Event) -> None:
         return
     said = event_text(e.kind, thaw(e.data))
     if said is not None:
-        _say(("" if e.kind in TOP_LEVEL else "  ") + said.text)
-
-
-TOP_LEVEL = frozenset({TuningKind.STARTED, TuningKind.APPLIED})
+        _say(("" if e.kind in (TuningKind.STARTED, TuningKind.APPLIED) else "  ") + said.text)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,12 +77,9 @@ def run(args: argparse.Namespace) -> int:
     deep = not 1 <= args.max_steps <= MAX_STEPS_BOUND and f"--max-steps must be between 1 and {MAX_STEPS_BOUND}"
     if deep or schedule_problem(args) or trees:
         return fail("tune", deep or schedule_problem(args) or trees, 2)
-    for flag, path in (("--json", args.json_out), ("--adaptive-config", args.adaptive_config)):
-        try:   # before tuning: a result that cannot be written must not cost the whole budget
-            if path is not None:
-                check_output(path, overwrite=True, flag="")
-        except OutputError as e:
-            return fail("tune", f"{flag}: {e}", 2)
+    unwritable = unwritable_output({"--json": args.json_out, "--adaptive-config": args.adaptive_config})
+    if unwritable:      # before tuning: a result that cannot be written must not cost the whole budget
+        return fail("tune", unwritable, 2)
     try:
         with open_session(args, record=args.out, header={"command": "tune"}, start=True) as opened:
             rc = _tune(args, opened, budget, prompts)

@@ -15,7 +15,7 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 
 class OutputError(Exception):
@@ -29,6 +29,18 @@ def same_file(a: Path, b: Path) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return os.path.realpath(a) == os.path.realpath(b)
+
+
+def unwritable_output(paths: Mapping[str, Path | None]) -> str | None:
+    """"FLAG: why" for the first of `paths` (flag -> path, None: not asked for) that may not be
+    written (an existing result is replaced), or None when every one may."""
+    for flag, path in paths.items():
+        try:
+            if path is not None:
+                check_output(path, overwrite=True, flag="")
+        except OutputError as e:
+            return f"{flag}: {e}"
+    return None
 
 
 def check_output(path: Path, *, overwrite: bool, inputs: Iterable[Path] = (), flag: str = "--overwrite",
