@@ -1,7 +1,8 @@
 """`specdecode-tune attach URL [--api-key KEY] [--load N]`: the TUI over a live server.
 
 Opens the session (tuner.commands.options.open_session: key, connection, GPU source) and runs the
-app on it. Several URLs, `--fleet` or `--router` open the fleet screen (tuner.screens.fleet) instead;
+app on it. Several URLs, `--fleet`, `--router` or `--prometheus` open the fleet screen
+(tuner.screens.fleet) instead, with Prometheus' and the last trace capture's readings laid over it;
 `enter` there opens this same single-server view on that server, and quitting it comes back.
 Errors before the TUI opens are one line on stderr; nothing is left running when it
 returns.
@@ -42,10 +43,16 @@ def run(args: argparse.Namespace) -> int:
 
 def _fleet(args: argparse.Namespace, members: list, key: str | None, inputs: tuple) -> int:
     """The fleet screen; enter runs the single-server view on that server's session, then back."""
+    from tuner.fleet.overlays import for_fleet
     from tuner.fleet.poller import FleetPoller
+    from tuner.fleet.prometheus import PrometheusError
     from tuner.screens.fleet import FleetApp
 
-    with FleetPoller(members, key=key) as poller:
+    try:
+        overlays = for_fleet(members, getattr(args, "prometheus", None))
+    except PrometheusError as e:
+        raise OpenError(str(e), e.rc) from None
+    with FleetPoller(members, key=key, overlays=overlays) as poller:
         while True:
             name = FleetApp(poller).run()
             if name is None:

@@ -3,7 +3,9 @@
 Used by tuner.commands.once alone. Each server has its own thread and session
 (tuner.fleet.poller), so a server that hangs or dies shows as degraded or gone in its own row and
 never holds the others. `--set` goes to every server first, each outcome one line (applied, refused
-with the reason, or needs a relaunch). Prints the table (tuner.fleet.rows) or one JSON object.
+with the reason, or needs a relaunch). With `--prometheus`, DCGM's GPU readings, the phase split and
+Prometheus-only states fill the rows; a server without a draft-collective share gets its last trace
+capture's, with its age. Prints the table (tuner.fleet.rows) or one JSON object.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def run_fleet(args: argparse.Namespace, members: list[Member], key: str | None, 
             s.stop_load()
         rows = poller.rows()
     rows = _through_prometheus(args, rows, members)
+    rows = _from_traces(rows, members)
     agg = aggregate(rows)
     if args.json:
         print(json.dumps({"servers": [r.to_json() for r in rows], "aggregate": agg,
@@ -69,4 +72,14 @@ def _through_prometheus(args: argparse.Namespace, rows: list, members: list[Memb
         overlay.refresh()
     for note in list(getattr(args, "fleet_notes", [])) + overlay.notes():
         print(terminal_safe(f"specdecode-tune once: {note}"), file=sys.stderr)
+    return overlay.fill(rows, members)
+
+
+def _from_traces(rows: list, members: list[Member]) -> list:
+    """The draft's collective share from the last trace capture, with its age, where neither the
+    server nor Prometheus gave one (SGLang: tuner.fleet.trace_overlay)."""
+    from tuner.fleet.trace_overlay import TraceShareOverlay
+
+    overlay = TraceShareOverlay(members)
+    overlay.refresh()
     return overlay.fill(rows, members)

@@ -63,7 +63,34 @@ def readings(session: Any, t0: float) -> dict[str, Any]:
     out["has_phase_timers"] = bool(caps and caps.HAS_PHASE_TIMERS)
     out["problems"] = [e.data.get("error") for e in st.events((EventKind.POLL_ERROR, EventKind.LOAD_ERROR))]
     out["latency"] = latency_window(st, t0)
+    out["draft_comm_trace"] = None if _draft_comm_live(out) else trace_share(session)
     return _nan_to_none(out)
+
+
+def _draft_comm_live(r: dict[str, Any]) -> bool:
+    from probes.names import DRAFT, DRAFT_EXTEND
+    return any(isinstance(r["phase_comm_ms"].get(p), float) and math.isfinite(r["phase_comm_ms"][p])
+               for p in (DRAFT, DRAFT_EXTEND))
+
+
+def trace_share(session: Any) -> dict[str, Any] | None:
+    """The draft's collective share from the newest trace capture of this server (this session's,
+    else one saved by an earlier command: tuner.core.trace_share), with its age; None without one.
+    What SGLang's `once` shows, since its plugin cannot time the collectives inside CUDA graphs."""
+    import time
+
+    from tuner.core import trace_share as T
+
+    analysed = [tr for tr in session.store.traces() if tr.analysis is not None]
+    if analysed:
+        pct = T.draft_comm_pct(analysed[-1].analysis)
+        if pct is not None:
+            return {"pct": pct, "age_s": max(0.0, session.now() - analysed[-1].t), "trace_id": analysed[-1].trace_id}
+    url = getattr(session.backend, "url", "")
+    saved = T.newest_saved(url) if url else None
+    if saved is None:
+        return None
+    return {"pct": saved.pct, "age_s": saved.age_s(time.time()), "trace_id": saved.trace_id}
 
 
 def latency_window(st: Any, t0: float) -> dict[str, Any]:
@@ -114,6 +141,10 @@ def format_table(r: dict[str, Any]) -> str:
         lines.append("phase     n/a (no decode iterations while watching: try --load N)")
     else:
         lines.append("phase     n/a (no phase timers on this server)")
+    if r.get("draft_comm_trace"):
+        from tuner.core.trace_share import share_text
+        d = r["draft_comm_trace"]
+        lines.append(f"draft coll. {share_text(d['pct'], d['age_s'])}")
     lines.append("live      " + "  ".join(f"{k.replace('speculative_', '')}: {'yes' if v == 'live' else 'no'}"
                                           for k, v in r["live"].items()))
     for k, vals in r.get("live_values", {}).items():

@@ -107,6 +107,13 @@ def capture_into(session: Any, num_steps: int = 5, timeout_s: float = 120.0,
         folder = _keep(list(result.files), (keep_in or traces_dir()) / _safe(result.profile_id))
         if folder:
             data["folder"] = folder
+            if analysis is not None:
+                # For a later command on this server (once, the fleet row): the draft's collective
+                # share with its wall-clock time, since SGLang's plugin cannot time those collectives.
+                import time
+
+                from tuner.core.trace_share import save
+                save(Path(folder), backend.url, analysis, time.time(), result.profile_id)
         session.put(Event(now, EventKind.TRACE_CAPTURED, data))
         return Captured(result.profile_id, tuple(p.name for p in result.files), result.seconds,
                         analysis, error, folder)

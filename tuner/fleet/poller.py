@@ -10,14 +10,16 @@ something else (not SGLang, not `serve`) is `refused` with the reason.
 
 `session(name)` hands a member's session to a caller that will tick it itself (the single-server
 view): the member's thread stops ticking it until `give_back(name)`. Each thread owns its session
-and closes it when the poller closes. Must not print or draw.
+and closes it when the poller closes. `overlays` (tuner.fleet.overlays: Prometheus, the last trace
+capture) are started and closed with the poller, and `rows()` lays each over the rows in order.
+Must not print or draw.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from tuner.core.clock import Clock, SystemClock
 from tuner.fleet.members import Member
@@ -70,8 +72,10 @@ class FleetPoller:
     """Threads that keep one FleetRow per member fresh. Start with start(), end with close()."""
 
     def __init__(self, members: list[Member], *, key: str | None = None, opener: Opener | None = None,
-                 clock: Clock | None = None, tick_s: float = TICK_S, retry_s: float = RETRY_S) -> None:
+                 clock: Clock | None = None, tick_s: float = TICK_S, retry_s: float = RETRY_S,
+                 overlays: Sequence[Any] = ()) -> None:
         self.members = list(members)
+        self.overlays = list(overlays)
         self.clock = clock or SystemClock()
         self._opener = opener or (lambda m: open_member(m, key))
         self._tick_s, self._retry_s = tick_s, retry_s
@@ -90,6 +94,8 @@ class FleetPoller:
         import tuner.core.session  # noqa: F401
 
         self._started_at = self.clock.now()
+        for overlay in self.overlays:
+            overlay.start()
         for slot in self._slots.values():
             slot.row = replace(slot.row, last_seen=self._started_at)   # "connecting" ages from here
             slot.thread = threading.Thread(target=self._run, args=(slot,), name=f"fleet-{slot.member.name}",
@@ -104,6 +110,8 @@ class FleetPoller:
             slot.held.clear()
             if slot.thread is not None:
                 slot.thread.join(JOIN_S)
+        for overlay in self.overlays:
+            overlay.close()
 
     def __enter__(self) -> "FleetPoller":
         return self.start()
@@ -118,7 +126,14 @@ class FleetPoller:
         now = self.clock.now()
         with self._lock:
             rows = [s.row for s in self._slots.values()]
-        return [aged(r, now) for r in rows]
+        rows = [aged(r, now) for r in rows]
+        for overlay in self.overlays:
+            rows = overlay.fill(rows, self.members)
+        return rows
+
+    def notes(self) -> list[str]:
+        """The overlays' problems now (Prometheus down, DCGM series left out), one line each."""
+        return [n for o in self.overlays for n in o.notes()]
 
     def first_tries_done(self) -> bool:
         """Whether every member's first connect has ended, answered or not (`once` waits for it)."""

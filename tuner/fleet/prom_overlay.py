@@ -4,8 +4,8 @@ server's phase stream is not reachable, and the state of a server seen only thro
 `PrometheusOverlay(client).refresh()` asks three things (targets, the one DCGM query, the one phase
 query) and keeps the answers; `fill(rows, members)` (pure over those answers) returns the rows with
 `gpu_pct` and `draft_comm_pct` filled where the row has none, and a row the tool cannot reach itself
-(gone, connecting) shown from Prometheus' side: degraded "only through Prometheus" while its target
-is up, gone with Prometheus' reason once a scrape failed or one interval plus its timeout passed.
+(gone, connecting, or degraded before any answer) shown from Prometheus' side: degraded "only
+through Prometheus" while its target is up, gone with Prometheus' reason once a scrape failed or one interval plus its timeout passed.
 A refresh that fails keeps nothing old: its one line is `problem`. Must not contact a server.
 """
 
@@ -58,7 +58,10 @@ class PrometheusOverlay:
             if r.draft_comm_pct is None and split is not None:
                 r = replace(r, draft_comm_pct=split.draft_comm_pct)
             target = self.targets.get(inst)
-            if r.state in UNREACHED and target is not None:
+            # Never reached by us: gone, connecting, or degraded before its first answer (a connect
+            # that timed out, or a row aged while its connect still waits) has no server kind yet.
+            unreached = r.state in UNREACHED or (r.state == "degraded" and not r.kind)
+            if unreached and target is not None:
                 state, why = target_state(target, now)
                 if state == "connected":
                     r = replace(r, state="degraded", detail=f"only through Prometheus ({r.detail or r.state})")

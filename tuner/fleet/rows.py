@@ -46,6 +46,7 @@ class FleetRow:
     http_errors: int = 0
     last_seen: float | None = None      # session-clock time of the newest record (None: never)
     age_s: float | None = None          # now - last_seen when the row was read out
+    draft_comm_trace_age_s: float | None = None   # set: draft_comm_pct is a trace capture's, this old
 
     def to_json(self) -> dict[str, Any]:
         return {k: _finite(v) for k, v in asdict(self).items()}
@@ -145,10 +146,18 @@ def _f(x: float | None, fmt: str) -> str:
 COLUMNS = ("server", "state", "setting", "tok/s", "τ", "draft comm", "GPU", "errors", "age")
 
 
+def draft_comm_text(r: FleetRow) -> str:
+    """`12 %` from a live split; `31 % (trace 4 min ago)` from the last trace capture (SGLang)."""
+    if r.draft_comm_pct is not None and r.draft_comm_trace_age_s is not None:
+        from tuner.core.trace_share import share_text
+        return share_text(r.draft_comm_pct, r.draft_comm_trace_age_s)
+    return _f(r.draft_comm_pct, "{:.0f} %")
+
+
 def row_cells(r: FleetRow) -> tuple[str, ...]:
     """The row as the table's cells (COLUMNS), plain text."""
     return (r.name, r.state_text, setting_text(r.setting), _f(r.tok_s, "{:.1f}"), _f(r.tau, "{:.2f}"),
-            _f(r.draft_comm_pct, "{:.0f} %"), _f(r.gpu_pct, "{:.0f} %"), str(r.http_errors),
+            draft_comm_text(r), _f(r.gpu_pct, "{:.0f} %"), str(r.http_errors),
             _f(r.age_s, "{:.1f} s"))
 
 

@@ -105,7 +105,9 @@ class FleetScreen(Screen[None]):
             table.move_cursor(row=min(max(cursor, 0), len(rows) - 1))
         order = f"sorted by {self.sort_key}{' (reversed)' if self.reverse else ''}"
         picked = f" · {len(self.selected)} selected" if self.selected else ""
-        self.query_one("#fleet-outcome", Static).update(Text(f"{order}{picked}\n{self.outcome}".rstrip()))
+        # The overlays' problems (Prometheus down, DCGM series left out) stay in view while they last.
+        notes = "".join(f"\n{n}" for n in self.poller.notes()) if hasattr(self.poller, "notes") else ""
+        self.query_one("#fleet-outcome", Static).update(Text(f"{order}{picked}{notes}\n{self.outcome}".rstrip()))
 
     # -- keys ------------------------------------------------------------------------------------------
 
