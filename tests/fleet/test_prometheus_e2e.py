@@ -1,7 +1,8 @@
 """The fleet through a real Prometheus (Debian's binary, a generated config, a free port, 1-s scrapes)
 scraping the shared session `serve --tp-size 2` and the DCGM stand-in: discovery by selector, the
 phase split and the DCGM join from one query each, `once --prometheus` and `report --prometheus`,
-and a target that stops answering shown gone from its first failed scrape."""
+and the fleet screen's poller with attach's overlays: a target only Prometheus reaches degraded, then
+gone from its first failed scrape."""
 
 from __future__ import annotations
 
@@ -17,14 +18,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness import ROOT, wait_until
+from harness import ROOT, free_port, wait_until
 from prom_harness import BINARY, running_prometheus
 import dcgm_standin
 from tuner.fleet import dcgm, prom_phases
 from tuner.fleet.members import Member
-from tuner.fleet.prom_overlay import PrometheusOverlay
+from tuner.fleet.overlays import for_fleet
+from tuner.fleet.poller import FleetPoller
 from tuner.fleet.prometheus import PrometheusClient, discover_fleet
-from tuner.fleet.rows import FleetRow
 
 # Skipped only off CI: .ci/run installs the package and fails when it cannot.
 pytestmark = pytest.mark.skipif(not Path(BINARY).exists() and not os.environ.get("CI"),
@@ -100,23 +101,29 @@ def test_fleet_through_prometheus_and_dcgm(tp2_server, tmp_path):
             assert main(["report", "--prometheus", url, "--selector", '{instance="nowhere:1"}', "--from", "now-5m",
                          "--out", str(tmp_path / "r2.json")]) == 1 and not (tmp_path / "r2.json").exists()
 
-            # A target only Prometheus reaches: degraded while it answers, gone from its first failed scrape.
-            member = Member("dcgm", f"http://127.0.0.1:{dport}", source="prometheus",
-                            labels={"instance": f"127.0.0.1:{dport}"})
-            overlay = PrometheusOverlay(client)
-            overlay.refresh()
-            assert overlay.fill([FleetRow("dcgm", member.url, state="gone")], [member])[0].state == "degraded"
-            exporter.shutdown()
-            exporter.server_close()
-            t_stop = time.time()
-
-            def gone():
-                overlay.refresh()
-                row = overlay.fill([FleetRow("dcgm", member.url, state="gone")], [member])[0]
-                return row if row.detail.startswith("Prometheus:") else None
-            row = wait_until(gone, 30, "the stopped exporter to show gone", interval=0.2)
-            target = overlay.targets[f"127.0.0.1:{dport}"]
-            assert row.state == "gone" and target.health == "down"
+            # The fleet screen's poller with attach's overlays (Prometheus refreshed on its own thread):
+            # the server, and a target only Prometheus reaches (our own connection is refused, its scrape
+            # target answers): degraded while it answers, gone from its first failed scrape.
+            far = Member("far", f"http://127.0.0.1:{free_port()}", source="prometheus",
+                         labels={"instance": f"127.0.0.1:{dport}"})
+            near = Member("serve", tp2_server.url, source="prometheus", labels={"instance": serve})
+            with FleetPoller([near, far], overlays=for_fleet([near, far], url)) as poller:
+                def row(name, ok):
+                    r = {r.name: r for r in poller.rows()}[name]
+                    return r if ok(r) else None
+                near_row = wait_until(lambda: row("serve", lambda r: r.state == "connected" and r.draft_comm_pct),
+                                      60, "the server's row with its live draft-collective share")
+                assert near_row.draft_comm_trace_age_s is None and poller.notes() == [
+                    "DCGM: 7 series without a Hostname label were left out (cannot join them to a server)"]
+                wait_until(lambda: row("far", lambda r: r.state_text.startswith(
+                    "degraded (only through Prometheus (")), 30, "the far target degraded, seen through Prometheus")
+                exporter.shutdown()
+                exporter.server_close()
+                t_stop = time.time()
+                gone = wait_until(lambda: row("far", lambda r: r.state == "gone" and r.detail.startswith("Prometheus:")),
+                                  30, "the stopped exporter to show gone in the fleet's rows", interval=0.2)
+                target = poller.overlays[0].overlay.targets[f"127.0.0.1:{dport}"]
+            assert gone.detail.startswith("Prometheus: ") and target.health == "down"
             assert target.last_scrape - t_stop <= target.interval_s + target.timeout_s
             client.close()
     finally:
