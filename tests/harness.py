@@ -84,6 +84,24 @@ def start_server(args: list[str], env: dict[str, str] | None = None,
                                cwd=ROOT, die_with_parent=True)
 
 
+def start_servers(n: int, args: list[str], env: dict[str, str] | None = None,
+                  timeout_s: float = START_TIMEOUT_S) -> list[EngineProcess]:
+    """`n` ready `serve ARGS`, launched together from this thread and then each waited for (their
+    start-up overlaps); on any failure none is left running."""
+    launched: list[EngineProcess] = []
+    try:
+        for _ in range(n):
+            launched.append(EngineProcess.launch([*args, *EXTRA_ARGS], env={**SERVE_ENV, **(env or {})},
+                                                 cwd=ROOT, die_with_parent=True))
+        for s in launched:
+            s.wait_ready(timeout_s)
+    except BaseException:
+        for s in launched:
+            s.kill()
+        raise
+    return launched
+
+
 @contextmanager
 def checked_server(args: list[str], env: dict[str, str] | None = None) -> Iterator[EngineProcess]:
     """A started server for a fixture. On the way out SIGTERM must end it with status 0, and the

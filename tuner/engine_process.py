@@ -6,6 +6,8 @@ reference engine as a child:
     with EngineProcess.start(["--tp-size", "2", "--port", "0"], timeout_s=180) as engine:
         httpx.get(engine.url + "/server_info")
 
+(`launch` then `wait_ready` is the same in two steps, for starting several servers side by side.)
+
 - The child gets its own session, so its process group is the server plus every process it
   spawned (TP ranks, multiprocessing's resource tracker); `stop()` and `kill()` end all of it.
 - Optionally (`die_with_parent`, Linux) the server gets SIGTERM when the thread that started it
@@ -119,6 +121,17 @@ class EngineProcess:
         die_with_parent: SIGTERM the server when the calling thread dies (so call it from a thread
         that lives as long as the server should, normally the main one). Raises EngineStartError.
         """
+        engine = cls.launch(args, env, log_path, cwd=cwd, die_with_parent=die_with_parent, python=python)
+        engine.wait_ready(timeout_s)
+        return engine
+
+    @classmethod
+    def launch(cls, args: Sequence[str], env: Mapping[str, str] | None = None, log_path: str | Path | None = None,
+               *, cwd: str | Path | None = None, die_with_parent: bool = False,
+               python: str | None = None) -> "EngineProcess":
+        """Start the server and return at once, before it is ready (`url` is None until
+        wait_ready()): several servers launched one after another, then each waited for, start side
+        by side while every one still dies with the thread that launched it."""
         command = serve_command(args, python)
         if log_path is None:
             log_file = tempfile.TemporaryFile(prefix="refengine-serve-", suffix=".log", buffering=0)
@@ -136,16 +149,21 @@ class EngineProcess:
         except BaseException:
             log_file.close()
             raise
-        engine = cls(proc, log_file, log_path, command)
+        return cls(proc, log_file, log_path, command)
+
+    def wait_ready(self, timeout_s: float = 180.0) -> None:
+        """Return once the ready line names the URL. Raises EngineStartError when the server exits
+        or is not ready within `timeout_s`; the server's group is gone by then (also when the
+        caller is interrupted while waiting)."""
         try:
-            engine._wait_ready(timeout_s)
+            self._wait_ready(timeout_s)
         except BaseException:
-            # Not ready, or the caller was interrupted while waiting: nothing may outlive this call.
-            engine.stop(timeout=10.0, grace_s=5.0)
+            self.stop(timeout=10.0, grace_s=5.0)
             raise
-        return engine
 
     def _wait_ready(self, timeout_s: float) -> None:
+        if self.url is not None:
+            return
         deadline = time.monotonic() + timeout_s
         while True:
             exited = self.proc.poll() is not None     # checked before reading, so no line is missed

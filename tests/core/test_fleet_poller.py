@@ -1,6 +1,9 @@
 """The fleet over real sockets: two stand-in servers, one that hangs (takes connections, never
 answers), one of another kind (answers HTML), one that is not there. Each row says its own state
-and the others stay fresh; `once` and `doctor` give one row or verdict per server."""
+and the others stay fresh; `once` and `doctor` give one row or verdict per server.
+
+One set of servers for the module (stopping a stand-in waits on its serve loop's poll): the one that
+dies is its own, and a test that changes a setting puts it back."""
 
 from __future__ import annotations
 
@@ -17,15 +20,15 @@ from tuner.fleet.members import Member
 from tuner.fleet.poller import FleetPoller
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def fleet():
-    good = [StandIn().start(), StandIn().start()]
+    good = [StandIn().start(), StandIn().start(), StandIn().start()]     # the third one dies
     other = StandIn().start()
     other.mode = "html"                      # a web server, not a model server
     hung = socket.socket()
     hung.bind(("127.0.0.1", 0))
     hung.listen(16)                          # the kernel completes the handshake; nobody ever reads
-    urls = {"a": good[0].url, "b": good[1].url, "web": other.url,
+    urls = {"a": good[0].url, "b": good[1].url, "c": good[2].url, "web": other.url,
             "hung": f"http://127.0.0.1:{hung.getsockname()[1]}", "dead": f"http://127.0.0.1:{free_port()}"}
     yield good, urls
     hung.close()
@@ -42,7 +45,8 @@ def test_each_server_its_own_state_and_none_stalls_the_others(fleet):
     with FleetPoller([Member(n, u) for n, u in urls.items()]) as poller:
         def settled():
             rows = by_name(poller.rows())
-            return (rows["a"].state == rows["b"].state == "connected" and rows["dead"].state == "gone"
+            return (rows["a"].state == rows["b"].state == rows["c"].state == "connected"
+                    and rows["dead"].state == "gone"
                     and rows["web"].state == "refused" and rows["hung"].state == "degraded") and rows
         rows = wait_until(settled, 30, "every server's state")
         assert "no answer for" in rows["hung"].detail and "not SGLang" not in rows["dead"].detail
@@ -54,8 +58,8 @@ def test_each_server_its_own_state_and_none_stalls_the_others(fleet):
         fresh = wait_until(lambda: (r := by_name(poller.rows()))["a"].last_seen > seen and r, 10, "a newer row of a")
         assert fresh["a"].age_s < 1.5 and fresh["hung"].state == "degraded"
         # a server that dies is gone in its row
-        good[1].stop()
-        wait_until(lambda: by_name(poller.rows())["b"].state == "gone", 10, "b gone")
+        good[2].stop()
+        wait_until(lambda: by_name(poller.rows())["c"].state == "gone", 10, "c gone")
         assert by_name(poller.rows())["a"].state == "connected"
 
 
@@ -65,8 +69,11 @@ def test_a_change_to_several_servers_says_each_outcome(fleet):
     with FleetPoller([Member("a", urls["a"]), Member("b", urls["b"])]) as poller:
         wait_until(lambda: len(poller.sessions()) == 2, 30, "both connected")
         out = apply_to_fleet(poller.sessions(), {"speculative_num_steps": 2})
-    assert out["a"].status == "applied" and good[0].config["steps"] == 2
-    assert out["b"].status == "refused" and "must be <= 2" in out["b"].reason
+    try:
+        assert out["a"].status == "applied" and good[0].config["steps"] == 2
+        assert out["b"].status == "refused" and "must be <= 2" in out["b"].reason
+    finally:
+        good[0].config.update(steps=3, num_draft_tokens=4)
 
 
 def test_once_over_a_fleet(fleet, capsys):

@@ -4,8 +4,9 @@
 worker killed behind it is gone in its row. A second router over two recording stand-ins checks what
 registering a worker asks of it, and that `serve`-shaped workers report no load to power_of_two.
 
-COST: the heaviest module of the suite per second: four engines (4 + 4 processes) and two routers on
-2 cores, about 30 s. One module, one set of servers (module scope).
+COST: four engines and two routers on 2 cores. One module, one set of servers (module scope): the
+four engines are launched together and waited for together, and the stand-ins' router registers
+its workers while they boot; the router marks a worker unhealthy after one failed check.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
-from harness import ROOT, free_port, start_server, wait_until
+from harness import ROOT, free_port, start_servers, wait_until
 
 pytest.importorskip("sglang_router", reason="the fleet extra (sglang-router) is not installed: make test installs it")
 pytestmark = pytest.mark.slow
@@ -35,6 +37,8 @@ def start_router(workers: list[str], policy: str = "round_robin") -> tuple[subpr
     proc = subprocess.Popen(
         [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
          "--worker-urls", *workers, "--policy", policy, "--health-check-interval-secs", "1",
+         # one failed check marks a worker unhealthy (3 by default), and nothing is in flight at the end
+         "--health-failure-threshold", "1", "--shutdown-grace-period-secs", "1",
          "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", "warn"],
         stdout=log.open("w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     return proc, f"http://127.0.0.1:{port}", log
@@ -57,23 +61,55 @@ def workers(router: str) -> dict:
         return {}
 
 
+def recording_standin(asked: list[str]):
+    """A stand-in server that records every GET path and answers registration's /health and
+    /model_info as SGLang 0.5.23 does (and no /get_load, as SGLang has none)."""
+    sys.path.insert(0, str(ROOT / "tests" / "core"))
+    from core_standin import StandIn
+
+    standin = StandIn().start()
+    base = standin._httpd.RequestHandlerClass
+
+    class Recording(base):
+        def do_GET(self):
+            asked.append(self.path)
+            if self.path == "/health":
+                return self._send(200, "")
+            if self.path == "/model_info":
+                return self._send(200, {"model_path": "tiny", "is_generation": True})
+            return super().do_GET()
+
+    standin._httpd.RequestHandlerClass = Recording
+    return standin
+
+
 @pytest.fixture(scope="module")
 def fleet():
-    # One after another from this thread: a server dies with the thread that started it
-    # (PR_SET_PDEATHSIG), and on 2 cores starting them at once gains nothing.
+    """Four ready `serve` behind a round_robin router, and a power_of_two router over two recording
+    stand-ins (with what they were asked). Everything is started from this thread: a server dies
+    with the thread that started it (PR_SET_PDEATHSIG)."""
     servers: list = []
-    router = None
+    routers: list = []
+    stand: list = []
+    asked: list[str] = []
     try:
-        for _ in range(N):
-            servers.append(start_server(SERVE))
-        router, url, log = start_router([s.url for s in servers])
+        # The stand-ins' router registers its workers while the engines boot.
+        stand = [recording_standin(asked), recording_standin(asked)]
+        routers.append(start_router([s.url for s in stand], policy="power_of_two"))
+        servers = start_servers(N, SERVE)
+        routers.append(start_router([s.url for s in servers]))
+        url = routers[-1][1]
         wait_until(lambda: (w := workers(url)) and w.get("total") == N
                    and all(x.get("is_healthy") for x in w["workers"]), 90, "4 healthy workers behind the router")
-        yield servers, url, log
+        yield servers, url, routers[0][1], stand, asked
     finally:
-        if router is not None:
-            stop(router)
+        for proc, _, _ in routers:
+            proc.terminate()
+        for proc, _, _ in routers:
+            stop(proc)
         for s in servers:
+            s.stop()
+        for s in stand:
             s.stop()
 
 
@@ -87,7 +123,7 @@ def test_router_in_front_of_serve(fleet, capsys):
     from tuner.cli import main
     from tuner.fleet.router import parse_workers, router_members
 
-    servers, router, _ = fleet
+    servers, router, _, _, _ = fleet
     answer = workers(router)
     recorded = json.loads(RECORDED.read_text())
     # the live answer has every field the recorded one has (the recorded fixture is still true)
@@ -97,10 +133,15 @@ def test_router_in_front_of_serve(fleet, capsys):
     assert parse_workers(answer) == members and all(m.labels["is_healthy"] == "True" for m in members)
 
     before = [served_requests(s.url) for s in servers]
-    for i in range(2 * N):
-        r = httpx.post(router + "/generate", json={"text": f"def f{i}(", "sampling_params": {"max_new_tokens": 4}},
-                       timeout=120)
-        assert r.status_code == 200 and len(r.json()["output_ids"]) == 4
+
+    def generate(i: int) -> httpx.Response:
+        return httpx.post(router + "/generate", json={"text": f"def f{i}(", "sampling_params": {"max_new_tokens": 4}},
+                          timeout=120)
+
+    # all at once: round robin deals them out in arrival order, and each worker batches its two
+    with ThreadPoolExecutor(2 * N) as pool:
+        for r in pool.map(generate, range(2 * N)):
+            assert r.status_code == 200 and len(r.json()["output_ids"]) == 4
     after = [served_requests(s.url) for s in servers]
     assert [b - a for a, b in zip(before, after)] == [2] * N          # round robin: two each
 
@@ -119,38 +160,12 @@ def test_router_in_front_of_serve(fleet, capsys):
     assert sum(r["state"] == "connected" for r in rows.values()) == N - 1
 
 
-def test_what_registering_asks_and_power_of_two_loads():
+def test_what_registering_asks_and_power_of_two_loads(fleet):
     """Registration asks /health, /model_info and /server_info (sglang-router 0.3.2); power_of_two
     gets no load from a server shaped like SGLang 0.5.23 (no /get_load): /get_loads says -1."""
-    sys.path.insert(0, str(ROOT / "tests" / "core"))
-    from core_standin import StandIn
-
-    asked: list[str] = []
-
-    def recording(standin):
-        base = standin._httpd.RequestHandlerClass
-
-        class Recording(base):
-            def do_GET(self):
-                asked.append(self.path)
-                if self.path == "/health":
-                    return self._send(200, "")
-                if self.path == "/model_info":
-                    return self._send(200, {"model_path": "tiny", "is_generation": True})
-                return super().do_GET()
-
-        standin._httpd.RequestHandlerClass = Recording
-        return standin
-
-    stand = [recording(StandIn().start()), recording(StandIn().start())]
-    router, url, _ = start_router([s.url for s in stand], policy="power_of_two")
-    try:
-        wait_until(lambda: workers(url).get("total") == 2, 60, "two workers registered")
-        assert {"/health", "/model_info", "/server_info"} <= set(asked)
-        loads = httpx.get(url + "/get_loads", timeout=10).json()["workers"]
-        assert sorted(x["worker"] for x in loads) == sorted(s.url for s in stand)
-        assert {x["load"] for x in loads} == {-1}
-    finally:
-        stop(router)
-        for s in stand:
-            s.stop()
+    _, _, url, stand, asked = fleet
+    wait_until(lambda: workers(url).get("total") == 2, 60, "two workers registered")
+    assert {"/health", "/model_info", "/server_info"} <= set(asked)
+    loads = httpx.get(url + "/get_loads", timeout=10).json()["workers"]
+    assert sorted(x["worker"] for x in loads) == sorted(s.url for s in stand)
+    assert {x["load"] for x in loads} == {-1}
