@@ -16,6 +16,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+# SGLang 0.5.23's own live keys (scheduler_components/internal_state.py `_update_handlers`), which
+# it takes without the plugin; the plugin adds its two. Any other key refuses the whole body.
+SGLANG_UPDATABLE = ("pp_max_micro_batch_size", "speculative_accept_threshold_single",
+                    "speculative_accept_threshold_acc")
+PLUGIN_UPDATABLE = ("specdecode_num_steps", "specdecode_timers")
+
 
 class StandIn:
     def __init__(self, kind: str = "refengine", plugin: bool = False, adaptive: bool = False,
@@ -37,6 +43,8 @@ class StandIn:
         self.incremental = False          # stream output ids as deltas (SGLang --incremental-streaming-output)
         self.startup_time = time.time()
         self.state_extra: dict[str, Any] = {}   # more internal_states[0] keys (a pin, adaptive, ...)
+        # SGLang's resolved server args its /set_internal_state overrides (launch value 1.0)
+        self.overrides: dict[str, Any] = {}
         self._httpd: ThreadingHTTPServer | None = None
         self.port = 0
 
@@ -79,6 +87,8 @@ class StandIn:
             state.update(self.state_extra)
             return {**launch, "internal_states": [state], "version": "0.1.0", "engine": "refengine",
                     "startup_time": self.startup_time}
+        launch.update({k: 1.0 for k in SGLANG_UPDATABLE[1:]})
+        state.update({k: 1.0 for k in SGLANG_UPDATABLE[1:]}, **self.overrides)
         state["speculative_adaptive"] = self.adaptive
         state.update(self.state_extra)
         return {**launch, "internal_states": [state], "version": "0.5.23", "frontend": "python",
@@ -113,10 +123,13 @@ class StandIn:
         self.posts.append(body)
         args = body.get("server_args", {}) if isinstance(body, dict) else {}
         if self.kind == "sglang":
-            ok = self.plugin and set(args) <= {"specdecode_num_steps", "specdecode_timers"}
+            # All or nothing, as SGLang's set_internal_state: validate every key, then apply.
+            ok = set(args) <= {*SGLANG_UPDATABLE, *(PLUGIN_UPDATABLE if self.plugin else ())}
             if ok and "specdecode_num_steps" in args:
                 self.config["steps"] = int(args["specdecode_num_steps"])
                 self.config["num_draft_tokens"] = self.config["steps"] + 1
+            if ok:
+                self.overrides.update({k: v for k, v in args.items() if k in SGLANG_UPDATABLE})
             return 200, [bool(ok)]
         if self.refuse_next:
             msg, self.refuse_next = self.refuse_next, None

@@ -3,12 +3,15 @@ probes.names) shows up in the keys, the help, the palette, the knobs panel, the 
 config, the report's columns, the tuner's search space and each backend's capabilities.
 
 The row checked is SGLang's `speculative_accept_threshold_single`, a real one: live on SGLang (its own
-/set_internal_state takes it), refused by our engine by name.
+/set_internal_state takes it), refused by our engine by name. One test drives it end to end: the key,
+the request body an SGLang-shaped server (tests/core/core_standin.py, real sockets) receives, the
+recorded active value and the report's column.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import io
 import math
 from pathlib import Path
@@ -23,6 +26,13 @@ from tuner.core.records import Event
 from tuner.core.session import Session
 from tuner.screens.help import HelpScreen, keys_table
 from tuner.widgets.knobs import KnobsPanel, KnobView
+
+from .helpers import wait_for
+
+_spec = importlib.util.spec_from_file_location(
+    "core_standin_for_knob_table", Path(__file__).resolve().parents[1] / "core" / "core_standin.py")
+core_standin = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(core_standin)
 
 ARG = "speculative_accept_threshold_single"
 EXTRA = vocab.knob(ARG)
@@ -167,3 +177,46 @@ def test_our_engine_declares_its_knobs_and_refuses_this_one_by_name(extra_knob):
     b._info = b.normalize_info({"internal_states": [{}]})       # an engine from before it declared them
     assert b.capabilities.settable == {"speculative_num_steps", "speculative_eagle_topk",
                                        "speculative_num_draft_tokens", "speculative_draft_placement"}
+
+
+def test_j_reaches_sglang_the_recording_and_the_report(extra_knob, tmp_path):
+    """key → /set_internal_state body → recorded active value → report column, against an SGLang
+    0.5.23 stand-in without the plugin (SGLang takes this knob itself), recorded by a Recorder on the
+    TUI's own session."""
+    from tuner.backends import connect
+    from tuner.core.events import EventKind
+    from tuner.recording import Recorder, header_for
+    from tuner.report import markdown
+    from tuner.report.data import load
+    from tuner.report.summary import summarize
+
+    standin = core_standin.StandIn(kind="sglang")
+    standin.overrides[ARG] = 0.7          # as if set earlier: j has room to raise it
+    standin.start()
+    path = tmp_path / "accept.db"
+
+    async def scenario():
+        backend = connect(standin.url)
+        session = Session(backend, recorder=Recorder(path, header_for(backend, command="test")))
+        app = tapp.make_app(session, load=0)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: session.active_config().get(ARG) == 0.7, why="the first read-back")
+            await pilot.press("j")
+            await wait_for(pilot, lambda: session.active_config().get(ARG) == 0.8, why="0.8 read back")
+            assert standin.posts == [{"server_args": {ARG: 0.8}}]      # the knob's own name, no plugin key
+            changed = session.store.last_event(EventKind.CONFIG_CHANGED)
+            assert changed is not None and changed.data["new"][ARG] == 0.8
+            # The report needs time at the new setting: readings a second past the change.
+            await wait_for(pilot, lambda: session.store.t_last >= changed.t + 1.0, why="readings after the change")
+        # Leaving the app closed the session, and with it the recording.
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        standin.stop()
+    data = load(path)
+    assert [e.data["new"][ARG] for e in data.events(EventKind.CONFIG_CHANGED)] == [0.8]
+    rows = summarize(data).rows
+    assert [r.to_json()["setting"][ARG] for r in rows] == [0.7, 0.8]
+    assert rows[1].label.endswith("accept_single=0.8")
+    assert "accept_single=0.8" in markdown.render(summarize(data))

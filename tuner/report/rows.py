@@ -17,6 +17,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from probes.names import R_PHASE_MS
 from tuner.core import series as S
 from tuner.core import setting as vocab
 from tuner.core import timeline as T
@@ -61,7 +62,7 @@ class SettingRow:
             "accept_len": self.accept_len, "accept_rate": self.accept_rate,
             "accept_pos": {str(k): v for k, v in sorted(self.accept_pos.items())},
             "batch_size": self.batch, "iter_per_s": self.iter_per_s,
-            "phase_ms": self.phase_ms, "phase_comm_ms": self.comm_ms, "wall_ms": self.wall_ms,
+            R_PHASE_MS: self.phase_ms, "phase_comm_ms": self.comm_ms, "wall_ms": self.wall_ms,
             "idle_ms": self.idle_ms,
             "comm_share": {"draft": self.comm_share("draft"), "verify": self.comm_share("verify")},
             "gpus": {str(i): m for i, m in sorted(self.gpus.items())},
