@@ -1,4 +1,6 @@
 """`specdecode-tune record URL --out FILE`: the headless session in a plain loop, into one recording.
+Several URLs, `--fleet`, `--router` or `--prometheus` record a fleet into one file instead
+(tuner.commands.record_fleet).
 
 For shared boxes reached over SSH: no terminal has to stay open (run it under nohup/tmux/systemd),
 and Textual is never imported. A thin shell over the headless driver (tuner.core.driver), which
@@ -22,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from tuner.commands.duration import parse_duration
+from tuner.commands.fleet_options import add_fleet_server_arguments, fleet_of
 from tuner.commands.keys import command_line
-from tuner.commands.options import (OpenError, add_load_arguments, add_server_arguments, api_key, fail, open_session,
-                                    parse_change, prompts_for)
+from tuner.commands.options import (OpenError, add_load_arguments, api_key, fail, open_session, parse_change,
+                                    prompts_for)
 from tuner.commands.record_terminal import (Progress, Stopper, _setting, file_size, hms, mb,  # noqa: F401
                                            say_event, status_line)
 from tuner.core.driver import Driver, ScheduledChange
@@ -55,7 +58,7 @@ def parse_set_at(text: str) -> ScheduledChange:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_server_arguments(p)
+    add_fleet_server_arguments(p)
     p.add_argument("--out", "-o", type=Path, required=True, metavar="FILE", help="the recording to write (SQLite)")
     p.add_argument("--duration", type=parse_duration, default=None, metavar="D",
                    help="stop after D (90, 5m, 2h; default: until Ctrl-C or SIGTERM)")
@@ -99,6 +102,14 @@ def run(args: argparse.Namespace) -> int:
                        "capture_trace_every_s": args.capture_trace_every, "capture_steps": args.capture_steps,
                        "set_at": [{"at_s": c.at_s, "key": c.key, "value": c.value} for c in args.set_at]}
         header = {"command": command_line(sys.argv[1:], key), "record": record_opts}
+        members = fleet_of(args)
+        if members is not None:
+            if args.capture_trace_every or args.set_at:
+                raise OpenError("--capture-trace-every and --set-at record one server: name one URL", 2)
+            from tuner.commands.record_fleet import run_fleet_record
+            for note in getattr(args, "fleet_notes", []):
+                print(f"specdecode-tune record: {note}", file=sys.stderr)
+            return run_fleet_record(args, members, key, header, prompts, record_store)
         with open_session(args, key=key, check=lambda b: _can_capture(args, b), record=args.out, header=header,
                           overwrite=args.overwrite, store=record_store(), start=True,
                           gpus_every_s=1.0 / args.nvml_hz if args.nvml_hz > 0 else None) as opened:

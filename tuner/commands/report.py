@@ -117,6 +117,9 @@ def _run(args: argparse.Namespace) -> int:
         say(str(e))
         return 2
     try:
+        members = _fleet_members(args.file)
+        if members:
+            return _fleet(args, out, fmt, members, say)
         data = load(args.file)
     except RecordingError as e:
         say(str(e))
@@ -157,6 +160,45 @@ def _run(args: argparse.Namespace) -> int:
         say(summary.verdict.sentences[0])
     if wrote:
         say("wrote " + ", ".join(wrote))
+    return 0
+
+
+def _fleet_members(path: Path) -> list[dict]:
+    """A fleet recording's members; [] for a one-server recording (schema 1 included)."""
+    from tuner.recording import open_recording
+    from tuner.recording.reader import fleet_members
+
+    with open_recording(path) as reader:
+        return fleet_members(reader.header)
+
+
+def _fleet(args: argparse.Namespace, out: Path | None, fmt: str | None, members: list[dict], say) -> int:
+    """A fleet recording's report: the fleet summary, then each server's report (tuner.report.fleet)."""
+    from tuner.recording.outputs import write_text
+    from tuner.report.fleet import load_fleet, render as render_fleet
+
+    if args.perfetto is not None or args.csv is not None or args.speculation_profile is not None or out is None:
+        say(f"{args.file} records a fleet of {len(members)} servers: its report goes to --out (.html, .md, .json "
+            "or -) only")
+        return 2
+    report = load_fleet(args.file, members)
+    for name, summary in report.summaries.items():
+        for p in summary.data.problems:
+            say(f"{name}: {p} (the report covers what is readable)")
+    text = render_fleet(report, fmt or "html")
+    try:
+        if str(out) == "-":
+            sys.stdout.write(text)
+        else:
+            write_text(out, text)
+    except OutputError as e:
+        say(str(e))
+        return 1
+    for name, summary in report.summaries.items():
+        if summary.verdict:
+            say(f"{name}: {summary.verdict.sentences[0]}")
+    if str(out) != "-":
+        say(f"wrote {out}")
     return 0
 
 

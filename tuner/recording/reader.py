@@ -7,7 +7,9 @@ of both files, where SQLite replays the WAL, and the copy goes when the reader c
 missing (the header says WAL mode and the file was not closed) or unreadable is named, together with
 what the file holds without it. A file that is not a recording, or is from a newer schema, or is
 truncated, gives a one-line `problem` (or a RecordingError when nothing at all can be read); whatever
-is readable is still returned. Must not import textual.
+is readable is still returned. A fleet recording (schema 2) is read one member at a time
+(`open_recording(path, server=NAME)`: that member's records, its header over the file's); a schema-1
+file has no server column and reads as the one server it is. Must not import textual.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any, Iterator
 
 from tuner.core.records import Event, Record, Sample, Trace
 from tuner.recording.schema import (
-    APPLICATION_ID, SCHEMA_VERSION, RecordingError, unpack_trace, value_out,
+    APPLICATION_ID, FLEET_KEY, SCHEMA_VERSION, SERVER_KEY, RecordingError, unpack_trace, value_out,
 )
 
 CHUNK = 5000
@@ -36,9 +38,18 @@ _DB_ERRORS = (sqlite3.DatabaseError, ValueError)
 MAX_SKIPS = 1000
 
 
-def open_recording(path: str | Path) -> "RecordingReader":
-    """Open a recording for reading. Raises RecordingError only when nothing in it can be read."""
-    return RecordingReader(path)
+def open_recording(path: str | Path, server: str | None = None) -> "RecordingReader":
+    """Open a recording for reading (server: one fleet member's part). Raises RecordingError only
+    when nothing in it can be read, or when it has no member of that name."""
+    return RecordingReader(path, server)
+
+
+def fleet_members(header: dict[str, Any]) -> list[dict[str, Any]]:
+    """A fleet recording's members ({name, url}, in the fleet's order); [] for one server."""
+    members = header.get(FLEET_KEY)
+    if not isinstance(members, list):
+        return []
+    return [m for m in members if isinstance(m, dict) and isinstance(m.get("name"), str)]
 
 
 class RecordingReader:
@@ -48,8 +59,9 @@ class RecordingReader:
         warnings: every problem met while reading (problem is the first).
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, server: str | None = None) -> None:
         self.path = Path(path)
+        self.server = server
         self.warnings: list[str] = []
         self.recovered_copy = False      # True when a -wal was replayed in a private copy
         self._tmpdir: str | None = None
@@ -63,6 +75,14 @@ class RecordingReader:
         except BaseException:
             self._drop_copy()
             raise
+        if server is not None:
+            names = [m["name"] for m in fleet_members(self.header)]
+            if server not in names:
+                self.close()
+                raise RecordingError(f"{self.path} has no server {server!r}"
+                                     + (f" (servers: {', '.join(names)})" if names else " (it records one server)"))
+            own = self.header.get(SERVER_KEY + server)
+            self.header = {**self.header, **(own if isinstance(own, dict) else {}), "server": server}
         if self.schema_version > SCHEMA_VERSION:
             self._warn(f"{self.path.name} was written by a newer specdecode-tune (schema {self.schema_version} > "
                        f"{SCHEMA_VERSION}); upgrade to read all of it — showing what this version understands")
@@ -201,7 +221,8 @@ class RecordingReader:
             if table not in self._tables:
                 continue
             try:
-                a, b = self.db.execute(f"SELECT min(t), max(t) FROM {table}").fetchone()
+                where, args = self._scope(table)
+                a, b = self.db.execute(f"SELECT min(t), max(t) FROM {table} WHERE {where}", args).fetchone()
             except _DB_ERRORS as e:
                 self._warn(f"{self.path.name} is truncated or corrupt ({table}: {_line(e)})")
                 continue
@@ -211,6 +232,16 @@ class RecordingReader:
 
     # -- reading ----------------------------------------------------------------------------------
 
+    def _scope(self, table: str) -> tuple[str, tuple]:
+        """The WHERE clause keeping one member's rows (everything in a one-server reading)."""
+        if self.server is None:
+            return "1=1", ()
+        return "server = ?", (self.server,)
+
+    def servers(self) -> list[str]:
+        """A fleet recording's member names; [] for a one-server recording."""
+        return [m["name"] for m in fleet_members(self.header)]
+
     def series_names(self) -> list[str]:
         return sorted(set(self._series.values()))
 
@@ -218,6 +249,8 @@ class RecordingReader:
         """Rows in seq order, in chunks; stops with a warning at the first unreadable page."""
         if table not in self._tables:
             return
+        scope, extra = self._scope(table)
+        where, args = f"{where} AND {scope}", (*args, *extra)
         last = -1
         skips = 0
         while True:
@@ -333,8 +366,9 @@ class RecordingReader:
                 continue
             try:
                 # A damaged row may hold anything: only an integer seq counts.
+                scope, extra = self._scope(table)
                 row = self.db.execute(f"SELECT seq FROM {table} WHERE t >= ? AND typeof(seq) = 'integer' "
-                                      f"ORDER BY t LIMIT 1", (_f(t),)).fetchone()
+                                      f"AND {scope} ORDER BY t LIMIT 1", (_f(t), *extra)).fetchone()
             except _DB_ERRORS:
                 continue
             if row is not None:

@@ -112,6 +112,15 @@ class Recorder:
         if records and self._thread.is_alive():
             self._q.put(list(records))
 
+    def for_server(self, name: str) -> "ServerSink":
+        """A sink for one fleet member's session: its records go into this file under `name`.
+        Closing the sink closes nothing (the fleet's owner closes the recorder once)."""
+        return ServerSink(self, name)
+
+    def _write_as(self, server: str, records: list[Record]) -> None:
+        if records and self._thread.is_alive():
+            self._q.put(("records", server, list(records)))
+
     def set_header(self, key: str, value: Any) -> None:
         """Add or replace one header entry (e.g. GPUs, known only after the first NVML read)."""
         self._q.put(("meta", key, value))
@@ -177,6 +186,8 @@ class Recorder:
                     in_tx = True
                 if isinstance(item, list):
                     seq = self._insert(db, item, series, seq)
+                elif isinstance(item, tuple) and item[0] == "records":
+                    seq = self._insert(db, item[2], series, seq, item[1])
                 elif isinstance(item, tuple) and item[0] == "meta":
                     db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (item[1], dumps(item[2])))
                 elif isinstance(item, tuple) and item[0] == "flush":
@@ -211,7 +222,8 @@ class Recorder:
                 if isinstance(item, tuple) and item[0] == "flush":
                     item[1].set()
 
-    def _insert(self, db: sqlite3.Connection, records: list[Record], series: dict[str, int], seq: int) -> int:
+    def _insert(self, db: sqlite3.Connection, records: list[Record], series: dict[str, int], seq: int,
+                server: str = "") -> int:
         samples, events, traces = [], [], []
         for r in records:
             seq += 1
@@ -220,19 +232,42 @@ class Recorder:
                 if sid is None:
                     cur = db.execute("INSERT INTO series (name) VALUES (?)", (r.series,))
                     sid = series[r.series] = int(cur.lastrowid)
-                samples.append((seq, r.t, sid, value_in(float(r.value))))
+                samples.append((seq, r.t, sid, value_in(float(r.value)), server))
             elif isinstance(r, Event):
-                events.append((seq, r.t, r.kind, dumps(thaw(r.data))))
+                events.append((seq, r.t, r.kind, dumps(thaw(r.data)), server))
             elif isinstance(r, Trace):
                 comp, blob = pack_trace(r.data)
                 traces.append((seq, r.t, r.trace_id, r.rank, r.name, comp, blob,
-                               None if r.analysis is None else dumps(thaw(r.analysis))))
+                               None if r.analysis is None else dumps(thaw(r.analysis)), server))
         if samples:
-            db.executemany("INSERT INTO samples (seq, t, series_id, value) VALUES (?, ?, ?, ?)", samples)
+            db.executemany("INSERT INTO samples (seq, t, series_id, value, server) VALUES (?, ?, ?, ?, ?)", samples)
         if events:
-            db.executemany("INSERT INTO events (seq, t, kind, data) VALUES (?, ?, ?, ?)", events)
+            db.executemany("INSERT INTO events (seq, t, kind, data, server) VALUES (?, ?, ?, ?, ?)", events)
         if traces:
-            db.executemany("INSERT INTO traces (seq, t, trace_id, rank, name, compression, data, analysis) "
-                           "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", traces)
+            db.executemany("INSERT INTO traces (seq, t, trace_id, rank, name, compression, data, analysis, server) "
+                           "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", traces)
         self.written += len(records)
         return seq
+
+
+class ServerSink:
+    """What one fleet member's Session writes to: the shared Recorder, tagged with the member's name."""
+
+    def __init__(self, recorder: Recorder, name: str) -> None:
+        self.recorder, self.name = recorder, name
+
+    @property
+    def error(self) -> str | None:
+        return self.recorder.error
+
+    def write(self, records: list[Record]) -> None:
+        self.recorder._write_as(self.name, records)
+
+    def set_header(self, key: str, value: Any) -> None:
+        self.recorder.set_header(key, value)
+
+    def flush(self, timeout: float = 10.0) -> None:
+        self.recorder.flush(timeout)
+
+    def close(self) -> None:
+        """The member's session ended; the file stays open for the others."""

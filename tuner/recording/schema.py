@@ -5,6 +5,10 @@ NULL), events (seq, t, kind, data JSON), traces (seq, t, trace_id, rank, name, c
 analysis JSON). `seq` is one counter across the three record tables, so the exact order the session
 saw is kept. The file says what it is with PRAGMA application_id and its schema with user_version
 (and meta.schema_version). Bump SCHEMA_VERSION for any change a v1 reader could misread.
+
+Schema 2 (fleet recordings): samples, events and traces carry `server`, the fleet member's name ('' in
+a one-server recording); a fleet's header lists its members under FLEET_KEY and keeps each one's own
+header under SERVER_KEY + name. A schema-1 file has no server column and reads as one server.
 """
 
 from __future__ import annotations
@@ -17,21 +21,23 @@ from typing import Any
 
 from tuner.core.redact import redact_url
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+FLEET_KEY = "fleet"          # [{name, url}, ...] in a fleet recording's meta
+SERVER_KEY = "server/"       # + name: that member's header (backend, url, server_info, ...)
 APPLICATION_ID = 0x53445455          # "SDTU": specdecode-tune
 
 DDL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS series (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
 CREATE TABLE IF NOT EXISTS samples (seq INTEGER PRIMARY KEY, t REAL NOT NULL, series_id INTEGER NOT NULL,
-                                    value REAL);
+                                    value REAL, server TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS samples_by_t ON samples (t);
 CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY, t REAL NOT NULL, kind TEXT NOT NULL,
-                                   data TEXT NOT NULL);
+                                   data TEXT NOT NULL, server TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS events_by_t ON events (t);
 CREATE TABLE IF NOT EXISTS traces (seq INTEGER PRIMARY KEY, t REAL NOT NULL, trace_id TEXT NOT NULL,
                                    rank INTEGER NOT NULL, name TEXT NOT NULL, compression TEXT NOT NULL,
-                                   data BLOB NOT NULL, analysis TEXT);
+                                   data BLOB NOT NULL, analysis TEXT, server TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS traces_by_t ON traces (t);
 """
 

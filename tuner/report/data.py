@@ -115,9 +115,10 @@ class RecordingData:
         return dict(self.header.get("server_info") or {})
 
 
-def load(path: str | Path) -> RecordingData:
-    """Read a recording for reporting. Raises RecordingError only when nothing is readable."""
-    reader = open_recording(path)
+def load(path: str | Path, server: str | None = None) -> RecordingData:
+    """Read a recording for reporting (server: one member of a fleet recording). Raises
+    RecordingError only when nothing is readable."""
+    reader = open_recording(path, server)
     try:
         series: dict[str, Series] = {}
         events: list[Event] = []

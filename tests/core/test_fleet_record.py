@@ -1,0 +1,69 @@
+"""`record --out FILE` over a fleet (two stand-in servers over real sockets): one file, schema 2, a
+server column in every table, each member's records and header under its name; a member is read on
+its own, a name it does not have is one line; `report` gives the fleet summary and one section per
+server (Markdown and JSON)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from core_standin import StandIn
+from tuner.cli import main
+from tuner.recording import RecordingError, open_recording
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    servers = [StandIn().start(), StandIn().start()]
+    out = tmp_path_factory.mktemp("fleet") / "fleet.db"
+    try:
+        rc = main(["record", f"a={servers[0].url}", f"b={servers[1].url}", "--out", str(out), "--duration", "1.5",
+                   "--nvml-hz", "0"])
+    finally:
+        for s in servers:
+            s.stop()
+    assert rc == 0
+    return out, [s.url for s in servers]
+
+
+def test_one_file_with_a_server_column(recorded):
+    out, urls = recorded
+    db = sqlite3.connect(f"file:{out}?mode=ro&immutable=1", uri=True)
+    try:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+        for table in ("samples", "events", "traces"):
+            assert "server" in {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+        by_server = dict(db.execute("SELECT server, count(*) FROM samples GROUP BY server").fetchall())
+        events_a = db.execute("SELECT count(*) FROM events WHERE server = 'a'").fetchone()[0]
+    finally:
+        db.close()
+    assert set(by_server) == {"a", "b"} and min(by_server.values()) > 0 and events_a > 0
+
+    with open_recording(out) as r:
+        assert r.servers() == ["a", "b"] and r.header["fleet"] == [{"name": "a", "url": urls[0]},
+                                                                     {"name": "b", "url": urls[1]}]
+    with open_recording(out, server="a") as r:
+        assert r.header["server"] == "a" and r.header["url"] == urls[0] and r.header["backend"] == "refengine"
+        assert r.problem is None
+        n_samples = sum(1 for _ in r.records(kinds=("samples",)))
+        assert n_samples == by_server["a"] and len(r.events()) == events_a
+    with pytest.raises(RecordingError, match=r"has no server 'zz' \(servers: a, b\)"):
+        open_recording(out, server="zz")
+
+
+def test_report_of_a_fleet_recording(recorded, capsys):
+    out, _ = recorded
+    assert main(["report", str(out), "--out", "-"]) == 0
+    text = capsys.readouterr().out
+    assert "## Fleet summary" in text and "## Server a" in text and "## Server b" in text
+    summary = text.split("## Server a")[0]
+    assert [line.split("|")[1].strip() for line in summary.splitlines() if line.startswith("| ")][1:] == ["a", "b"]
+    assert main(["report", str(out), "--out", "-", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["server"] for r in doc["fleet"]["servers"]] == ["a", "b"] and set(doc["servers"]) == {"a", "b"}
+    assert doc["servers"]["a"]["server"]["backend"] == "refengine"
+    assert main(["report", str(out), "--csv", str(out.parent / "csv")]) == 2
+    assert "records a fleet of 2 servers" in capsys.readouterr().err
