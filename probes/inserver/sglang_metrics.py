@@ -8,7 +8,10 @@ importing it earlier in SGLang's launcher would break SGLang's own metrics.
 
 Names follow the design's "Names and contracts": specdecode:phase_seconds_total{phase,rank},
 specdecode:accept_position_total{k}, specdecode:rank_info{tp_rank,pid,pci_bus_id,host}, plus
-specdecode:iterations_total{rank}. Must not import torch or SGLang.
+specdecode:iterations_total{rank}. On a multi-node launch rank_info also carries `dist_init_addr` and
+`node_rank` (SGLang's --dist-init-addr is the same on every node of one model and names node 0): a
+follower node's own /metrics then names its leader exactly (tuner.fleet.followers). Must not import
+torch or SGLang.
 """
 
 from __future__ import annotations
@@ -41,11 +44,15 @@ class PhaseMetrics:
         # "all": the multiprocess collector keeps the pid label (it strips it in other modes).
         self.rank_info = Gauge(
             "specdecode:rank_info", "One series per TP rank process running the specdecode plugin.",
-            ["tp_rank", "pid", "pci_bus_id", "host"], registry=reg, multiprocess_mode="all")
+            ["tp_rank", "pid", "pci_bus_id", "host", "dist_init_addr", "node_rank"], registry=reg,
+            multiprocess_mode="all")
 
-    def set_rank_info(self, pci_bus_id: str | None, host: str | None = None) -> None:
+    def set_rank_info(self, pci_bus_id: str | None, host: str | None = None, dist_init_addr: str = "",
+                      node_rank: str = "") -> None:
+        """dist_init_addr, node_rank: "" on one node."""
         self.rank_info.labels(tp_rank=self.rank, pid=str(os.getpid()), pci_bus_id=pci_bus_id or "",
-                              host=host or socket.gethostname()).set(1)
+                              host=host or socket.gethostname(), dist_init_addr=dist_init_addr,
+                              node_rank=node_rank).set(1)
 
     def add(self, records: list[dict[str, Any]]) -> None:
         """Counters for a batch of records: sums first, so a batch costs a few increments."""

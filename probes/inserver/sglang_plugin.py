@@ -169,7 +169,7 @@ class _Probe:
             from probes.inserver.sglang_metrics import PhaseMetrics
 
             self.metrics = PhaseMetrics(rank)
-            self.metrics.set_rank_info(_pci_bus_id(torch, dev) if cuda else None)
+            self.metrics.set_rank_info(_pci_bus_id(torch, dev) if cuda else None, None, *_node())
         except Exception as e:           # prometheus_client missing: the stream still works
             log.warning("specdecode plugin: no /metrics counters (%s)", e)
             self.metrics = None
@@ -224,6 +224,21 @@ def _ranks() -> tuple[int, int]:
         except Exception:
             rank = 0
     return int(dp or 0), int(rank)
+
+
+def _node() -> tuple[str, str]:
+    """(dist_init_addr, node_rank) of a multi-node launch from SGLang's parallel context; ("", "") on
+    one node or when SGLang does not say. The address is the same on every node of one model, so the
+    fleet matches a follower node's rank_info to its leader's by it."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        par = get_parallel()
+        if int(par.nnodes or 1) <= 1:
+            return "", ""
+        return str(par.dist_init_addr or ""), str(int(par.node_rank or 0))
+    except Exception:
+        return "", ""
 
 
 def _pci_bus_id(torch: Any, dev: str) -> str | None:

@@ -132,3 +132,22 @@ def test_a_capture_saves_its_share_for_later_commands(tmp_path):
     saved = T.newest_saved(srv.url, tmp_path / "kept")
     assert got.analysis is not None and saved is not None and saved.trace_id == got.trace_id
     assert saved.pct == pytest.approx(T.draft_comm_pct(got.analysis), abs=1e-3) and saved.pct > 0
+
+
+def test_a_leaders_gpu_column_covers_its_follower_nodes_gpus():
+    """Each node's ranks are in its own /metrics, so its GPUs join to its own scrape instance; the
+    leader's row shows the mean over every node's (dcgm.join of dcgm-exporter-shaped series)."""
+    from tuner.fleet import dcgm
+
+    def gpu(host, bus, util):
+        return {"__name__": "DCGM_FI_DEV_GPU_UTIL", "Hostname": host, "pci_bus_id": bus, "gpu": "0"}, util
+
+    def rank(inst, host, r, bus):
+        return {"__name__": dcgm.RANK_INFO, "instance": inst, "host": host, "tp_rank": str(r), "pci_bus_id": bus}, 1.0
+    series = [gpu("n0", "00000000:18:00.0", 80.0), gpu("n1", "00000000:18:00.0", 40.0),
+              rank("n0:30000", "n0", 0, "00000000:18:00.0"), rank("n1:30001", "n1", 1, "00000000:18:00.0")]
+    lead = Member("n0:30000", "http://n0:30000", source="prometheus",
+                  labels={"instance": "n0:30000", "followers": "n1:30001", "follower_instances": "n1:30001"})
+    overlay = PrometheusOverlay(client=None)
+    overlay.gpus = dcgm.join(series)
+    assert overlay.fill([FleetRow(lead.name, lead.url, state="connected", kind="sglang")], [lead])[0].gpu_pct == 60.0

@@ -57,9 +57,10 @@ class GpuJoin:
     unjoined: list[str] = field(default_factory=list)   # "host bus" of GPUs no server's rank runs on
     problems: list[str] = field(default_factory=list)   # one line per kind of malformed series
 
-    def util_pct(self, instance: str, reading: str = "util_pct") -> float | None:
-        """The mean of one reading over a server's GPUs (None when none is known)."""
-        vals = [g[reading] for g in self.by_server.get(instance, {}).values()
+    def util_pct(self, instance: str, reading: str = "util_pct", also: tuple[str, ...] = ()) -> float | None:
+        """The mean of one reading over a server's GPUs, and those of the instances `also` (its
+        follower nodes); None when none is known."""
+        vals = [g[reading] for inst in (instance, *also) for g in self.by_server.get(inst, {}).values()
                 if reading in g and math.isfinite(g[reading])]
         return sum(vals) / len(vals) if vals else None
 

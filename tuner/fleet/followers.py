@@ -5,10 +5,12 @@ health server with `/health`, `/health_generate`, `/ping` and, with `--enable-me
 (SGLang 0.5.23 `engine.py`). Prometheus scrapes both, so discovery sees a target that answers
 `/metrics` (Prometheus says it is up) but not `/server_info` (HTTP 404): a follower.
 
-Its leader is found from `specdecode:rank_info{host,tp_rank}` in Prometheus:
+Its leader is found from `specdecode:rank_info{host,tp_rank,dist_init_addr}` in Prometheus:
+0. the one server whose rank_info carries the follower's `dist_init_addr` (the plugin labels each
+   rank of a multi-node launch with SGLang's --dist-init-addr, the same on every node of one model);
 1. a server whose rank_info names the follower's host (a plugin that reports every rank's host); else
 2. the one server launched with `nnodes > 1` whose ranks and the follower's are disjoint and fit in
-   its `tp_size * pp_size` (today's plugin: each node reports its own ranks).
+   its `tp_size * pp_size` (a plugin without the address: each node reports its own ranks).
 Several such servers, or none, leave the follower ungrouped with one line saying so.
 
 `plan` is pure; `group_followers` asks each member's `/server_info` once (bounded, all at once) and
@@ -25,6 +27,7 @@ from urllib.parse import urlsplit
 from tuner.fleet.members import Member
 
 SERVER, FOLLOWER, UNKNOWN = "server", "follower", "unknown"
+FOLLOWER_INSTANCES = "follower_instances"     # a leader's label: its followers' scrape instances
 ASK_TIMEOUT_S = 1.0
 ASK_DEADLINE_S = 2.0
 
@@ -51,10 +54,18 @@ def _hosts(rows: list[Mapping[str, str]]) -> set[str]:
     return {x["host"] for x in rows if x.get("host")}
 
 
+def _launches(rows: list[Mapping[str, str]]) -> set[str]:
+    return {x["dist_init_addr"] for x in rows if x.get("dist_init_addr")}
+
+
 def leader_of(follower: Member, servers: list[Member], infos: Mapping[str, Mapping[str, Any]],
               rank_info: Mapping[str, list[Mapping[str, str]]]) -> tuple[Member | None, str]:
     """The follower's leader among `servers`, or None with the reason (pure)."""
     own = rank_info.get(follower.labels.get("instance", ""), [])
+    launch = _launches(own)
+    same = [s for s in servers if launch & _launches(rank_info.get(s.labels.get("instance", ""), []))]
+    if len(same) == 1:
+        return same[0], ""
     hosts = _hosts(own) or {urlsplit(follower.url).hostname or ""}
     ranks = _ranks(own)
     named = [s for s in servers
@@ -96,7 +107,11 @@ def plan(members: list[Member], roles: Mapping[str, tuple[str, Mapping[str, Any]
             out.notes.append(f"{m.name}: a follower node (answers /metrics, not /server_info); {why}")
         else:
             out.followers.setdefault(leader.name, []).append(m.name)
-    out.members = [replace(s, labels={**s.labels, "followers": ",".join(out.followers[s.name])})
+    # The followers' scrape instances too: their nodes' GPUs join to their own instance (their ranks
+    # are in their own /metrics), and the leader's row shows every node's.
+    instance = {m.name: m.labels.get("instance", "") for m in members}
+    out.members = [replace(s, labels={**s.labels, "followers": ",".join(out.followers[s.name]),
+                                      FOLLOWER_INSTANCES: ",".join(instance[f] for f in out.followers[s.name])})
                    if s.name in out.followers else s for s in servers]
     return out
 

@@ -3,9 +3,10 @@ server's phase stream is not reachable, and the state of a server seen only thro
 
 `PrometheusOverlay(client).refresh()` asks three things (targets, the one DCGM query, the one phase
 query) and keeps the answers; `fill(rows, members)` (pure over those answers) returns the rows with
-`gpu_pct` and `draft_comm_pct` filled where the row has none, and a row the tool cannot reach itself
-(gone, connecting, or degraded before any answer) shown from Prometheus' side: degraded "only
-through Prometheus" while its target is up, gone with Prometheus' reason once a scrape failed or one interval plus its timeout passed.
+`gpu_pct` (over a leader's GPUs and its follower nodes') and `draft_comm_pct` filled where the row
+has none, and a row the tool cannot reach itself (gone, connecting, or degraded before any answer)
+shown from Prometheus' side: degraded "only through Prometheus" while its target is up, gone with
+Prometheus' reason once a scrape failed or one interval plus its timeout passed.
 A refresh that fails keeps nothing old: its one line is `problem`. Must not contact a server.
 """
 
@@ -16,6 +17,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from tuner.fleet import dcgm, prom_phases
+from tuner.fleet.followers import FOLLOWER_INSTANCES
 from tuner.fleet.members import Member
 from tuner.fleet.prometheus import PrometheusError, Target, target_state
 from tuner.fleet.rows import FleetRow
@@ -45,6 +47,7 @@ class PrometheusOverlay:
 
     def fill(self, rows: list[FleetRow], members: list[Member]) -> list[FleetRow]:
         instance = {m.name: m.labels.get("instance", "") for m in members}
+        followers = {m.name: tuple(i for i in m.labels.get(FOLLOWER_INSTANCES, "").split(",") if i) for m in members}
         now = self.clock()
         out = []
         for r in rows:
@@ -53,7 +56,7 @@ class PrometheusOverlay:
                 out.append(r)
                 continue
             if r.gpu_pct is None:
-                r = replace(r, gpu_pct=self.gpus.util_pct(inst))
+                r = replace(r, gpu_pct=self.gpus.util_pct(inst, also=followers.get(r.name, ())))
             split = self.phases.get(inst)
             if r.draft_comm_pct is None and split is not None:
                 r = replace(r, draft_comm_pct=split.draft_comm_pct)
