@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +68,30 @@ def test_report_of_a_fleet_recording(recorded, capsys):
     assert doc["servers"]["a"]["server"]["backend"] == "refengine"
     assert main(["report", str(out), "--csv", str(out.parent / "csv")]) == 2
     assert "records a fleet of 2 servers" in capsys.readouterr().err
+
+
+def test_replay_of_a_fleet_recording_opens_the_fleet_screen(recorded):
+    import asyncio
+
+    from harness import wait_until
+    from tuner.commands.replay import open_fleet_replay
+    from tuner.screens.fleet import FleetApp
+
+    out, urls = recorded
+    poller = open_fleet_replay(out)
+    assert [m.name for m in poller.members] == ["a", "b"] and [m.url for m in poller.members] == urls
+
+    async def scenario():
+        app = FleetApp(poller)
+        async with app.run_test(size=(140, 20)) as pilot:
+            table = app.screen.query_one("#fleet-table")
+            wait_until(lambda: {r.name: r.state for r in poller.rows()} == {"a": "connected", "b": "connected"},
+                       20, "both members replaying")
+            app.screen.refresh_rows()
+            await pilot.pause()
+            assert [str(table.get_row_at(i)[1]) for i in range(2)] == ["a", "b"]
+            assert all(r.setting.get("speculative_num_steps") == 3 for r in poller.rows())
+
+    with poller:
+        asyncio.run(scenario())
+    assert open_fleet_replay(Path(__file__).parents[1] / "report" / "fixtures" / "cpu-engine.db") is None

@@ -1,6 +1,8 @@
 """`specdecode-tune replay FILE`: the same TUI over a recording, read-only, on the recording's clock.
 
 Keys: space pauses, `.` steps one second, ←/→ seek 10 s, `<`/`>` halve or double the speed.
+A fleet recording opens the fleet screen (one replaying session per member, tuner.fleet.poller);
+enter opens one member's replay in the usual view.
 A file that is not a readable recording is one line on stderr; what is readable is still shown.
 """
 
@@ -35,6 +37,42 @@ def open_replay(path: Path, start: float = 0.0, speed: float = 1.0, paused: bool
     return session
 
 
+def open_fleet_replay(path: Path, speed: float = 1.0, paused: bool = False):
+    """A fleet recording's members as a FleetPoller (not started) whose sessions replay each member's
+    part of the file; None for a one-server recording (shared with the tests)."""
+    from tuner.core.session import Session
+    from tuner.fleet.members import Member
+    from tuner.fleet.poller import FleetPoller
+    from tuner.recording import ReplayBackend, open_recording
+    from tuner.recording.reader import fleet_members
+
+    with open_recording(path) as reader:
+        members = [Member(m["name"], str(m.get("url") or ""), source="recording") for m in fleet_members(reader.header)]
+    if not members:
+        return None
+    return FleetPoller(members, opener=lambda m: Session(ReplayBackend(path, speed=speed, paused=paused,
+                                                                      server=m.name)))
+
+
+def _replay_fleet(poller) -> int:
+    """The fleet screen over the recording; enter opens that member's replay in the usual view."""
+    from tuner.app import make_app
+    from tuner.screens.fleet import FleetApp
+
+    with poller:
+        while True:
+            name = FleetApp(poller).run()
+            if name is None:
+                return 0
+            session = poller.session(name)
+            if session is None:
+                continue
+            try:
+                make_app(session).run()
+            finally:
+                poller.give_back(name, closed=True)     # the view closed the session on its way out
+
+
 def run(args: argparse.Namespace) -> int:
     from tuner.recording import RecordingError
 
@@ -46,6 +84,12 @@ def run(args: argparse.Namespace) -> int:
     if not args.file.exists():
         return fail("replay", f"{args.file}: no such file", 1)
     try:
+        fleet = open_fleet_replay(args.file, args.speed, args.paused)
+        if fleet is not None:
+            if args.start:
+                return fail("replay", f"{args.file} records a fleet: --start seeks one server (open it with enter, "
+                            "then seek)", 2)
+            return _replay_fleet(fleet)
         session = open_replay(args.file, args.start, args.speed, args.paused)
     except RecordingError as e:
         return fail("replay", e, 1)

@@ -29,14 +29,15 @@ class ReplayBackend(Backend):
         paused: start paused (the TUI's snapshot tests do, then seek/step).
         history_s: how much before a seek target is loaded (all events are always loaded).
         monotonic: the real clock pacing play (injected in tests).
+        server: one member of a fleet recording (its records and header only).
     """
 
     kind = "replay"
     can_seek = True
 
     def __init__(self, path: str | Path, *, speed: float = 1.0, paused: bool = False, history_s: float = HISTORY_S,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
-        self.reader: RecordingReader = open_recording(path)
+                 monotonic: Callable[[], float] = time.monotonic, server: str | None = None) -> None:
+        self.reader: RecordingReader = open_recording(path, server)
         self.path = Path(path)
         self.header = self.reader.header
         self.start_t = self.reader.t_first if math.isfinite(self.reader.t_first) else 0.0
