@@ -70,7 +70,8 @@ def share_text(pct: float, age_s: float) -> str:
     return f"{pct:.0f} % (trace {age_text(age_s)} ago)"
 
 
-def _key(url: str) -> str:
+def url_key(url: str) -> str:
+    """How a saved share names its server: the URL without password or trailing slash."""
     from tuner.core.redact import redact_url
     return redact_url(url).rstrip("/")
 
@@ -81,7 +82,7 @@ def save(folder: Path, url: str, analysis: Any, at: float, trace_id: str = "") -
     pct = draft_comm_pct(analysis)
     if pct is None:
         return False
-    body = {"url": _key(url), "at": round(at, 3), "trace_id": str(trace_id)[:200], "draft_comm_pct": round(pct, 4)}
+    body = {"url": url_key(url), "at": round(at, 3), "trace_id": str(trace_id)[:200], "draft_comm_pct": round(pct, 4)}
     tmp = folder / (FILE + ".tmp")
     try:
         tmp.write_text(json.dumps(body))
@@ -130,10 +131,4 @@ def saved_shares(root: Path | None = None) -> dict[str, TraceShare]:
 
 def newest_saved(url: str, root: Path | None = None) -> TraceShare | None:
     """The newest saved share of the server at `url`; None when there is none."""
-    return saved_shares(root).get(_key(url))
-
-
-def shares_for(urls: list[str], root: Path | None = None) -> dict[str, TraceShare]:
-    """{url: newest share} for the servers that have one (URLs as given)."""
-    found = saved_shares(root)
-    return {u: found[_key(u)] for u in urls if _key(u) in found}
+    return saved_shares(root).get(url_key(url))

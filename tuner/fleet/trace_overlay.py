@@ -3,7 +3,7 @@ capture's age, for a server whose own phase stream (and Prometheus) gives none, 
 plugin cannot split the collectives inside its CUDA graphs.
 
 `TraceShareOverlay(members).refresh()` reads the saved shares once for the whole fleet
-(tuner.core.trace_share: one scan of the capture folders); `fill(rows, members)` (pure over that
+(tuner.core.trace_share: one scan of the capture folders, every server's newest); `fill(rows, members)` (pure over that
 answer) sets `draft_comm_pct` and `draft_comm_trace_age_s` where the row has no share. Must not
 contact a server.
 """
@@ -15,26 +15,27 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from tuner.core.trace_share import TraceShare, shares_for
+from tuner.core.trace_share import TraceShare, saved_shares, url_key
 from tuner.fleet.members import Member
 from tuner.fleet.rows import FleetRow
 
 
 class TraceShareOverlay:
+    # Every saved share is kept (a few per capture folder), so a member added later (a router's
+    # worker that registered after start) is looked up like the others.
     def __init__(self, members: list[Member], root: Path | None = None,
                  clock: Callable[[], float] = time.time) -> None:
-        self.urls = [m.url for m in members]
         self.root, self.clock = root, clock
         self.shares: dict[str, TraceShare] = {}
 
     def refresh(self) -> None:
-        self.shares = shares_for(self.urls, self.root)
+        self.shares = saved_shares(self.root)
 
     def notes(self) -> list[str]:
         return []
 
     def fill(self, rows: list[FleetRow], members: list[Member]) -> list[FleetRow]:
-        url = {m.name: m.url for m in members}
+        url = {m.name: url_key(m.url) for m in members}
         shares, now = self.shares, self.clock()
         out = []
         for r in rows:
