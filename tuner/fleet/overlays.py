@@ -29,6 +29,7 @@ class Refreshing:
         self.overlay, self.every_s, self.closing = overlay, every_s, closing
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.error = ""
 
     def start(self) -> "Refreshing":
         self.overlay.refresh()
@@ -38,7 +39,11 @@ class Refreshing:
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
-            self.overlay.refresh()
+            try:
+                self.overlay.refresh()
+                self.error = ""
+            except Exception as e:  # noqa: BLE001 - a bug here must not end the refreshing, nor pass unseen
+                self.error = f"{type(self.overlay).__name__}: refresh failed: {type(e).__name__}: {str(e)[:160]}"
 
     def close(self) -> None:
         self._stop.set()
@@ -51,7 +56,7 @@ class Refreshing:
         return self.overlay.fill(rows, members)
 
     def notes(self) -> list[str]:
-        return list(self.overlay.notes())
+        return list(self.overlay.notes()) + ([self.error] if self.error else [])
 
 
 def for_fleet(members: list[Member], prometheus: str | None = None) -> list[Refreshing]:
