@@ -163,6 +163,52 @@ def test_sglang_takes_it_live_and_says_which_relaunch_flag_changes_the_others(ex
     assert caps.why_not("speculative_eagle_topk").endswith("relaunch the server with --speculative-eagle-topk N")
 
 
+def test_a_managed_relaunch_takes_every_knob_move_it_offers(extra_knob, monkeypatch):
+    """Each key an SGLang without the plugin offers as a relaunch is one `apply_settings` takes: a
+    move to a valid setting relaunches, one the setting's own rules refuse (draft tokens on a chain)
+    is refused by value, never as a setting it does not know."""
+    from dataclasses import replace
+
+    from tuner.backends.sglang import SGLangBackend
+    from tuner.backends.sglang.args import ArgsError, Launch, apply_settings, get_arg, relaunch_keys
+    from tuner.core.relaunch import relaunch_changes
+
+    def offered() -> set[str]:
+        caps = SGLangBackend("http://127.0.0.1:9").capabilities      # nothing is contacted to say this
+        return {k.arg for k in vocab.KNOBS if caps.needs_restart_for(k.arg)}
+
+    def moves(topk: int, n: int) -> int:
+        argv = ("python", "-m", "sglang.launch_server", "--model-path", "m", "--speculative-num-steps", "3",
+                "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(n))
+        active = {**ACTIVE, "speculative_eagle_topk": topk, "speculative_num_draft_tokens": n, ARG: 0.7}
+        taken = 0
+        for arg in offered():
+            assert arg in relaunch_keys()
+            for delta in (1, -1):
+                changes = relaunch_changes(arg, vocab.knob(arg).bumped(active[arg], delta), active)
+                after = {**active, **changes}
+                if after["speculative_eagle_topk"] == 1 and "speculative_num_draft_tokens" not in changes:
+                    del after["speculative_num_draft_tokens"]           # a chain's is derived
+                valid = vocab.Setting.from_args(after) is not None
+                try:
+                    new = list(apply_settings(Launch(argv), changes).argv)
+                except ArgsError as e:
+                    assert not valid and "cannot relaunch" not in str(e), (changes, e)
+                    continue
+                assert valid and get_arg(new, arg) == str(changes[arg])
+                taken += 1
+        return taken
+
+    assert offered() == {"speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"}
+    assert moves(1, 4) == 4 and moves(2, 4) == 6            # a chain's d/D are refused by value
+    # A row with a launch flag that SGLang does not take live is offered and taken by its row alone.
+    monkeypatch.setattr(vocab, "KNOBS", tuple(replace(k, sglang_live=False) if k is EXTRA else k for k in vocab.KNOBS))
+    assert ARG in offered() and moves(2, 4) == 8
+    assert apply_settings(Launch(("x",)), {ARG: 0.5}).argv == ("x", "--speculative-accept-threshold-single", "0.5")
+    with pytest.raises(ArgsError, match="within 0.0..1.0"):
+        apply_settings(Launch(("x",)), {ARG: 1.5})
+
+
 def test_our_engine_declares_its_knobs_and_refuses_this_one_by_name(extra_knob):
     from refengine.server.inputs import BadRequest, parse_internal_state
     from tuner.backends.refengine import RefEngineBackend

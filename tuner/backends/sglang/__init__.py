@@ -143,7 +143,10 @@ class SGLangBackend(LiveBackend):
             HAS_PHASE_TIMERS=plugin and self.phase_stream is not False,
             HAS_PHASE_STREAM=bool(self.phase_stream),
             LOCAL_GPUS=self.local_gpus(), reasons=reasons,
-            restart_keys=frozenset(k.arg for k in vocab.knobs() if not k.sglang_live),
+            # What a managed relaunch offers is what it then takes: a knob with a launch flag
+            # (args.knob_flags) that SGLang does not take live. Placement is not offered: its key
+            # moves it off the TP group, which no SGLang 0.5.23 launch does (reasons says so).
+            restart_keys=frozenset(k.arg for k in vocab.knobs() if k.launch_flag and not k.sglang_live),
         )
 
     def metrics_fix(self) -> str | None:

@@ -6,7 +6,9 @@ a rewritten command. Everything here works on the argv *list* the operator gave 
 string) and returns new lists; the command is printed with shlex quoting only for people to read.
 
 SGLang's flags are `--` + the field name with `_` → `-`; booleans are store_true; a few have
-aliases (reference §2). `--flag value` and `--flag=value` are both understood.
+aliases (reference §2). `--flag value` and `--flag=value` are both understood. The knobs' flags come
+from the knob table (`Knob.launch_flag`, read at call time), so a new row with a launch flag is
+relaunchable here with no entry of its own; only the non-knob keys are listed below.
 Must not start processes, touch the network, or import torch / textual.
 """
 
@@ -19,15 +21,13 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from probes.names import DRAFT_TOKENS, PLACEMENT, SHARDED, STEPS, TOPK, tree_fits, tree_pool
+from tuner.core import setting as vocab
 
 ATTN_DP = "attn_dp_size"
 PCIE_IPC_ENV = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
 
-# server arg -> every spelling SGLang 0.5.23 accepts for it
+# server arg -> every spelling SGLang 0.5.23 accepts for it, beyond the knobs' (`knob_flags`)
 ALIASES: dict[str, tuple[str, ...]] = {
-    STEPS: ("--speculative-num-steps",),
-    TOPK: ("--speculative-eagle-topk",),
-    DRAFT_TOKENS: ("--speculative-num-draft-tokens",),
     ATTN_DP: ("--attn-dp-size", "--attention-data-parallel-size"),
     "tp_size": ("--tp-size", "--tensor-parallel-size"),
     "host": ("--host",),
@@ -40,10 +40,28 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "enable_metrics": ("--enable-metrics",),
 }
 BOOLEAN = {"speculative_adaptive", "enable_metrics"}
-# Keys `launch` can change by relaunching, with what each one means for SGLang.
-RELAUNCH_KEYS = (STEPS, TOPK, DRAFT_TOKENS, PLACEMENT, ATTN_DP, PCIE_IPC_ENV)
+# Keys `launch` can change by relaunching beyond the knobs with a launch flag: placement (only back
+# to "sharded": it drops attention-DP), attention-DP and the PCIe all-reduce switch.
+OTHER_RELAUNCH_KEYS = (PLACEMENT, ATTN_DP, PCIE_IPC_ENV)
+SPEC_KEYS = (STEPS, TOPK, DRAFT_TOKENS)
+"""Given to SGLang together, with the tree's rules (apply_settings)."""
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 30000
 SECRET_FLAGS = {"--api-key", "--admin-api-key", "--watermark-config"}
+
+
+def knob_flags() -> dict[str, str]:
+    """Server arg -> SGLang launch flag, for every knob row that has one (table order)."""
+    return {k.arg: k.launch_flag for k in vocab.knobs() if k.launch_flag}
+
+
+def relaunch_keys() -> tuple[str, ...]:
+    """Every key `apply_settings` takes: the knobs with a launch flag, then the others."""
+    return (*knob_flags(), *OTHER_RELAUNCH_KEYS)
+
+
+def _spellings(key: str) -> tuple[str, ...]:
+    flag = knob_flags().get(key)
+    return ALIASES.get(key) or ((flag,) if flag else ("--" + key.replace("_", "-"),))
 
 
 class ArgsError(ValueError):
@@ -90,7 +108,7 @@ def check_command(argv: list[str]) -> None:
 
 def _find(argv: list[str], key: str) -> list[tuple[int, int]]:
     """(start, length) of every occurrence of `key`'s flags; length 1 for --f=v / booleans."""
-    spellings = ALIASES.get(key, ("--" + key.replace("_", "-"),))
+    spellings = _spellings(key)
     out = []
     i = 0
     while i < len(argv):
@@ -132,7 +150,7 @@ def set_arg(argv: list[str], key: str, value: Any) -> list[str]:
     out = [a for j, a in enumerate(argv) if j not in drop]
     if value is None or value is False:
         return out
-    flag = ALIASES.get(key, ("--" + key.replace("_", "-"),))[0]
+    flag = _spellings(key)[0]
     return out + ([flag] if key in BOOLEAN else [flag, str(value)])
 
 
@@ -146,6 +164,26 @@ def _int(key: str, value: Any, lo: int) -> int:
     if n is None or n < lo:
         raise ArgsError(f"{key} must be a whole number >= {lo}, got {value!r}")
     return n
+
+
+def _knob_value(key: str, value: Any) -> Any:
+    """`value` when the knob's row allows it (its values, or a number within its bounds)."""
+    k = vocab.knob(key)
+    assert k is not None
+    if k.cycled:
+        if value not in k.values:
+            raise ArgsError(f"{key} must be one of {', '.join(k.values)}, got {value!r}")
+        return value
+    if isinstance(value, str):
+        try:
+            value = int(value) if value.strip().lstrip("-").isdigit() else float(value)
+        except ValueError:
+            raise ArgsError(f"{key} must be a number, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ArgsError(f"{key} must be a number, got {value!r}")
+    if (k.lo is not None and value < k.lo) or (k.hi is not None and value > k.hi):
+        raise ArgsError(f"{key} must be within {k.lo}..{k.hi}, got {value!r}")
+    return value
 
 
 def server_url(argv: list[str]) -> str:
@@ -187,10 +225,11 @@ def apply_settings(launch: Launch, changes: Mapping[str, Any],
     """
     argv = list(launch.argv)
     env = dict(launch.env)
-    unknown = [k for k in changes if k not in RELAUNCH_KEYS]
+    known = relaunch_keys()
+    unknown = [k for k in changes if k not in known]
     if unknown:
         raise ArgsError(f"cannot relaunch SGLang with {', '.join(unknown)}: "
-                        f"known settings are {', '.join(RELAUNCH_KEYS)}")
+                        f"known settings are {', '.join(known)}")
     if PCIE_IPC_ENV in changes:
         v = changes[PCIE_IPC_ENV]
         if v in (None, False, 0, "0", ""):
@@ -214,7 +253,12 @@ def apply_settings(launch: Launch, changes: Mapping[str, Any],
             raise ArgsError(f"{ATTN_DP}={n} must divide tp_size={tp}")
         argv = set_arg(argv, ATTN_DP, None if n == 1 else n)
 
-    spec = {k: changes[k] for k in (STEPS, TOPK, DRAFT_TOKENS) if k in changes}
+    for key in knob_flags():
+        if key in changes and key not in SPEC_KEYS:
+            # A knob with no rule of its own: its flag with the value, checked against its row.
+            argv = set_arg(argv, key, _knob_value(key, changes[key]))
+
+    spec = {k: changes[k] for k in SPEC_KEYS if k in changes}
     if spec:
         adaptive = bool(get_arg(argv, "speculative_adaptive"))
         raw_steps = spec.get(STEPS, get_arg(argv, STEPS))
