@@ -8,7 +8,8 @@ hangs holds only its own thread, and its row turns degraded by age (rows.STALE_S
 go on. A server that cannot be reached is `gone` and asked again every RETRY_S; one that answers as
 something else (not SGLang, not `serve`) is `refused` with the reason.
 
-`session(name)` hands a member's session to a caller that will tick it itself (the single-server
+`add(member)` polls one more member from then on (a router's worker that registered later,
+tuner.fleet.router_watch). `session(name)` hands a member's session to a caller that will tick it itself (the single-server
 view): the member's thread stops ticking it until `give_back(name)`. Each thread owns its session
 and closes it when the poller closes. `overlays` (tuner.fleet.overlays: Prometheus, the last trace
 capture) are started and closed with the poller, and `rows()` lays each over the rows in order.
@@ -82,6 +83,7 @@ class FleetPoller:
         self._slots = {m.name: _Slot(m) for m in self.members}
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._started = False
         self._started_at = self.clock.now()
 
     # -- life cycle ---------------------------------------------------------------------------------
@@ -96,17 +98,42 @@ class FleetPoller:
         self._started_at = self.clock.now()
         for overlay in self.overlays:
             overlay.start()
-        for slot in self._slots.values():
-            slot.row = replace(slot.row, last_seen=self._started_at)   # "connecting" ages from here
-            slot.thread = threading.Thread(target=self._run, args=(slot,), name=f"fleet-{slot.member.name}",
-                                           daemon=True)
-            slot.thread.start()
+        with self._lock:
+            self._started = True
+            slots = list(self._slots.values())
+        for slot in slots:
+            self._start_thread(slot, self._started_at)
         return self
+
+    def _start_thread(self, slot: _Slot, now: float) -> None:
+        slot.row = replace(slot.row, last_seen=now)   # "connecting" ages from here
+        slot.thread = threading.Thread(target=self._run, args=(slot,), name=f"fleet-{slot.member.name}",
+                                       daemon=True)
+        slot.thread.start()
+
+    def add(self, member: Member) -> None:
+        """One more member (a router's new worker), polled from now on; DuplicateName (one line)
+        when its name is taken. Any thread may call it."""
+        from tuner.fleet.members import DuplicateName
+
+        with self._lock:
+            if self._stop.is_set():
+                return
+            if member.name in self._slots:
+                raise DuplicateName(f"fleet: server name {member.name!r} is used twice "
+                                    f"({_shown(self._slots[member.name].member.url)} and {_shown(member.url)})")
+            slot = self._slots[member.name] = _Slot(member)
+            self.members = [*self.members, member]
+            started = self._started
+        if started:
+            self._start_thread(slot, self.clock.now())
 
     def close(self) -> None:
         """Stop every thread; each closes its own session."""
         self._stop.set()
-        for slot in self._slots.values():
+        with self._lock:
+            slots = list(self._slots.values())
+        for slot in slots:
             slot.held.clear()
             if slot.thread is not None:
                 slot.thread.join(JOIN_S)
@@ -126,9 +153,10 @@ class FleetPoller:
         now = self.clock.now()
         with self._lock:
             rows = [s.row for s in self._slots.values()]
+            members = self.members
         rows = [aged(r, now) for r in rows]
         for overlay in self.overlays:
-            rows = overlay.fill(rows, self.members)
+            rows = overlay.fill(rows, members)
         return rows
 
     def notes(self) -> list[str]:
@@ -137,7 +165,9 @@ class FleetPoller:
 
     def first_tries_done(self) -> bool:
         """Whether every member's first connect has ended, answered or not (`once` waits for it)."""
-        return all(s.tried.is_set() for s in self._slots.values())
+        with self._lock:
+            slots = list(self._slots.values())
+        return all(s.tried.is_set() for s in slots)
 
     def session(self, name: str) -> Any:
         """The member's session for a caller that ticks it itself, or None while it is not connected;
