@@ -95,3 +95,11 @@ def test_replay_of_a_fleet_recording_opens_the_fleet_screen(recorded):
     with poller:
         asyncio.run(scenario())
     assert open_fleet_replay(Path(__file__).parents[1] / "report" / "fixtures" / "cpu-engine.db") is None
+
+
+def test_what_a_fleet_recording_does_not_take_is_one_line(recorded, capsys, tmp_path):
+    _, urls = recorded
+    rc = main(["record", f"a={urls[0]}", f"b={urls[1]}", "--out", str(tmp_path / "x.db"), "--set-at",
+               "1s:speculative_num_steps=2"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.count("\n") == 0 and "record one server" in err and not (tmp_path / "x.db").exists()

@@ -104,11 +104,7 @@ def run(args: argparse.Namespace) -> int:
         header = {"command": command_line(sys.argv[1:], key), "record": record_opts}
         members = fleet_of(args)
         if members is not None:
-            if args.capture_trace_every or args.set_at:
-                raise OpenError("--capture-trace-every and --set-at record one server: name one URL", 2)
             from tuner.commands.record_fleet import run_fleet_record
-            for note in getattr(args, "fleet_notes", []):
-                print(f"specdecode-tune record: {note}", file=sys.stderr)
             return run_fleet_record(args, members, key, header, prompts, record_store)
         with open_session(args, key=key, check=lambda b: _can_capture(args, b), record=args.out, header=header,
                           overwrite=args.overwrite, store=record_store(), start=True,

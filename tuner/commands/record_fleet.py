@@ -33,6 +33,10 @@ def run_fleet_record(args: argparse.Namespace, members: list[Member], key: str |
     from tuner.recording import Recorder, header_for
     from tuner.recording.schema import FLEET_KEY, SERVER_KEY
 
+    if args.capture_trace_every or args.set_at:
+        raise OpenError("--capture-trace-every and --set-at record one server: name one URL", 2)
+    for note in getattr(args, "fleet_notes", []):
+        _say(note)
     fleet = [{"name": m.name, "url": redact_url(m.url)} for m in members]
     try:
         recorder = Recorder(args.out, {**header, FLEET_KEY: fleet}, overwrite=args.overwrite)
