@@ -38,6 +38,7 @@ from tuner.widgets.footer import KeyFooter
 from tuner.widgets.gpus import GpuTable
 from tuner.widgets.header import HeaderView, ServerHeader, replay_detail
 from tuner.widgets.knobs import KnobsPanel, KnobView
+from tuner.widgets.latency import LatencyPanel
 from tuner.widgets.phases import PhaseSplit
 from tuner.widgets.what_if import WhatIfLine
 
@@ -47,7 +48,9 @@ SHORT_BELOW = 36
 PHASE_WINDOW_S = 10.0
 TITLES = {"throughput-panel": "tok/s", "acceptance-panel": "acceptance", "gpus-panel": "GPUs",
           "phases-panel": "decode iteration", "knobs-panel": "knobs", "ab-panel": "A/B",
-          "events-panel": "events"}
+          "events-panel": "events", "latency-panel": "latency"}
+LATENCY_WINDOW_S = 30.0
+"""The latency panel's window: long enough for a p99 over a few requests at a modest --rate."""
 
 
 class MainScreen(Screen[None]):
@@ -88,6 +91,11 @@ class MainScreen(Screen[None]):
                 # time goes, the A/B, the events) on screen down to 100x30.
                 with Vertical(id="knobs-panel", classes="panel"):
                     yield KnobsPanel(id="knobs")
+                # Under the controls, and only once the session has a latency event (a load request,
+                # histogram buckets, or the server's lack of them): the right column keeps its answers
+                # on small terminals, and a recording made before latency was recorded looks as it did.
+                with Vertical(id="latency-panel", classes="panel"):
+                    yield LatencyPanel(id="latency")
             with VerticalScroll(id="right", can_focus=False):
                 with Vertical(id="phases-panel", classes="panel"):
                     yield PhaseSplit(id="phases")
@@ -197,6 +205,12 @@ class MainScreen(Screen[None]):
         self.query_one("#gpus", GpuTable).show(views.gpu_view(store, t_end, note=self._why_no_gpus(),
                                                                 labels=self.gpu_labels))
         self.query_one("#knobs", KnobsPanel).show(self.knob_view(active))
+        latency = views.latency_view(store, t_end, LATENCY_WINDOW_S)
+        panel = self.query_one("#latency-panel")
+        if panel.display != (latency is not None):
+            panel.display = latency is not None
+        if latency is not None:
+            self.query_one("#latency", LatencyPanel).show(latency)
         ab = self._ab_view(t_end)
         self.query_one("#ab", ABReadout).show(ab)
         self.query_one("#ab-panel").border_subtitle = ab.baseline

@@ -12,6 +12,7 @@ import re
 from typing import Any, Iterable, Mapping
 
 from probes import accept_buckets as AB
+from tuner.core import latency as L
 from tuner.core import series as S
 from tuner.core import setting as vocab
 from tuner.core.event_text import event_text
@@ -25,6 +26,7 @@ from tuner.widgets.charts import ACCEPT_COLOR, CLIENT_COLOR, LOG_COLOR, SERVER_C
 from tuner.widgets.event_log import LogLine
 from tuner.widgets.fmt import is_num
 from tuner.widgets.gpus import GpuRow, GpuView
+from tuner.widgets.latency import LatencyRow, LatencyView
 from tuner.widgets.phases import PhaseView
 
 NAN = math.nan
@@ -167,6 +169,40 @@ def what_if_view(store: Store, t_end: float, active: Mapping[str, Any], tp_size:
     """The draft-off-the-TP-group readout (computed by tuner.tuning.what_if_now, not here)."""
     return what_if_now(store, t_end, active, tp_size if isinstance(tp_size, int) else None, window_s,
                        has_phases, device if isinstance(device, str) else None, kind if isinstance(kind, str) else None)
+
+
+LATENCY_KINDS = (EventKind.LOAD_REQUEST, EventKind.LATENCY_BUCKETS, EventKind.LATENCY_UNAVAILABLE)
+NO_RATE = "closed-loop load: TTFT and queue time barely move; --rate R (Poisson arrivals) opens the loop"
+NO_LOAD = "no load from here: the figures are the server's buckets (l, or --rate R, starts one)"
+
+
+def latency_view(store: Store, t_end: float, window_s: float) -> LatencyView | None:
+    """The last `window_s` of latency (tuner.core.latency.window_readout: the load driver's exact
+    percentiles, the server's histogram buckets); None while the session has no latency event at
+    all (the panel stays hidden, e.g. on a recording made before latency was recorded)."""
+    if store.last_event(LATENCY_KINDS, at=t_end) is None:
+        return None
+    t0 = t_end - window_s
+    events = [*store.events(LATENCY_KINDS[:2], t0, t_end),
+              *store.events(EventKind.LATENCY_UNAVAILABLE, t1=t_end)[-1:]]
+    r = L.window_readout(events, t0, t_end)
+    drv, srv = r["driver"], r["server"]
+    rows = []
+    for kind in L.KINDS:
+        d, b = drv.get(kind) or {}, (srv.get(kind) or {}).get("p99")
+        if d or b:
+            server = (f"≤ {L.ms_text(b[1])}" if b[1] is not None else f"> {L.ms_text(b[0])}") if b else ""
+            rows.append(LatencyRow(L.LABELS[kind], d.get("p50", NAN), d.get("p90", NAN), d.get("p99", NAN), server))
+    notes = []
+    if r["unavailable"]:
+        notes.append(str(r["unavailable"]))
+    started = store.last_event(EventKind.LOAD_STARTED, at=t_end)
+    stopped = store.last_event(EventKind.LOAD_STOPPED, at=t_end)
+    if started is None or (stopped is not None and stopped.t >= started.t):
+        notes.append(NO_LOAD)
+    elif started.data.get("rate") is None:
+        notes.append(NO_RATE)
+    return LatencyView(tuple(rows), window_s, int(r["requests"]), tuple(notes))
 
 
 # NVML sampler names (probes/gpu_readings.py SERIES) tried in order for each column: the first with
