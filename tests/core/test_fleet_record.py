@@ -66,6 +66,11 @@ def test_report_of_a_fleet_recording(recorded, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert [r["server"] for r in doc["fleet"]["servers"]] == ["a", "b"] and set(doc["servers"]) == {"a", "b"}
     assert doc["servers"]["a"]["server"]["backend"] == "refengine"
+    html_out = out.parent / "fleet.html"
+    assert main(["report", str(out), "--out", str(html_out), "--overwrite"]) == 0
+    page = html_out.read_text()
+    assert page.count("<h2>Fleet summary</h2>") == 1 and 'id="server-a"' in page and 'id="server-b"' in page
+    assert page.rstrip().endswith("</html>") and page.count("<body>") == 1
     assert main(["report", str(out), "--csv", str(out.parent / "csv")]) == 2
     assert "records a fleet of 2 servers" in capsys.readouterr().err
 
