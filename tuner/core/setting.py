@@ -2,7 +2,8 @@
 
 Every place that names a knob (the TUI's keys, help, palette and knobs panel, the header and event
 log, the recording's active config, the report's columns, the tuner's search space) reads the
-`KNOBS` table below, so adding a knob is one row here (plus the capability flag a backend sets).
+`KNOBS` table below, so adding a knob is one row here plus its names in `probes.names` (a backend's
+settable set, SGLang's relaunch flags and the plugin's records follow from them).
 `Setting` is one point of the table's values with the engine's semantics.
 
 Standard library and `probes.names` only (an import-linter contract checks it): no I/O, no server,
@@ -178,8 +179,8 @@ def key_of(d: Mapping[str, Any]) -> tuple:
 
 
 def from_key(key: tuple) -> dict[str, Any]:
-    """The setting JSON of a `key_of` key."""
-    return {k.key: v for k, v in zip(KNOBS, key)}
+    """The setting JSON of a `key_of` key (a knob the setting does not have left out, as in to_json)."""
+    return {k.key: v for k, v in zip(KNOBS, key) if v is not None}
 
 
 # -- the ways a setting is written ------------------------------------------------------------

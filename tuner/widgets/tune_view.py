@@ -118,7 +118,8 @@ def build_view(doc: Mapping[str, Any], *, state: str, stage: str = "", status: s
 
 
 def _setting(d: Mapping[str, Any]) -> dict:
-    return {k.key: d.get(k.key) for k in vocab.knobs()}
+    """A setting's JSON: the knobs it has (one it lacks is left out, as in Setting.to_json)."""
+    return {k.key: d[k.key] for k in vocab.knobs() if d.get(k.key) is not None}
 
 
 def live_doc(tuner: Any, model_json: Mapping[str, Any] | None) -> dict:
