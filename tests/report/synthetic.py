@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from tuner.core import series as S
 from tuner.core.records import Event, Sample
@@ -34,7 +34,9 @@ GAP = (45.0, 50.0)        # server gone
 END = 70.0
 
 
-def write(path: Path, *, emulate: str | None = None, tuning: bool = False, settle_noise: bool = True) -> Path:
+def write(path: Path, *, emulate: str | None = None, tuning: bool = False, settle_noise: bool = True,
+          extra: Sequence[Any] = ()) -> Path:
+    """`extra`: more records (seconds on the recording's clock, T0 included), e.g. latency events."""
     launch = {**A, "tp_size": 2, "model_path": "tiny", "emulate_comm_latency": emulate, "api_key": "sekrit"}
     info = {"kind": "refengine", "version": "0.1.0", "model": "tiny", "tp_size": 2, "launch": launch,
             "active": dict(A), "emulated_comm": bool(emulate), "simulated_accept": False}
@@ -85,6 +87,7 @@ def write(path: Path, *, emulate: str | None = None, tuning: bool = False, settl
                 Event(T0 + 61, "tuning_applied", {"setting": {"steps": 4, "topk": 1, "num_draft_tokens": 5,
                                                               "placement": "rank0"}, "predicted_tok_s": 128.0,
                                                   "predicted_gain": 0.28})]
+    out += list(extra)
     out.sort(key=lambda r: r.t)
     rec.write(out)
     rec.close()

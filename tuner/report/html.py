@@ -173,6 +173,17 @@ def acceptance_buckets(s: Summary) -> str:
               "was accepted. A request-verify counts in the bucket of its batch size and of its context length.</p>")
 
 
+def latency_section(s: Summary) -> str:
+    """tuner.report.latency's section, its charts with the setting changes marked; "" without latency."""
+    from tuner.report import latency as LT
+    d = s.data
+
+    def chart(title: str, lines: list, unit: str) -> str:
+        return svg.line_chart(title, [Line(label, t, v, PALETTE[i]) for i, (label, t, v) in enumerate(lines)],
+                              t0=d.t_first, t1=d.t_last, y_label=unit, markers=_markers(s)[0])
+    return LT.html(s.latency, _table, lambda t: _rel(s, t), esc, chart)
+
+
 def remedies_section(s: Summary) -> str:
     """What the server lets the operator change, predicted (tuner.report.remedies); "" when nothing."""
     if not s.remedies:
@@ -338,6 +349,7 @@ def render(s: Summary) -> str:
     parts += ["<h2>Over time</h2>", charts_over_time(s),
               "<h2>Settings tried</h2>", settings_table(s),
               "<h2>Phase split per setting</h2>", phase_charts(s),
+              latency_section(s),
               "<h2>Per-position acceptance</h2>", acceptance_chart(s), acceptance_buckets(s),
               controller_section(s), remedies_section(s),
               "<h2>GPU activity</h2>", gpu_charts(s),

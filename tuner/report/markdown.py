@@ -118,6 +118,8 @@ def render(s: Summary) -> str:
                     _table(GPU_TABLE_HEAD, gpu_rows), ""]
     else:
         out += ["No setting could be measured.", ""]
+    from tuner.report.latency import markdown as latency_md
+    out += latency_md(s.latency, _table, lambda t: _rel(s, t), e)
     if s.controller:
         from tuner.report.controller import HEAD, caption, table_rows
         approx = " (approximate)" if s.controller.get("approximate") else ""

@@ -43,6 +43,7 @@ class Summary:
     acceptance: list[Any] = field(default_factory=list)   # acceptance_profile.SettingCounts per setting
     controller: dict[str, Any] | None = None               # report.controller: the adaptive controller checked
     remedies: list[str] = field(default_factory=list)       # report.remedies: what the server lets you change
+    latency: dict[str, Any] | None = None                   # report.latency: per setting and over time
 
     def to_json(self) -> dict[str, Any]:
         d = self.data
@@ -72,6 +73,7 @@ class Summary:
             "acceptance_by_bucket": [c.to_json() for c in self.acceptance],
             "adaptive_controller": self.controller,
             "remedies": self.remedies,
+            "latency": self.latency,
         })
 
 
@@ -162,6 +164,8 @@ def summarize(data: RecordingData) -> Summary:
     rows, ranking = build_rows(data, segments)
     tuning, preds = tuning_of(data)
     from tuner.report.controller import controller_of
+    from tuner.report.latency import latency_of
     from tuner.report.remedies import remedies_of
     return Summary(data, segments, gaps, rows, ranking, verdict(rows), flags_of(data), tuning, preds,
-                   captures_of(data), windows, collect(data, segments), controller_of(data), remedies_of(data))
+                   captures_of(data), windows, collect(data, segments), controller_of(data), remedies_of(data),
+                   latency_of(data, segments))
