@@ -17,6 +17,7 @@ from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.message import Message
 from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import DataTable, Footer, Static
@@ -178,10 +179,17 @@ class FleetScreen(Screen[None]):
         event.stop()
         self.action_open()
 
+    class Open(Message):
+        """The server the user chose to open in the single-server view (the app decides how)."""
+
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
     def action_open(self) -> None:
         name = self.current()
-        if name is not None and hasattr(self.app, "open_member"):
-            self.app.open_member(name)
+        if name is not None:
+            self.post_message(self.Open(name))      # up to the app: the screen reads no app attribute
 
 
 class FleetApp(App[str | None]):
@@ -196,5 +204,5 @@ class FleetApp(App[str | None]):
     def on_mount(self) -> None:
         self.push_screen(FleetScreen(self.poller))
 
-    def open_member(self, name: str) -> None:
-        self.exit(name)
+    def on_fleet_screen_open(self, message: FleetScreen.Open) -> None:
+        self.exit(message.name)
