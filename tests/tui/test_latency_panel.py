@@ -98,3 +98,33 @@ def test_the_panel_on_the_main_screen_under_a_rate_load(engine):
             assert "ITL" in shown and "≤ " in shown and views.NO_RATE not in shown
             session.stop_load()
     asyncio.run(scenario())
+
+
+def test_the_ab_judges_p99_itl_once_per_change_off_the_ui_thread():
+    import random
+
+    from harness import wait_until
+
+    from tuner.widgets.ab import Metric, metric_line
+
+    rng, st = random.Random(3), Store()
+    st.add(Event(0.0, EventKind.LOAD_STARTED, {"concurrency": 2}))
+
+    def requests(t0, t1, gap_s):
+        t = t0
+        while t + 1.0 < t1:
+            gaps = tuple((gap_s * rng.uniform(0.8, 1.2), 1) for _ in range(10))
+            r = L.RequestTiming(t, 0.05, 0.05 + sum(g for g, _ in gaps), 11, gaps)
+            st.add(Event(t + r.e2e, EventKind.LOAD_REQUEST, r.to_data()))
+            t += 0.5
+    requests(0.0, 60.0, 0.040)
+    cache = views.LatencyABCache()
+    assert cache.get(st, 60.0) is None                       # no change yet
+    st.add(Event(60.0, EventKind.CONFIG_CHANGED, {"old": {}, "new": {}}))
+    requests(60.0, 120.0, 0.025)
+    lat = wait_until(lambda: cache.get(st, 120.0), 60, "the bootstrap's verdict")
+    assert lat.status == "ready" and lat.verdict == "better" and lat.after_s < lat.before_s
+    assert cache.get(st, 121.0) is lat                       # the same change and 10-s slot: not judged again
+    line = metric_line(Metric("ITL p99 ms", lat.before_s * 1e3, lat.after_s * 1e3, lat.ratio, lat.lo, lat.hi,
+                              "ITL", lower_better=True)).plain
+    assert line.startswith("ITL p99 ms") and line.endswith("better") and "-" in line

@@ -58,6 +58,16 @@ def compare_latency(store: Timeline, now: float, kind: str = "itl", q: float = 0
                     rounds: int = 400) -> LatencyAB:
     """The figure `kind` at quantile q, before vs after the newest config change at or before `now`
     (or the baseline's run at `baseline_at` vs the run now)."""
+    got = sides(store, now, kind, q, baseline_at, min_requests)
+    return got if isinstance(got, LatencyAB) else judge(*got, kind, q, rounds)
+
+
+def sides(store: Timeline, now: float, kind: str = "itl", q: float = 0.99, baseline_at: float | None = None,
+          min_requests: int = MIN_REQUESTS
+          ) -> LatencyAB | tuple[str, list[L.RequestTiming], list[L.RequestTiming]]:
+    """(figure, the requests before, the requests after): the cheap part, read from the timeline;
+    a LatencyAB ("no change", "not yet") when there is nothing to judge. The TUI calls it on its own
+    thread and `judge` (the bootstrap, 1-2 s) elsewhere."""
     figure = f"{kind}_p{round(q * 100)}"
     if baseline_at is None:
         change = last_event(store, EventKind.CONFIG_CHANGED, at=now)
@@ -70,12 +80,18 @@ def compare_latency(store: Timeline, now: float, kind: str = "itl", q: float = 0
     if before[0] >= after[0]:
         return LatencyAB(figure, "no change")
     events = store.events(EventKind.LOAD_REQUEST)
-    sides = []
+    out = []
     for t0, t1 in (before, after):
         s0 = max(settle_end(store, t0), t1 - MAX_SIDE_S)
-        sides.append(L.requests_in(events, s0, t1) if math.isfinite(s0) else [])
-    b, a = sides
+        out.append(L.requests_in(events, s0, t1) if math.isfinite(s0) else [])
+    b, a = out
     if len(b) < min_requests or len(a) < min_requests:
         return LatencyAB(figure, "not yet", n_before=len(b), n_after=len(a))
+    return figure, b, a
+
+
+def judge(figure: str, b: list[L.RequestTiming], a: list[L.RequestTiming], kind: str = "itl", q: float = 0.99,
+          rounds: int = 400) -> LatencyAB:
+    """The verdict over two sides' requests: the ratio and its bootstrap interval over requests."""
     ratio, lo, hi = L.bootstrap_ratio(b, a, kind, q, rounds=rounds)
     return LatencyAB(figure, "ready", ratio, lo, hi, L.figure(b, kind, q), L.figure(a, kind, q), len(b), len(a))

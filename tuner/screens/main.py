@@ -73,6 +73,7 @@ class MainScreen(Screen[None]):
         self.gpu_labels = gpu_labels or {}
         self._logged = 0   # store.events_added when the log last took its events
         self._origin = math.nan
+        self._latency_ab = views.LatencyABCache()
 
     def compose(self) -> ComposeResult:
         yield ServerHeader(id="header")
@@ -317,6 +318,10 @@ class MainScreen(Screen[None]):
             note = "= previous"
         if acc.ready:
             metrics.append(Metric("accept len", acc.median_before, acc.median_after, acc.ratio, acc.lo, acc.hi, "τ"))
+        lat = self._latency_ab.get(self.session.store, now)
+        if lat is not None and lat.status == "ready":
+            metrics.append(Metric("ITL p99 ms", lat.before_s * 1e3, lat.after_s * 1e3, lat.ratio, lat.lo, lat.hi,
+                                  "ITL", lower_better=True))
         return ABView(label, True, "", tuple(metrics), base_words, note)
 
     def baseline(self, now: float) -> tuple[float | None, str]:

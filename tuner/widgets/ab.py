@@ -27,6 +27,8 @@ class Metric:
     hi: float = float("nan")
     short: str = ""
     """A shorter name for the interval line (e.g. "τ")."""
+    lower_better: bool = False
+    """A latency: a ratio above 1 is worse."""
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,8 @@ class ABView:
     """Why it cannot tell yet, e.g. "2/5 windows after the change"."""
     metrics: tuple[Metric, ...] = ()
     """Rows: "vs previous" (tok/s), "vs baseline" (tok/s; absent while the baseline is the previous
-    setting), "accept len" (vs previous)."""
+    setting), "accept len" (vs previous), "ITL p99 ms" (vs previous, the load driver's requests:
+    tuner.core.latency_ab; lower is better)."""
     baseline: str = ""
     """The baseline in words, e.g. "baseline sharded (at attach) · b pins"; the panel's subtitle."""
     baseline_note: str = ""
@@ -61,7 +64,10 @@ VERDICT_TEXT = {W.BETTER: Text("better", style="bold #8bc34a"), W.WORSE: Text("w
 def _verdict(m: Metric) -> Text:
     if not (is_num(m.lo) and is_num(m.hi)):
         return Text("")
-    return VERDICT_TEXT[W.judge(m.lo, m.hi)].copy()
+    said = W.judge(m.lo, m.hi)
+    if m.lower_better:
+        said = {W.BETTER: W.WORSE, W.WORSE: W.BETTER}.get(said, said)
+    return VERDICT_TEXT[said].copy()
 
 
 class ABReadout(ViewWidget[ABView]):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from typing import Any, Iterable, Mapping
 
 from probes import accept_buckets as AB
@@ -203,6 +204,43 @@ def latency_view(store: Store, t_end: float, window_s: float) -> LatencyView | N
     elif started.data.get("rate") is None:
         notes.append(NO_RATE)
     return LatencyView(tuple(rows), window_s, int(r["requests"]), tuple(notes))
+
+
+class LatencyABCache:
+    """The A/B's latency row (tuner.core.latency_ab, p99 ITL): the sides are read from the store here,
+    on the TUI's thread; the bootstrap (1-2 s) runs on a thread of its own at most once per change
+    and REFRESH_S, and `get` answers the newest finished verdict for the change now (None before)."""
+
+    REFRESH_S = 10.0
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._done: tuple[float, Any] | None = None        # (the change's time, LatencyAB)
+        self._busy = threading.Event()
+
+    def get(self, store: Store, now: float) -> Any:
+        from tuner.core import latency_ab as LAB
+        change = store.last_event(EventKind.CONFIG_CHANGED, at=now)
+        if change is None:
+            return None
+        key = (change.t, math.floor(now / self.REFRESH_S))
+        if key != self._key and not self._busy.is_set():
+            self._key = key
+            got = LAB.sides(store, now)
+            if isinstance(got, LAB.LatencyAB):
+                self._done = (change.t, got)
+            else:
+                self._busy.set()
+                threading.Thread(target=self._judge, args=(change.t, got), name="tui-latency-ab", daemon=True).start()
+        done = self._done
+        return done[1] if done is not None and done[0] == change.t else None
+
+    def _judge(self, change_t: float, got: tuple) -> None:
+        from tuner.core import latency_ab as LAB
+        try:
+            self._done = (change_t, LAB.judge(*got))
+        finally:
+            self._busy.clear()
 
 
 # NVML sampler names (probes/gpu_readings.py SERIES) tried in order for each column: the first with
