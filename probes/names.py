@@ -97,6 +97,12 @@ R_EMULATED_COMM = "emulated_comm"
 R_GRAPH_MODE = "graph_mode"
 R_CAPTURE = "capture"
 R_CAPTURES = "captures"
+KNOB_RECORD_KEYS: dict[str, str] = {
+    STEPS: R_STEPS, TOPK: R_TOPK, DRAFT_TOKENS: R_DRAFT_TOKENS, PLACEMENT: R_PLACEMENT,
+    ACCEPT_THRESHOLD_SINGLE: R_ACCEPT_THRESHOLD_SINGLE,
+}
+"""Each knob's server-arg name -> its key in a record (and a setting's JSON), in KNOBS order: what a
+record writer puts a knob under, and what its config epoch is made of."""
 RECORD_KEYS: frozenset[str] = frozenset({
     R_SEQ, R_T, R_RANK, R_EPOCH, R_STEPS, R_TOPK, R_DRAFT_TOKENS, R_PLACEMENT, R_BS, R_COMMITTED,
     R_WALL_MS, R_PHASE_MS, R_COMM_MS, R_COMM_CALLS, R_COMM_CALLS_IN_GRAPH, R_ACCEPTED, R_CTX, R_ADAPTIVE, R_PINNED,

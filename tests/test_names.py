@@ -37,7 +37,9 @@ def test_every_copy_is_the_shared_one():
         assert phases_copy is names.ALL_PHASES
     for placements in (config.PLACEMENTS, options.PLACEMENTS, base.PLACEMENTS, settings.PLACEMENTS):
         assert placements is names.PLACEMENTS
-    assert names.KNOBS == base.KNOBS
+    assert names.KNOBS == base.KNOBS == tuple(names.KNOB_RECORD_KEYS)
+    from tuner.core import setting as vocab
+    assert {k.arg: k.key for k in vocab.KNOBS} == names.KNOB_RECORD_KEYS       # the table's record keys
     # The engine supports a subset of the knobs (SGLang's accept threshold is not one) and takes
     # exactly those, plus the adaptive config and the pin, at /set_internal_state.
     assert set(config.CONFIG_KEYS) < set(names.KNOBS) and names.ACCEPT_THRESHOLD_SINGLE not in config.CONFIG_KEYS
@@ -84,3 +86,21 @@ def test_the_sglang_plugins_records_use_only_known_keys():
     [rec] = tl.poll()
     assert set(rec) <= names.RECORD_KEYS
     assert set(rec["phase_ms"]) == set(names.ALL_PHASES)
+
+
+def test_the_sglang_plugins_epoch_is_every_knob_it_is_given():
+    """A knob given to begin() (by its record key) is in the record and makes the config epoch, but
+    the steps an adaptive controller picks per batch."""
+    from probes.inserver.sglang_timing import HostEvent, PhaseTimeline
+    tl = PhaseTimeline(HostEvent, accept_wait=0)
+    knobs = {names.R_STEPS: 1, names.R_TOPK: 1, names.R_DRAFT_TOKENS: 2, names.R_ACCEPT_THRESHOLD_SINGLE: 1.0}
+    for threshold, steps, controller in ((1.0, 1, False), (1.0, 1, False), (0.5, 1, False), (0.5, 1, True),
+                                         (0.5, 3, True)):
+        tl.begin(bs=1, **{**knobs, names.R_ACCEPT_THRESHOLD_SINGLE: threshold, names.R_STEPS: steps},
+                 controller=controller)
+        tl.end()
+        tl.accepted([0])
+    recs = tl.poll()
+    assert [r[names.R_EPOCH] for r in recs] == [0, 0, 1, 2, 2]
+    assert [r[names.R_ACCEPT_THRESHOLD_SINGLE] for r in recs] == [1.0, 1.0, 0.5, 0.5, 0.5]
+    assert [r[names.R_STEPS] for r in recs] == [1, 1, 1, 1, 3] and recs[0][names.R_PLACEMENT] == names.SHARDED

@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 # The phase stream's phases (probes.names); `other` is wall minus the rest.
-from probes.names import (DRAFT, DRAFT_EXTEND, OTHER, PREFILL, R_DRAFT_TOKENS, R_PHASE_MS, SHARDED, VERIFY, VERIFY_SAMPLE)
+from probes.names import (DRAFT, DRAFT_EXTEND, KNOB_RECORD_KEYS, OTHER, PREFILL, R_ACCEPTED, R_ADAPTIVE, R_BS,
+                          R_COMMITTED, R_CTX, R_DRAFT_TOKENS, R_EMULATED_COMM, R_EPOCH, R_PHASE_MS, R_PINNED,
+                          R_PLACEMENT, R_RANK, R_SEQ, R_SIMULATED, R_STEPS, R_T, R_WALL_MS, SHARDED, VERIFY,
+                          VERIFY_SAMPLE)
+
+PER_BATCH_KNOBS = frozenset({R_STEPS, R_DRAFT_TOKENS})
+"""The knobs (record keys) an adaptive controller picks per batch: not part of a config epoch then."""
 
 # Marks the hooks open. `verify_all` is the whole EAGLEWorkerV2.verify call and `target_verify`
 # the target forward inside it, so verify_sample = verify_all - target_verify.
@@ -133,9 +139,11 @@ class PhaseTimeline:
         return len(self._pending)
 
     def begin(self, **meta: Any) -> None:
-        """Start an iteration; meta carries bs, steps, topk, num_draft_tokens, placement, ctx (each
-        request's context length, in batch order), controller (the server runs an adaptive
-        controller) and adaptive (the controller chose these steps: false while a tier is pinned).
+        """Start an iteration; meta carries bs, the knobs it runs under their record keys
+        (names.KNOB_RECORD_KEYS: steps, topk, num_draft_tokens, placement, ...; a knob not given is
+        left out of the record), ctx (each request's context length, in batch order), controller
+        (the server runs an adaptive controller) and adaptive (the controller chose these steps:
+        false while a tier is pinned).
 
         A new configuration is a new epoch, except that the steps an adaptive controller picks per
         batch are not (the contract: tier switches keep the epoch; each record says what it ran).
@@ -144,9 +152,8 @@ class PhaseTimeline:
         if self._current is not None:       # the previous one raised mid-way: forget it
             self._current = None
         controlled = bool(meta.get("controller", meta.get("adaptive")))
-        config = ((None, meta.get("topk"), None, meta.get("placement"), True) if controlled else
-                  (meta.get("steps"), meta.get("topk"), meta.get(R_DRAFT_TOKENS),
-                   meta.get("placement"), False))
+        config = (*(None if controlled and key in PER_BATCH_KNOBS else meta.get(key)
+                    for key in KNOB_RECORD_KEYS.values()), controlled)
         if self._last_config is not None and config != self._last_config:
             self.epoch += 1
         self._last_config = config
@@ -234,22 +241,21 @@ class PhaseTimeline:
         self.pool.give_back(used)
         meta = it.meta
         rec: dict[str, Any] = {
-            "seq": it.seq, "t": it.t_end, "epoch": meta["epoch"], "rank": self.rank,
-            "steps": meta.get("steps"), "topk": meta.get("topk"),
-            R_DRAFT_TOKENS: meta.get(R_DRAFT_TOKENS),
-            "placement": meta.get("placement", SHARDED),
-            "bs": meta.get("bs"), "wall_ms": round(wall_ms, 4),
+            R_SEQ: it.seq, R_T: it.t_end, R_EPOCH: meta["epoch"], R_RANK: self.rank,
+            R_PLACEMENT: SHARDED,           # when meta does not say: the target's TP group
+            # Unknown fields are left out, never null: readers use .get(key, default).
+            **{key: meta[key] for key in KNOB_RECORD_KEYS.values() if meta.get(key) is not None},
+            R_BS: meta.get("bs"), R_WALL_MS: round(wall_ms, 4),
             R_PHASE_MS: {k: round(v, 4) for k, v in compose_phases(marks, wall_ms).items()},
-            "simulated": bool(meta.get("simulated", False)), "emulated_comm": False,
-            "adaptive": bool(meta.get("adaptive", False)),
+            R_SIMULATED: bool(meta.get("simulated", False)), R_EMULATED_COMM: False,
+            R_ADAPTIVE: bool(meta.get("adaptive", False)),
         }
         if meta.get("pinned") is not None:
-            rec["pinned"] = bool(meta["pinned"])
-        # Unknown fields are left out, never null: readers use .get(key, default).
+            rec[R_PINNED] = bool(meta["pinned"])
         ctx = meta.get("ctx")
         if ctx is not None and len(ctx) == meta.get("bs"):
-            rec["ctx"] = list(ctx)
+            rec[R_CTX] = list(ctx)
         if it.accepted is not None:
-            rec["accepted"] = it.accepted
-            rec["committed"] = sum(it.accepted) + len(it.accepted)
+            rec[R_ACCEPTED] = it.accepted
+            rec[R_COMMITTED] = sum(it.accepted) + len(it.accepted)
         return rec

@@ -21,6 +21,7 @@ from typing import Any
 from probes import accept_buckets as AB
 from probes import speculation_profile as SP
 from tuner.core import series as S
+from tuner.core import setting as vocab
 from tuner.core.segments import Segment, setting_label
 from tuner.report.data import RecordingData, Series
 
@@ -132,8 +133,8 @@ def profiles(counts: list[SettingCounts], data: RecordingData) -> tuple[list[dic
 
 
 def _conditions(c: SettingCounts, data: RecordingData, info: dict[str, Any], launch: dict[str, Any]) -> dict[str, Any]:
-    setting = dict(zip(("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
-                        "speculative_draft_placement"), c.key))
+    # The key is a setting_key (the knob table's order); a knob the server did not report is left out.
+    setting = {arg: v for arg, v in zip(vocab.args(), c.key) if v is not None}
     gpus = [g.get("name") for g in (data.header.get("gpus") or []) if isinstance(g, dict) and g.get("name")]
     # The curve as given (it is numbers); a profile file is named by what it simulated, never by its path.
     sim = launch.get("speculative_simulate_accept") or bool(launch.get("speculative_simulate_accept_profile"))
