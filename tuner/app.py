@@ -33,6 +33,7 @@ from tuner.screens.help import HelpScreen
 from tuner.screens.main import CHART_WINDOW_S, MainScreen
 from tuner.screens.trace import TraceScreen
 from tuner.screens.tune import TuneScreen
+from tuner.tuning.slo import Objective
 from tuner.tuning.tune_request import TuneRequest
 from tuner.widgets.fmt import rel_time
 from tuner.widgets.knobs import KnobsPanel
@@ -63,7 +64,8 @@ class TunerApp(App[None]):
                  start_load: bool = False, max_new_tokens: int = 128,
                  gpu_labels: dict[int, str] | None = None, tune_budget_s: float = TuneRequest.budget_s,
                  tune_max_steps: int = TuneRequest.max_steps, tune_topks: tuple[int, ...] = (1,),
-                 tune_draft_tokens: tuple[int, ...] = (), relauncher: Relauncher | None = None) -> None:
+                 tune_draft_tokens: tuple[int, ...] = (), tune_objective: Objective | None = None,
+                 relauncher: Relauncher | None = None) -> None:
         super().__init__()
         self.session = session
         self.relauncher = relauncher
@@ -82,7 +84,8 @@ class TunerApp(App[None]):
         from tuner.tuning.controller_watch import ControllerWatch
         self.driver = Driver(session, watch=None if self.read_only else ControllerWatch(session))
         # Budget and space for the next tuner:
-        self.tune = TuneRequest(tune_budget_s, tune_max_steps, tuple(tune_topks), tuple(tune_draft_tokens))
+        self.tune = TuneRequest(tune_budget_s, tune_max_steps, tuple(tune_topks), tuple(tune_draft_tokens),
+                                objective=tune_objective or Objective())
 
     def get_default_screen(self) -> Screen:
         self.main = MainScreen(self.control_state(), **self._main_options)

@@ -37,6 +37,7 @@ def test_attach_to_nothing(tmp_path):
     (["--tune-budget", "soon"], "--tune-budget: not a duration"),
     (["--tune-max-steps", "0"], "--tune-max-steps must be between 1 and 64"),
     (["--tune-topk", "1,four"], "--tune-topk: not a comma-separated list of integers"),
+    (["--tune-slo", "itl_p99<40ms"], "--tune-slo: "),
 ])
 def test_attach_bad_options(tmp_path, args, needle):
     prompts = tmp_path / "p.jsonl"

@@ -71,6 +71,12 @@ def add_tui_tune_arguments(parser: argparse.ArgumentParser) -> None:
                         help="topk values the tune key considers, e.g. 1,4 (trees also need --tune-draft-tokens)")
     parser.add_argument("--tune-draft-tokens", default="", metavar="N,...",
                         help="num_draft_tokens values for the tune key's trees, e.g. 8,16")
+    from tuner.tuning.slo import OBJECTIVES
+    parser.add_argument("--tune-objective", choices=OBJECTIVES, default="throughput",
+                        help="what the tune key optimises: throughput (highest tok/s) or latency (lowest p99 ITL)")
+    parser.add_argument("--tune-slo", default=None, metavar="TERMS",
+                        help="the tune key's SLO: highest tok/s subject to e.g. 'itl_p99<=40ms' "
+                             "(ttft, queue and e2e terms are judged only under --rate)")
 
 
 class _RateAction(argparse.Action):
@@ -169,8 +175,16 @@ def tui_inputs(args: argparse.Namespace) -> tuple[list[dict], dict]:
             lists[flag] = tuple(int_list(text))
         except argparse.ArgumentTypeError as e:
             raise OpenError(f"{flag}: {e}", 2) from None
+    from tuner.tuning.slo import Objective, SloError, parse_slo
+    rate = getattr(args, "rate", None)
+    try:
+        objective = Objective(args.tune_objective, parse_slo(args.tune_slo) if args.tune_slo else (),
+                              open_loop=bool(rate))
+    except SloError as e:
+        raise OpenError(f"--tune-slo: {str(e).removeprefix('--slo: ')}", 2) from None
     return prompts, {"tune_budget_s": budget, "tune_max_steps": args.tune_max_steps,
-                     "tune_topks": lists["--tune-topk"] or (1,), "tune_draft_tokens": lists["--tune-draft-tokens"]}
+                     "tune_topks": lists["--tune-topk"] or (1,), "tune_draft_tokens": lists["--tune-draft-tokens"],
+                     "tune_objective": objective}
 
 
 # -- the session opener ------------------------------------------------------------------------------------

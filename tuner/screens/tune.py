@@ -180,7 +180,7 @@ class TuneScreen(Screen[None]):
         self.query_one("#tune-progress", ProgressBar).update(progress=round(view.progress * 100, 1))
         if view.rows != old.rows:
             self._fill_table(view.rows)
-        notes = [*(f"A/B {v}" for v in view.verifications), *view.costs]
+        notes = [*view.objective, *(f"A/B {v}" for v in view.verifications), *view.costs]
         self.query_one("#tune-notes", Static).update(
             "\n".join(Text(n).markup for n in notes) if notes else
             "[dim]the fitted costs appear after the first probes[/]")

@@ -7,13 +7,14 @@ can set live. Must not drive the tuner (the headless driver steps it) nor touch 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from probes.names import STEPS
 from tuner.core import control
 from tuner.tuning.live import Tuner, TunerOptions, TuningError
 from tuner.tuning.settings import Setting, tune_space
+from tuner.tuning.slo import Objective
 
 
 @dataclass
@@ -24,6 +25,8 @@ class TuneRequest:
     draft_tokens: tuple[int, ...] = ()
     placements: tuple[str, ...] | None = None
     """None: every placement the server can set live."""
+    objective: Objective = field(default_factory=Objective)
+    """What the tuner's proposals and verdicts judge (attach --tune-objective / --tune-slo)."""
 
     def space(self, backend: Any) -> list[Setting]:
         """The settings to tune over on `backend`, up to `max_steps` deep, speculation off included."""
@@ -40,6 +43,6 @@ class TuneRequest:
         if reason:
             return None, f"the tuner changes steps live, and {reason}"
         try:
-            return Tuner(session, self.space(backend), TunerOptions(budget_s=self.budget_s)), ""
+            return Tuner(session, self.space(backend), TunerOptions(budget_s=self.budget_s, objective=self.objective)), ""
         except TuningError as e:
             return None, str(e)

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping
 from tuner.core import setting as vocab
 from tuner.core.events import TUNING_KINDS, TuningKind  # noqa: F401  (TUNING_KINDS re-exported for the app)
 from tuner.core.records import Event, thaw
-from tuner.tuning.summary import costs, label, result_line
+from tuner.tuning.summary import costs, label, objective_lines, result_line
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,9 @@ class TuneView:
     result: str = ""                 # one line once finished
     bs: int | None = None
     read_only: bool = False
+    objective: tuple[str, ...] = ()
+    """Under --tune-objective latency / --tune-slo: what it judges; once finished, each measured
+    setting's predicted and measured latency and whether it met the SLO (tuner.tuning.summary)."""
 
 
 def _f(v: Any) -> float:
@@ -112,9 +115,11 @@ def build_view(doc: Mapping[str, Any], *, state: str, stage: str = "", status: s
         # What the server runs now (`current`, as it reports it) once the operator applied another
         # row with enter; the result's own `applied` only for a recording.
         result = f"{result_line(doc)}; the server runs {label(current or doc.get('applied') or doc['best'])}"
+    objective = tuple(objective_lines(doc.get("objective"), doc.get("best") or {})) or \
+        ((f"objective: {doc['objective_text']}",) if doc.get("objective_text") else ())
     return TuneView(state, stage, status, progress, tuple(out), cost_lines,
                     tuple(verification_line(v) for v in doc.get("verifications") or ()), result, bs,
-                    read_only)
+                    read_only, objective)
 
 
 def _setting(d: Mapping[str, Any]) -> dict:
@@ -132,7 +137,8 @@ def live_doc(tuner: Any, model_json: Mapping[str, Any] | None) -> dict:
     return {"predictions": [p.to_json() for p in preds],
             "measured_tok_s": [{**s.to_json(), "tok_s": v} for s, v in tuner.measured.items()],
             "verifications": [v.to_json() for v in tuner.verifications],
-            "model": model_json, "bs": bs, "best": top.setting.to_json() if top else None}
+            "model": model_json, "bs": bs, "best": top.setting.to_json() if top else None,
+            "objective_text": "" if tuner.opts.objective.plain else tuner.opts.objective.describe()}
 
 
 def recorded_doc(events: Iterable[Event]) -> tuple[dict, str] | None:
