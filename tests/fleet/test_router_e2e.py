@@ -25,7 +25,9 @@ from harness import ROOT, free_port, start_servers, wait_until
 pytest.importorskip("sglang_router", reason="the fleet extra (sglang-router) is not installed: make test installs it")
 pytestmark = pytest.mark.slow
 
-SERVE = ["--tp-size", "1", "--port", "0", "--max-running-requests", "2"]
+# No server warmup: the eight requests below are the first each worker serves, and nothing here
+# measures speed (the warmup is most of a CPU engine's start).
+SERVE = ["--tp-size", "1", "--port", "0", "--max-running-requests", "2", "--skip-server-warmup"]
 N = 4
 RECORDED = Path(__file__).parent / "fixtures" / "router_workers.json"
 
