@@ -101,8 +101,8 @@ def markdown(lat: dict[str, Any] | None, table: Any, clock: Any, esc: Any) -> li
 
 
 def html(lat: dict[str, Any] | None, table: Any, clock: Any, esc: Any, chart: Any) -> str:
-    """The "Latency" section: per-setting table, p99 over time as charts (`chart(title, lines, y_label)`
-    draws seconds-free ms lines: [(label, t, v_ms)]), over-time table folded away."""
+    """The "Latency" section: the per-setting table, p99 ITL and TTFT over time as charts
+    (`chart(title, [(label, t, v in ms)], y_label)` is the HTML renderer's), the over-time table folded."""
     if lat is None:
         return ""
     out = ["<h2>Latency</h2>"]
@@ -113,17 +113,28 @@ def html(lat: dict[str, Any] | None, table: Any, clock: Any, esc: Any, chart: An
                                                                                 for r in setting_rows(lat, clock)]))
     over = lat["over_time"]
     if over:
-        mid = [(w["t0"] + w["t1"]) / 2 for w in over]
         for kind in ("itl", "ttft"):
             exact = [((w["driver"].get(kind) or {}).get("p99") or math.nan) * 1e3 for w in over]
             bound = [_bound_ms(w, kind) for w in over]
-            lines = [(f"{LABELS[kind]} p99, load driver (exact)", mid, exact),
-                     (f"{LABELS[kind]} p99, server bucket's upper bound", mid, bound)]
+            lines = [(f"{LABELS[kind]} p99, load driver (exact)", *_steps(over, exact)),
+                     (f"{LABELS[kind]} p99, server bucket's upper bound", *_steps(over, bound))]
             out.append(chart(f"{LABELS[kind]} p99 over time ({lat['window_s']:g}-s windows)", lines, "ms"))
         out.append("<details><summary>Over time, as a table</summary>"
                    + table(TIME_HEAD, [[esc(c) for c in r] for r in time_rows(lat, clock)]) + "</details>")
     out.append(f'<p class="note">{esc(NOTE)}</p>')
     return "".join(out)
+
+
+def _steps(over: Sequence[dict[str, Any]], values: Sequence[float]) -> tuple[list[float], list[float]]:
+    """A window's figure held across the window, as points a few seconds apart: the chart joins
+    points closer than 5 s and breaks the line at a window with no figure."""
+    ts: list[float] = []
+    vs: list[float] = []
+    for w, v in zip(over, values):
+        n = max(1, math.ceil((w["t1"] - w["t0"]) / 2.5))
+        ts += [w["t0"] + (w["t1"] - w["t0"]) * i / n for i in range(n + 1)]
+        vs += [v] * (n + 1)
+    return ts, vs
 
 
 def _bound_ms(w: dict[str, Any], kind: str) -> float:
