@@ -37,6 +37,10 @@ PANELS = """
   the ratio of the medians of 1-s windows with its 95 % interval; "not yet" until both sides have
   5 windows.
 - **events**: changes, refusals with the server's reason, captures, disconnects.
+- **latency** (under the knobs, once there are latency readings): p50/p90/p99 of TTFT, ITL, e2e and
+  queue over the last 30 s, the load driver's exact figures beside the server histogram's p99
+  bucket ("≤ 40 ms"); TTFT and queue time only mean something under an open-loop `--rate` load.
+  The A/B adds a p99 ITL row (lower is better) once both sides have 5 requests.
 """
 
 
