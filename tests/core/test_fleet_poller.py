@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -32,8 +33,9 @@ def fleet():
             "hung": f"http://127.0.0.1:{hung.getsockname()[1]}", "dead": f"http://127.0.0.1:{free_port()}"}
     yield good, urls
     hung.close()
-    for s in (*good, other):
-        s.stop()
+    # side by side: each stop waits up to half a second for its serve loop to notice
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda s: s.stop(), (*good, other)))
 
 
 def by_name(rows):
