@@ -211,6 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--from", dest="cal", type=Path, metavar="CAL.json")
     p.add_argument("--out", type=Path, default=None, help="with --from: the result page (.md)")
     args = p.parse_args(argv)
+    from tuner.commands.duration import parse_duration
+
+    watch_s = WARMUP_S + args.windows * args.window_s + SLACK_S
+    plan = parse_duration(args.budget) + watch_s * (1 if args.calibrate else 2)
+    print(f"plan: about {plan / 60 + 1:.1f} min (tune {args.budget}, {1 if args.calibrate else 2} recording(s) of "
+          f"{watch_s:.0f} s, a server start and the CLI's own starts)", flush=True)
     started = time.monotonic()
     engine = None
     url = args.url
