@@ -97,8 +97,22 @@ def test_replay_of_a_fleet_recording_opens_the_fleet_screen(recorded):
             assert [str(table.get_row_at(i)[1]) for i in range(2)] == ["a", "b"]
             assert all(r.setting.get("speculative_num_steps") == 3 for r in poller.rows())
 
+    async def member_view(session):
+        from tuner.app import make_app
+
+        app = make_app(session)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause()
+            assert "+0:0" in str(app.main.query_one("#header").render())     # a replay's position
+            await pilot.press("q")
+
     with poller:
         asyncio.run(scenario())
+        # enter: the member's replay in the usual view, handed from the poller's thread to the UI's
+        asyncio.run(member_view(poller.session("a")))
+        poller.give_back("a", closed=True)
+        wait_until(lambda: poller.session("a") is not None, 20, "a replaying again under the fleet")
+        poller.give_back("a")
     assert open_fleet_replay(Path(__file__).parents[1] / "report" / "fixtures" / "cpu-engine.db") is None
 
 

@@ -113,11 +113,14 @@ class RecordingReader:
         try:
             if source is self.path:
                 # immutable: no locks, no -wal/-shm created beside the input, nothing written.
-                db = sqlite3.connect(f"file:{_uri_path(source)}?mode=ro&immutable=1", uri=True)
+                # check_same_thread off: a fleet replay opens a member's reader on the poller's
+                # thread and hands it to the UI's (one user at a time, never two at once).
+                db = sqlite3.connect(f"file:{_uri_path(source)}?mode=ro&immutable=1", uri=True,
+                                     check_same_thread=False)
             else:
                 # The private copy: a read-write open replays the WAL there, the checkpoint makes it
                 # one file; the input is untouched.
-                db = sqlite3.connect(str(source))
+                db = sqlite3.connect(str(source), check_same_thread=False)
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             # Damaged text (invalid UTF-8) must read as text with replacement characters, not raise.
             db.text_factory = _text
