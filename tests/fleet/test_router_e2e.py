@@ -107,12 +107,10 @@ def fleet():
     finally:
         for proc, _, _ in routers:
             proc.terminate()
-        for proc, _, _ in routers:
-            stop(proc)
-        for s in servers:
-            s.stop()
-        for s in stand:
-            s.stop()
+        # side by side: each waits for its own graceful exit
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda x: stop(x[0]), routers))
+            list(pool.map(lambda s: s.stop(), [*servers, *stand]))
 
 
 def served_requests(url: str) -> float:
