@@ -17,7 +17,7 @@ import argparse
 from tuner.backends.load import builtin_prompts
 from tuner.commands.fleet_options import add_fleet_server_arguments, fleet_of
 from tuner.commands.options import (TUI_GPUS_EVERY_S, OpenError, Opened, add_load_arguments, add_tui_tune_arguments,
-                                    api_key, fail, open_session, run_tui, tui_inputs)
+                                    api_key, fail, open_session, run_fleet, run_tui, tui_inputs)
 
 __all__ = ["add_arguments", "builtin_prompts", "run"]
 
@@ -69,7 +69,6 @@ def _fleet(args: argparse.Namespace, members: list, key: str | None, inputs: tup
     from tuner.fleet.poller import FleetPoller
     from tuner.fleet.prometheus import PrometheusError
     from tuner.fleet.router_watch import EVERY_S, RouterWatch
-    from tuner.screens.fleet import FleetApp
 
     try:
         overlays = for_fleet(members, getattr(args, "prometheus", None))
@@ -81,15 +80,5 @@ def _fleet(args: argparse.Namespace, members: list, key: str | None, inputs: tup
     poller = FleetPoller(members, key=key, overlays=overlays)
     if watch is not None:
         watch.poller = poller
-    with poller:
-        while True:
-            name = FleetApp(poller).run()
-            if name is None:
-                return 0
-            session = poller.session(name)
-            if session is None:
-                continue                     # not connected (any more): its row says why
-            try:
-                run_tui(Opened(session.backend, session, None, None, key), args.load, *inputs, args.max_new_tokens)
-            finally:
-                poller.give_back(name, closed=True)     # the view closed the session on its way out
+    return run_fleet(poller, lambda session: run_tui(Opened(session.backend, session, None, None, key), args.load,
+                                                     *inputs, args.max_new_tokens))

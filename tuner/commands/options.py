@@ -28,7 +28,7 @@ from tuner.commands.keys import ApiKeyError, add_key_arguments, api_key_of
 
 __all__ = ["MAX_STEPS_BOUND", "TUI_GPUS_EVERY_S", "OpenError", "Opened", "add_load_arguments", "add_objective_arguments", "add_server_arguments",
            "add_tui_tune_arguments", "api_key", "builtin_prompts", "fail", "gpu_labels", "int_list", "objective_of",
-           "open_session", "parse_change", "placement_list", "prompts_for", "run_tui", "start_nvml", "tui_inputs"]
+           "open_session", "parse_change", "placement_list", "prompts_for", "run_fleet", "run_tui", "start_nvml", "tui_inputs"]
 
 MAX_STEPS_BOUND = 64
 RATE_CAP = 64
@@ -295,6 +295,25 @@ def run_tui(opened: Opened, load: int, prompts: list[dict], tune: dict, max_new_
     make_app(opened.session, load=load, prompts=prompts, max_new_tokens=max_new_tokens,
              gpu_labels=opened.gpu_labels, **tune, **app).run()
     return 0
+
+
+def run_fleet(poller: Any, view: Callable[[Any], Any]) -> int:
+    """The fleet screen until it quits (status 0); enter runs `view(session)` on that member's session
+    (the single-server view, live or replayed), then the fleet screen again."""
+    from tuner.screens.fleet import FleetApp
+
+    with poller:
+        while True:
+            name = FleetApp(poller).run()
+            if name is None:
+                return 0
+            session = poller.session(name)
+            if session is None:
+                continue                     # not connected (any more): its row says why
+            try:
+                view(session)
+            finally:
+                poller.give_back(name, closed=True)     # the view closed the session on its way out
 
 
 def start_nvml(session: Any, interval_s: float = 0.1) -> Any:

@@ -13,7 +13,7 @@ import math
 import sys
 from pathlib import Path
 
-from tuner.commands.options import fail
+from tuner.commands.options import fail, run_fleet
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,20 +57,8 @@ def open_fleet_replay(path: Path, speed: float = 1.0, paused: bool = False):
 def _replay_fleet(poller) -> int:
     """The fleet screen over the recording; enter opens that member's replay in the usual view."""
     from tuner.app import make_app
-    from tuner.screens.fleet import FleetApp
 
-    with poller:
-        while True:
-            name = FleetApp(poller).run()
-            if name is None:
-                return 0
-            session = poller.session(name)
-            if session is None:
-                continue
-            try:
-                make_app(session).run()
-            finally:
-                poller.give_back(name, closed=True)     # the view closed the session on its way out
+    return run_fleet(poller, lambda session: make_app(session).run())
 
 
 def run(args: argparse.Namespace) -> int:
