@@ -35,7 +35,7 @@ from tuner.tuning.observations import Iteration, parse_record, summarise
 from tuner.tuning.phase_feed import PhaseFeed
 from tuner.tuning.probing import next_probes
 from tuner.tuning.settings import Setting
-from tuner.tuning.slo import LATENCY, Objective, itl_values, predicted_itl
+from tuner.tuning.slo import LATENCY, Objective, itl_values, predicted_itl, windowed_itl
 
 
 class TuningError(Exception):
@@ -686,12 +686,11 @@ class Tuner:
             spans = [(j.settled_at, j.end_at) for j in self._done_jobs
                      if j.setting == setting and math.isfinite(j.settled_at) and j.measure_s > 0]
         out: dict[str, float] = {}
-        itl = itl_values(iters)
         names = {t.name for t in obj.slo} | {f"itl_p{round(obj.itl_q() * 100)}"}
         for name in names:
             kind, q = name.split("_p")[0], int(name.split("_p")[1]) / 100
-            if kind == "itl":
-                out[name] = L.percentile(itl, q)
+            if kind == "itl":       # as the SLO is read: window after window (slo.windowed_itl)
+                out[name] = windowed_itl(iters, q)
             else:
                 store = getattr(self.session, "store", None)
                 evs = store.events(EventKind.LOAD_REQUEST) if store is not None else []
