@@ -147,3 +147,17 @@ def test_the_pick_keeps_the_predictions_error_bar_under_the_limit():
     obj = Objective(slo=parse_slo("itl_p99<=31.5ms"))
     assert obj.pick([near, safe], p) == (safe, True)
     assert Objective(slo=parse_slo("itl_p99<=33ms")).pick([near, safe], p) == (near, True)
+
+
+def test_the_tuning_ends_on_a_measured_setting_that_meets_the_slo():
+    # "nearer" verdicts between two settings that miss can end on one that misses while a setting
+    # measured earlier met it: that one ends the tuning (the fastest of those that meet).
+    obj = Objective(slo=parse_slo("itl_p99<=31.5ms"))
+    measured = {"s1 rank0": 123.0, "s3 sharded": 118.0, "s5 rank0": 174.0, "s2 rank0": 130.0}
+    itl = {"s1 rank0": 0.023, "s3 sharded": 0.038, "s5 rank0": 0.034, "s2 rank0": 0.031}
+    figures = lambda s: {"itl_p99": itl[s]}      # noqa: E731
+    assert obj.settle_best("s5 rank0", measured, figures) == "s2 rank0"
+    assert obj.settle_best("s1 rank0", measured, figures) == "s1 rank0"       # meets: it stays
+    assert Objective().settle_best("s5 rank0", measured, figures) == "s5 rank0"    # no SLO: the verdicts'
+    itl.update({"s1 rank0": 0.040, "s2 rank0": 0.040})
+    assert obj.settle_best("s5 rank0", measured, figures) == "s5 rank0"       # none meets: the nearest stays

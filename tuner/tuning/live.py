@@ -925,6 +925,11 @@ class Tuner:
             return
         self._stop_reason = self._stop_reason or reason
         self.stage = Stage.FINISHING
+        settled = self.opts.objective.settle_best(self._incumbent, self.measured, lambda s: self._figures(setting=s))
+        if settled != self._incumbent:
+            self._emit(TuningKind.PROBLEM, now, {"message": f"{settled.label()} ends the tuning: it meets the SLO, "
+                                                            f"{self._incumbent.label()} (the last verdicts' pick) misses it"})
+            self._incumbent = settled
         target = self._incumbent if self.opts.apply_best else self._initial
         if target is not None and target != self._current:
             self._queue.append(_Job(target, Purpose.APPLY, 0.0, 0))

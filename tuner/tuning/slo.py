@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tuner.core import latency as L
 
@@ -242,6 +242,17 @@ class Objective:
         if meet:
             return max(meet, key=lambda x: x.tok_s), True
         return min(known, key=lambda x: itl[id(x)]), False
+
+    def settle_best(self, incumbent: Any, measured: Mapping[Any, float],
+                    figures: Callable[[Any], Mapping[str, float]]) -> Any:
+        """The setting to end on: under an SLO, when the incumbent misses it and a measured setting
+        meets it, the fastest that meets it (meeting beats missing, as in the A/B's verdict: a chain
+        of "nearer" verdicts can end on a setting that misses while one measured earlier met it);
+        else the incumbent. `measured`: setting -> tok/s; `figures(setting)`: its measured figures."""
+        if not self.slo or incumbent is None or self.meets(figures(incumbent)):
+            return incumbent
+        meeting = [s for s in measured if self.meets(figures(s))]
+        return max(meeting, key=lambda s: measured[s]) if meeting else incumbent
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "slo": [t.text() for t in self.slo], "open_loop": self.open_loop,
