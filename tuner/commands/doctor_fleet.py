@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
 from typing import Any, Callable
 
 from tuner.commands.options import OpenError, open_session
 from tuner.core.text import terminal_safe
-from tuner.fleet.members import Member
+from tuner.fleet.members import Member, ask_each
 from tuner.fleet.poller import member_key
 
 JOIN_MARGIN_S = 60.0     # past --wait-s: connect and the checks' reads are each bounded
@@ -53,22 +52,10 @@ def run_fleet(args: argparse.Namespace, members: list[Member], diagnose: Callabl
         from tuner.commands.options import fail
         return fail("doctor", e, 2)
     required = args.require or frozenset(capabilities)
-    results: dict[str, dict[str, Any]] = {}
-    lock = threading.Lock()
-
-    def work(m: Member) -> None:
-        r = _one(args, m, key, diagnose, required, missing_status)
-        with lock:
-            results[m.name] = r
-
-    threads = [threading.Thread(target=work, args=(m,), daemon=True, name=f"doctor-{m.name}") for m in members]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(max(args.wait_s, 0.5) + JOIN_MARGIN_S)
-    with lock:
-        out = [results.get(m.name, {"name": m.name, "rc": 2, "verdict": "no verdict in time", "checks": []})
-               for m in members]
+    results = ask_each(members, lambda m: _one(args, m, key, diagnose, required, missing_status),
+                       max(args.wait_s, 0.5) + JOIN_MARGIN_S, "doctor")
+    out = [results.get(m.name, {"name": m.name, "rc": 2, "verdict": "no verdict in time", "checks": []})
+           for m in members]
     if args.json:
         print(json.dumps({"servers": out, "required": sorted(required),
                           "ok": all(r["rc"] == 0 for r in out)}, indent=1))

@@ -19,12 +19,11 @@ Prometheus once. Must not change a server.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-from tuner.fleet.members import Member
+from tuner.fleet.members import Member, ask_each
 
 SERVER, FOLLOWER, UNKNOWN = "server", "follower", "unknown"
 FOLLOWER_INSTANCES = "follower_instances"     # a leader's label: its followers' scrape instances
@@ -144,21 +143,7 @@ def rank_info_by_instance(series: list[tuple[dict[str, str], float]]) -> dict[st
 
 def group_followers(client: Any, members: list[Member]) -> Grouping:
     """Ask every member's /server_info at once and Prometheus for rank_info, then `plan`."""
-    roles: dict[str, tuple[str, Mapping[str, Any] | None]] = {}
-    lock = threading.Lock()
-
-    def ask(m: Member) -> None:
-        r = role_of(m)
-        with lock:
-            roles[m.name] = r
-
-    threads = [threading.Thread(target=ask, args=(m,), daemon=True, name=f"role-{m.name}") for m in members]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(ASK_DEADLINE_S + 1.0)
-    with lock:
-        roles = dict(roles)
+    roles: dict[str, tuple[str, Mapping[str, Any] | None]] = ask_each(members, role_of, ASK_DEADLINE_S + 1.0, "role")
     if not any(r[0] == FOLLOWER for r in roles.values()):
         return Grouping(list(members))
     return plan(members, roles, rank_info_by_instance(client.query("specdecode:rank_info")))

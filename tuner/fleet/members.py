@@ -7,9 +7,10 @@ duplicate). Must not open connections: discovery modules do that, this is only t
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Callable, Iterable
 from urllib.parse import urlsplit
 
 
@@ -46,3 +47,25 @@ def unique_names(members: Iterable[Member]) -> list[Member]:
         seen[m.name] = m.url
         out.append(m)
     return out
+
+
+def ask_each(members: Iterable[Member], ask: Callable[[Member], Any], deadline_s: float,
+             what: str = "ask") -> dict[str, Any]:
+    """`ask(member)` for every member at once, each on its own daemon thread, waiting at most
+    `deadline_s` for each: {name: answer} for those that answered in time (a hung one is left out,
+    never waited for beyond its deadline)."""
+    answers: dict[str, Any] = {}
+    lock = threading.Lock()
+
+    def one(m: Member) -> None:
+        r = ask(m)
+        with lock:
+            answers[m.name] = r
+
+    threads = [threading.Thread(target=one, args=(m,), daemon=True, name=f"{what}-{m.name}") for m in members]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(deadline_s)
+    with lock:
+        return dict(answers)
