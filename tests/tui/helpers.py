@@ -47,14 +47,38 @@ class Engine:
 
 
 async def wait_for(pilot, what: Callable[[], object], timeout: float = 60.0, step: float = 0.25, why: str = ""):
-    """Let the app run (its own timer ticks) until `what()` is truthy; fail with `why` otherwise."""
+    """Let the app run (its own timer ticks) until `what()` is truthy; fail with `why` otherwise, and
+    with the screen and the notifications as they were (a CI failure must say what the app showed)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         value = what()
         if value:
             return value
         await pilot.pause(step)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {why or what}")
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {why or what}\n{app_state(pilot.app)}")
+
+
+def app_state(app) -> str:
+    """The screen and the notifications shown now, for a failure message."""
+    try:
+        notes = [f"{n.severity}: {n.title} {n.message}" for n in app._notifications]
+        return "\n".join(["notifications: " + ("; ".join(notes) or "none"), *screen_lines(app)])
+    except Exception as exc:   # noqa: BLE001 - a failure message must not fail
+        return f"(the screen could not be read: {exc!r})"
+
+
+async def click_hint(pilot, widget: str, row: int, hint: str, landed: Callable[[], object]) -> None:
+    """Click the hint `hint` on line `row` of `widget`'s text; `landed()` says whether the click ran
+    its action. The pilot aims at the widget's position before its first mouse event and sends the
+    click two event-loop turns later: a panel above that grows in between (a notice, a wrapped
+    line) moves the hint under it. A click that ran nothing is sent again once, aimed anew; a
+    second miss fails with the screen."""
+    for _ in range(2):
+        line = str(pilot.app.screen.query_one(widget).render()).splitlines()[row]
+        assert await pilot.click(widget, offset=(line.index(hint) + 1, row))
+        if landed():
+            return
+    raise AssertionError(f"two clicks on {hint!r} in {widget} ran nothing\n{app_state(pilot.app)}")
 
 
 def screen_lines(app) -> list[str]:

@@ -9,7 +9,7 @@ import asyncio
 import httpx
 import pytest
 
-from .helpers import Engine, wait_for
+from .helpers import Engine, click_hint, wait_for
 from tuner.app import make_app
 from tuner.backends import connect
 from tuner.commands.attach import builtin_prompts
@@ -51,8 +51,8 @@ def test_keys_change_the_setting_and_the_server_confirms_it(engine):
                            why="the change in the event log")
             # Put the server back the way the other tests expect it, with the mouse this time: the
             # knobs panel's "-" hint is a button.
-            steps_line = str(app.main.query_one("#knobs").render()).splitlines()[0]
-            assert await pilot.click("#knobs", offset=(steps_line.index(" - ", 13) + 1, 0))
+            await click_hint(pilot, "#knobs", 0, " - ",
+                             landed=lambda: app.control.pending or session.active_config().get(STEPS) == before)
             await wait_for(pilot, lambda: session.active_config().get(STEPS) == before, why="steps back by click")
             # l stops the load driver and starts it again; the store sees both.
             await pilot.press("l")
