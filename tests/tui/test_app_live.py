@@ -51,8 +51,8 @@ def test_keys_change_the_setting_and_the_server_confirms_it(engine):
                            why="the change in the event log")
             # Put the server back the way the other tests expect it, with the mouse this time: the
             # knobs panel's "-" hint is a button.
-            await click_hint(pilot, "#knobs", 0, " - ",
-                             landed=lambda: app.control.pending or app.control.refused or session.active_config().get(STEPS) == before)
+            await click_hint(pilot, "#knobs", 0, " - ", landed=lambda: (
+                app.control.pending or app.control.refused or session.active_config().get(STEPS) == before))
             await wait_for(pilot, lambda: session.active_config().get(STEPS) == before, why="steps back by click")
             # l stops the load driver and starts it again; the store sees both.
             await pilot.press("l")
