@@ -29,17 +29,35 @@ from tuner.widgets.fmt import is_num, num
 from tuner.widgets.tune_view import TuneRow, TuneView, build_view, live_doc
 
 COLUMNS = (("", 3), ("setting", 22), ("predicted tok/s", 16), ("τ", 5), ("measured", 9), ("basis / note", 30))
+# Under a latency objective or an SLO: the ITL each setting is predicted and measured at, in ms, and
+# whether it meets the SLO; the note column gives up the room (the table fits 120 columns).
+LATENCY_COLUMNS = (("ITL pred.", 11), ("ITL meas.", 9), ("SLO", 6))
+NOTE_WIDTH_WITH_LATENCY = 18
 BASIS_STYLE = {"measured": "#8bc34a", "fitted": "", "extrapolated": "#e0b040", "what-if": "#b38cd9"}
+MEETS = {True: Text("meets", style="#8bc34a"), False: Text("misses", style="bold #d96e6e"), None: Text("")}
 
 
-def row_cells(row: TuneRow) -> tuple[Any, ...]:
+def columns(latency: bool) -> tuple[tuple[str, int], ...]:
+    if not latency:
+        return COLUMNS
+    *head, (note, _) = COLUMNS
+    return (*head, *LATENCY_COLUMNS, (note, NOTE_WIDTH_WITH_LATENCY))
+
+
+def row_cells(row: TuneRow, latency: bool = False) -> tuple[Any, ...]:
     pred = (Text(f"{row.predicted:.1f} ± {row.sd:.1f}", style="bold" if "★" in row.marks else "")
             if is_num(row.predicted) else Text("—", style="dim"))
     note = Text(row.basis, style=BASIS_STYLE.get(row.basis, ""))
     if row.note:
         note.append((" · " if row.basis else "") + row.note, style="dim")
-    return (Text(row.marks, style="bold #e0b040"), row.label, pred, num(row.tau, 2),
-            num(row.measured), note)
+    head = (Text(row.marks, style="bold #e0b040"), row.label, pred, num(row.tau, 2), num(row.measured))
+    if not latency:
+        return (*head, note)
+    itl = (Text(f"{row.itl * 1e3:.1f} ± {row.itl_sd * 1e3:.1f}" if is_num(row.itl_sd) else f"{row.itl * 1e3:.1f}")
+           if is_num(row.itl) else Text("—", style="dim"))
+    meas = Text(f"{row.itl_measured * 1e3:.1f}", style="" if row.meets is not False else "bold #d96e6e") \
+        if is_num(row.itl_measured) else Text("—", style="dim")
+    return (*head, itl, meas, MEETS[row.meets], note)
 
 
 class TuneTable(DataTable):
@@ -106,13 +124,19 @@ class TuneScreen(Screen[None]):
         self._applying: tuple[str, Future] | None = None
         # Pushed is not mounted: the app's timer can tick in between, before the panels exist.
         self._mounted = False
+        self.latency = False
+        """The table has the latency columns: the tuning judges an objective other than tok/s (set
+        in compose: nothing of the tuner is read before the screen mounts)."""
 
     def compose(self) -> ComposeResult:
+        objective = self.tuner.opts.objective if self.tuner is not None else None
+        self.latency = (not objective.plain) if objective is not None else \
+            bool(self.recorded and self.recorded[0].get("objective"))
         with Vertical(id="tune-top"):
             yield Static(id="tune-status")
             yield ProgressBar(id="tune-progress", total=100, show_eta=False)
         table = TuneTable(id="tune-table", cursor_type="row", zebra_stripes=True)
-        for name, width in COLUMNS:
+        for name, width in columns(self.latency):
             table.add_column(name, width=width, key=name or "marks")
         yield table
         yield Static(id="tune-notes")
@@ -190,7 +214,7 @@ class TuneScreen(Screen[None]):
         selected = self.selected() if table.picked else None
         table.clear()
         for row in rows:
-            table.add_row(*row_cells(row), key=repr(row.key))
+            table.add_row(*row_cells(row, self.latency), key=repr(row.key))
         if selected is not None:
             for i, row in enumerate(rows):
                 if row.key == selected.key:

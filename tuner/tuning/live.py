@@ -328,6 +328,7 @@ class Tuner:
         self._rejected: set[Setting] = set()
         self._verified: set[Setting] = set()
         self._rounds = 0
+        self._report_memo: tuple[tuple, dict[str, Any] | None] | None = None
         self._probed: set[Setting] = set()         # every setting queued as a probe
         self._completed = False                    # the completing probes ran (after the first A/B)
         self._then: str | None = None              # after completing: None = propose, else finish(why)
@@ -743,13 +744,35 @@ class Tuner:
                     out.append(percentile(v, q))
         return out
 
+    def objective_report(self) -> dict[str, Any] | None:
+        """The objective's figures so far, as the result will carry them (None under plain
+        throughput), for the tune screen while tuning runs. Recomputed only when a measurement, a
+        prediction or (for TTFT/queue/e2e terms) a request was added: the screen asks on every tick."""
+        obj = self.opts.objective
+        if obj.plain:
+            return None
+        store = getattr(self.session, "store", None)
+        rate_terms = any(t.kind != "itl" for t in obj.judged)
+        key = (len(self._iters), len(self._done_jobs), len(self.measured), id(self.model),
+               len(self.predictions), getattr(store, "events_added", 0) if rate_terms else 0)
+        if self._report_memo is None or self._report_memo[0] != key:
+            self._report_memo = (key, self._objective_report())
+        return self._report_memo[1]
+
     def _objective_report(self) -> dict[str, Any] | None:
         """For the result: the objective, each measured setting's figures (predicted and measured
-        ITL, tok/s, whether it meets the SLO) and, when no setting met it, the nearest."""
+        ITL, tok/s, whether it meets the SLO), every predicted setting's ITL and, when no setting
+        met it, the nearest."""
         obj = self.opts.objective
         if obj.plain:
             return None
         p, q = self._acceptance_p(), obj.itl_q()
+        predicted = []
+        for pred in self.predictions:
+            pi, psd = predicted_itl(pred, p, q)
+            if math.isfinite(pi):
+                predicted.append({**pred.setting.to_json(), "predicted_itl": pi,
+                                  "predicted_itl_sd": None if math.isnan(psd) else psd})
         rows = []
         for s in sorted(self.measured, key=lambda x: x.label()):
             f = self._figures(setting=s)
@@ -759,7 +782,8 @@ class Tuner:
                          "predicted_itl": None if math.isnan(pi) else pi,
                          "predicted_itl_sd": None if math.isnan(psd) else psd})
         met = [r for r in rows if r["meets"]]
-        out: dict[str, Any] = {**obj.to_json(), "settings": rows, "met": bool(met) if obj.slo else None}
+        out: dict[str, Any] = {**obj.to_json(), "itl": f"itl_p{round(q * 100)}", "settings": rows,
+                               "predicted": predicted, "met": bool(met) if obj.slo else None}
         if obj.slo and not met and rows:
             out["nearest"] = min(rows, key=lambda r: obj.miss(r["figures"]))
         return out

@@ -166,16 +166,18 @@ def summary(result: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def objective_lines(obj: Mapping[str, Any] | None, best: Mapping[str, Any]) -> list[str]:
+def objective_lines(obj: Mapping[str, Any] | None, best: Mapping[str, Any], table: bool = True) -> list[str]:
     """Under an objective (tuner.tuning.slo): each measured setting's predicted and measured latency
-    and whether it met the SLO; when none did, the nearest, said so."""
+    and whether it met the SLO (`table`; the tune screen has them in its rows); when none did, the
+    nearest, said so."""
     if not obj:
         return []
     slo = ",".join(obj.get("slo") or [])
     lines = [f"objective: {obj.get('kind')}" + (f", SLO {slo}" if slo else "")
              + (f" (judged: {', '.join(obj.get('judged') or [])})" if slo else "")]
-    lines.append(f"  {'setting':<34} {'tok/s':>7} {'pred. ITL':>16} {'measured':>28}  SLO")
-    for r in obj.get("settings", []):
+    if table:
+        lines.append(f"  {'setting':<34} {'tok/s':>7} {'pred. ITL':>16} {'measured':>28}  SLO")
+    for r in obj.get("settings", []) if table else ():
         mark = "*" if best and vocab.key_of(r) == vocab.key_of(best) else " "
         pi, psd = r.get("predicted_itl"), r.get("predicted_itl_sd")
         pred = "-" if pi is None else f"{pi * 1e3:.1f} ± {(psd or 0) * 1e3:.1f} ms"

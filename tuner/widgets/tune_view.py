@@ -30,6 +30,10 @@ class TuneRow:
     basis: str = ""                  # measured | fitted | extrapolated | what-if | "" (not predicted)
     note: str = ""                   # why it is not predicted, or the A/B verdict
     marks: str = ""                  # ★ best, ▶ running now, ✓ verified better, ✗ rolled back
+    itl: float = math.nan            # under an objective: predicted ITL (s) at its quantile
+    itl_sd: float = math.nan
+    itl_measured: float = math.nan   # measured, as the SLO is read (tuner.tuning.slo.windowed_itl)
+    meets: bool | None = None        # whether its measured figures meet the SLO (None: unknown, no SLO)
 
 
 @dataclass(frozen=True)
@@ -45,8 +49,12 @@ class TuneView:
     bs: int | None = None
     read_only: bool = False
     objective: tuple[str, ...] = ()
-    """Under --tune-objective latency / --tune-slo: what it judges; once finished, each measured
-    setting's predicted and measured latency and whether it met the SLO (tuner.tuning.summary)."""
+    """Under --tune-objective latency / --tune-slo: what it judges and, when no setting met the
+    SLO, the nearest (tuner.tuning.summary); each row's latency is in the row."""
+    itl_name: str = ""
+    """The ITL figure the rows carry (e.g. "itl_p99"); "" under plain throughput (no latency columns)."""
+    slo: bool = False
+    """An SLO is judged: the rows say whether each setting meets it."""
 
 
 def _f(v: Any) -> float:
@@ -97,14 +105,19 @@ def build_view(doc: Mapping[str, Any], *, state: str, stage: str = "", status: s
         if key not in rows:
             d = vocab.from_key(key)
             rows[key] = TuneRow(key, d, vocab.compact(d), measured=tok)
+    obj = doc.get("objective") or {}
+    itl_name, latency = _latency_by_setting(obj)
     out = []
     for key, row in rows.items():
         marks = ("★" if key == best else "") + ("▶" if key == now else "")
         verdict = verdicts.get(key)
         marks += {"better": "✓", "worse": "✗", "same": "="}.get(verdict or "", "")
         note = row.note or (f"A/B: {verdict}" if verdict else "")
+        lat = latency.get(key, {})
         out.append(TuneRow(row.key, row.setting, row.label, row.predicted, row.sd, row.tau,
-                           row.measured, row.basis, note, marks))
+                           row.measured, row.basis, note, marks, _f(lat.get("predicted_itl")),
+                           _f(lat.get("predicted_itl_sd")), _f((lat.get("figures") or {}).get(itl_name)),
+                           lat.get("meets") if obj.get("slo") else None))
     # Best predicted first; settings with no prediction after, by what was measured.
     out.sort(key=lambda r: (math.isnan(r.predicted), -(r.predicted if not math.isnan(r.predicted)
                                                         else (r.measured if not math.isnan(r.measured) else 0))))
@@ -115,11 +128,27 @@ def build_view(doc: Mapping[str, Any], *, state: str, stage: str = "", status: s
         # What the server runs now (`current`, as it reports it) once the operator applied another
         # row with enter; the result's own `applied` only for a recording.
         result = f"{result_line(doc)}; the server runs {label(current or doc.get('applied') or doc['best'])}"
-    objective = tuple(objective_lines(doc.get("objective"), doc.get("best") or {})) or \
+    # The rows carry each setting's latency; the notes keep the objective and the nearest miss.
+    objective = tuple(objective_lines(obj, doc.get("best") or {}, table=False)) or \
         ((f"objective: {doc['objective_text']}",) if doc.get("objective_text") else ())
     return TuneView(state, stage, status, progress, tuple(out), cost_lines,
                     tuple(verification_line(v) for v in doc.get("verifications") or ()), result, bs,
-                    read_only, objective)
+                    read_only, objective, itl_name, bool(obj.get("slo")))
+
+
+def _latency_by_setting(obj: Mapping[str, Any]) -> tuple[str, dict[tuple, dict]]:
+    """(the ITL figure's name, setting key -> its predicted ITL, measured figures and verdict) of an
+    objective report (tuner.tuning.live.Tuner.objective_report); ("", {}) without one."""
+    if not obj:
+        return "", {}
+    out: dict[tuple, dict] = {}
+    for r in [*(obj.get("predicted") or ()), *(obj.get("settings") or ())]:
+        out.setdefault(vocab.key_of(r), {}).update(r)
+    name = obj.get("itl")
+    if not name:   # a recording made before the report named it: the figure the rows carry
+        name = next((k for r in obj.get("settings") or () for k in (r.get("figures") or {})
+                     if k.startswith("itl_")), "itl_p99")
+    return name, out
 
 
 def _setting(d: Mapping[str, Any]) -> dict:
@@ -138,7 +167,8 @@ def live_doc(tuner: Any, model_json: Mapping[str, Any] | None) -> dict:
             "measured_tok_s": [{**s.to_json(), "tok_s": v} for s, v in tuner.measured.items()],
             "verifications": [v.to_json() for v in tuner.verifications],
             "model": model_json, "bs": bs, "best": top.setting.to_json() if top else None,
-            "objective_text": "" if tuner.opts.objective.plain else tuner.opts.objective.describe()}
+            "objective_text": "" if tuner.opts.objective.plain else tuner.opts.objective.describe(),
+            "objective": tuner.objective_report() if hasattr(tuner, "objective_report") else None}
 
 
 def recorded_doc(events: Iterable[Event]) -> tuple[dict, str] | None:
