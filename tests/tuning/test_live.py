@@ -199,3 +199,31 @@ def test_extra_ab_pairs_leave_room_for_the_held_back_probes(monkeypatch):
     assert (7, "sharded") in [(p["setting"]["steps"], p["setting"]["placement"]) for p in probes
                               if p["purpose"] == "probe"]
     assert all(p.tok_s is not None for p in tuner.result.predictions)
+
+
+@pytest.mark.parametrize("path", ["server throughput", "phase records"])
+def test_the_tuners_ab_leaves_out_a_capture_taken_meanwhile(path, monkeypatch):
+    """A profiler capture the operator takes while the tuner measures slows the server for seconds:
+    its time (with the settling after it) counts on neither side of the tuner's A/B, as on the A/B
+    panel's (tuner.core.timeline.excluded), whichever readings the A/B is judged on."""
+    from tuner.core.events import EventKind
+    from tuner.core.records import Event
+    from tuner.tuning import live
+    clock, engine, session, tuner = make(Truth(step=0.6), SPACE, start=Setting(1))
+    drive(clock, engine, session, tuner)
+    if path == "phase records":
+        monkeypatch.setattr(session, "throughput_series", lambda: "")
+    else:   # judged on the series however few windows the capture leaves it
+        monkeypatch.setattr(live.core_windows, "enough", lambda *sides: True)
+    cand = [j for j in tuner._done_jobs if j.purpose == "candidate"]
+    inc = [j for j in tuner._done_jobs if j.purpose == "incumbent"]
+    assert cand and inc
+    c0, i0, series0 = tuner._windows(cand, inc)
+    # Half a second of capture early in the first candidate measurement: with its catch-up and
+    # settling it is over before the incumbent's measurement starts.
+    session.put(Event(cand[0].settled_at + 0.75, EventKind.TRACE_CAPTURED, {"trace_id": "t1", "seconds": 0.5}))
+    session.tick()
+    c1, i1, series1 = tuner._windows(cand, inc)
+    assert series1 == series0 and (series0 == "phase/committed_per_s") == (path == "phase records")
+    assert len(i1) == len(i0)                        # the incumbent's time had no capture
+    assert 0 < len(c1) < len(c0)

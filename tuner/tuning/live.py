@@ -840,25 +840,31 @@ class Tuner:
                  ) -> tuple[list[float], list[float], str]:
         """1-s windows of decode tok/s over each side's measured spans: the session's throughput
         series when it has enough readings on both sides, else tokens committed per second of the
-        phase records (server time)."""
+        phase records (server time). Time that belongs to no setting (an outage, a profiler capture
+        the operator took meanwhile, each with its settling: timeline.excluded) is left out of both,
+        as the A/B panel leaves it out: a capture slows the server for seconds."""
         series = self.session.throughput_series() if hasattr(self.session, "throughput_series") else ""
         store = getattr(self.session, "store", None)
+        away = timeline.excluded(store, self.opts.settle_s, self.opts.settle_iters) if store is not None else []
         if store is not None and series:
-            sides = [[w for j in jobs for w in timeline.window_means(store, series, j.settled_at, j.end_at)]
+            sides = [[w for j in jobs for w in timeline.window_means(store, series, j.settled_at, j.end_at,
+                                                                     exclude=away)]
                      for jobs in (c_jobs, i_jobs)]
             if core_windows.enough(*sides):
                 return sides[0], sides[1], series
 
         def from_records(jobs: Sequence[_Job]) -> list[float]:
             out: list[float] = []
+            width = core_windows.WINDOW_S
             for j in jobs:
                 if not j.iters:
                     continue
                 t0 = j.iters[0].t
-                width = core_windows.WINDOW_S
                 for w in range(int((j.iters[-1].t - t0) // width)):
-                    out.append(sum(i.committed for i in j.iters if t0 + w * width <= i.t < t0 + (w + 1) * width)
-                               / width)
+                    a, b = t0 + w * width, t0 + (w + 1) * width
+                    if any(x < b and a < y for x, y in away):
+                        continue
+                    out.append(sum(i.committed for i in j.iters if a <= i.t < b) / width)
             return out
         return from_records(c_jobs), from_records(i_jobs), "phase/committed_per_s"
 
