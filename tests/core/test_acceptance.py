@@ -1,4 +1,5 @@
-"""Acceptance maths (ARCHITECTURE "Acceptance") checked against definitions, with hypothesis."""
+"""Acceptance maths checked against the definitions in tuner/core/acceptance.py's docstring
+(docs/ARCHITECTURE.md "Names and contracts"), with hypothesis."""
 
 import math
 
