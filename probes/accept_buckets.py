@@ -2,7 +2,7 @@
 context-length bucket, from phase-stream records (`bs`, `accepted`, and `ctx` where the server
 sends it).
 
-Buckets (ARCHITECTURE "Per-request context"):
+Buckets (the design note's "per-request context"):
 - batch size: SGLang's default adaptive thresholds (1, 8, 32, 64) plus the powers of two; a batch
   belongs to the largest edge <= its size, as SGLang routes a batch to its largest config key;
 - context length: powers of two from 256; a context below 256 is the first bucket (named `ctx1`,

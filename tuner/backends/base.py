@@ -20,13 +20,13 @@ from tuner.core.clock import Clock
 from tuner.core.events import EventKind
 from tuner.core.records import Event
 
-# The knobs, named as the server args they set (ARCHITECTURE "The control protocol is SGLang's").
+# The knobs, named as the server args they set (the control protocol is SGLang's: docs/protocol.md).
 from probes.names import DRAFT_TOKENS, KNOBS, PLACEMENT, PLACEMENTS, STEPS, TOPK  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a backend can do right now. Field names follow ARCHITECTURE's capability flags.
+    """What a backend can do right now. Field names are the design note's capability flags.
 
     `reasons` maps a knob (server-arg name) the backend cannot set live to a sentence people can
     read, saying why and what would work instead (e.g. a relaunch).

@@ -1,4 +1,4 @@
-"""The A/B comparator (ARCHITECTURE "What better means"): was the last change better, and by how much?
+"""The A/B comparator (docs/ARCHITECTURE.md, "One measurement path"): was the last change better, and by how much?
 
 The rule itself (settling, 1-s windows, ratio of medians, bootstrap interval, "not yet" below 5
 windows a side, outages and captures left out) is tuner.core.windows'; this module applies it to the

@@ -1,4 +1,4 @@
-"""Acceptance maths from the correct-drafts histogram (ARCHITECTURE "Acceptance"). Pure functions.
+"""Acceptance maths from the correct-drafts histogram; pure functions, defined below.
 
 h[j] = verify rounds (per request) that accepted exactly j drafts. Then
   p_k   = sum_{j>=k} h[j] / sum h            unconditional acceptance of draft position k (p_0 = 1)

@@ -6,7 +6,7 @@ side table to label an axis. This module only names things; it must not compute 
 
 from __future__ import annotations
 
-# The phases of one decode iteration (ARCHITECTURE "Phases"), in iteration order, prefill first.
+# The phases of one decode iteration (docs/protocol.md, the phase record), in iteration order, prefill first.
 from probes.names import ALL_PHASES as PHASES
 
 SERVER_TOK_PER_S = "server/tok_per_s"            # decode tok/s: rate of realtime_tokens_total{mode=decode}

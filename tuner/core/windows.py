@@ -1,4 +1,5 @@
-"""Settled windows: the one rule for "what better means" (ARCHITECTURE), over plain (t, v) readings.
+"""Settled windows: the one rule for "what better means" (docs/ARCHITECTURE.md, "One measurement
+path"), over plain (t, v) readings.
 
 After a change (of setting, of load, a reconnect, the start of the data) the readings count only
 once the server has settled: the later of SETTLE_S seconds and SETTLE_ITERATIONS decode iterations.
