@@ -67,18 +67,34 @@ def app_state(app) -> str:
         return f"(the screen could not be read: {exc!r})"
 
 
-async def click_hint(pilot, widget: str, row: int, hint: str, landed: Callable[[], object]) -> None:
-    """Click the hint `hint` on line `row` of `widget`'s text; `landed()` says whether the click ran
-    its action. The pilot aims at the widget's position before its first mouse event and sends the
-    click two event-loop turns later: a panel above that grows in between (a notice, a wrapped
-    line) moves the hint under it. A click that ran nothing is sent again once, aimed anew; a
-    second miss fails with the screen."""
+async def click_hint(pilot, widget: str, row: int, hint: str, landed: Callable[[], object],
+                     within: float = 15.0) -> None:
+    """Click the hint `hint` on line `row` of `widget`'s text and wait until `landed()` says the
+    click ran its action.
+
+    The pilot aims at the widget before its first mouse event and clicks two loop turns later: a
+    panel that appears or grows in between (the latency panel, a notice) moves things under it. So
+    each click waits until the compositor itself has the hint's action at the aimed cell, and a
+    click that ran nothing within `within` seconds is aimed anew and sent once more; a second miss
+    fails with the screen."""
+    app = pilot.app
     for _ in range(2):
-        line = str(pilot.app.screen.query_one(widget).render()).splitlines()[row]
-        assert await pilot.click(widget, offset=(line.index(hint) + 1, row))
-        if landed():
-            return
-    raise AssertionError(f"two clicks on {hint!r} in {widget} ran nothing\n{app_state(pilot.app)}")
+        target = app.screen.query_one(widget)
+        line = str(target.render()).splitlines()[row]
+        dx = line.index(hint) + 1
+
+        def aimed() -> bool:
+            x, y = target.region.x + dx, target.region.y + row
+            return app.get_widget_at(x, y)[0] is target and "@click" in app.screen.get_style_at(x, y).meta
+        await wait_for(pilot, aimed, timeout=within, step=0.05,
+                       why=f"{hint!r} in {widget} under the pointer")
+        assert await pilot.click(widget, offset=(dx, row))
+        end = time.monotonic() + within
+        while time.monotonic() < end:
+            if landed():
+                return
+            await pilot.pause(0.1)
+    raise AssertionError(f"two clicks on {hint!r} in {widget} ran nothing\n{app_state(app)}")
 
 
 def screen_lines(app) -> list[str]:

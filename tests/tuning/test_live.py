@@ -1,6 +1,7 @@
 """The live tuner's state machine on a simulated engine behind the real Session (injected clock)."""
 
 import json
+import math
 
 import pytest
 
@@ -227,3 +228,30 @@ def test_the_tuners_ab_leaves_out_a_capture_taken_meanwhile(path, monkeypatch):
     assert series1 == series0 and (series0 == "phase/committed_per_s") == (path == "phase records")
     assert len(i1) == len(i0)                        # the incumbent's time had no capture
     assert 0 < len(c1) < len(c0)
+
+
+def test_an_ab_pair_lost_to_a_capture_is_measured_again_not_given_up():
+    """Captures over both candidate segments of the first A/B leave that side no windows: the tuner
+    measures another interleaved pair instead of ending with "A/B without data"."""
+    from tuner.core.events import EventKind
+    from tuner.core.records import Event
+    clock, engine, session, tuner = make(Truth(step=0.6), SPACE, start=Setting(1))
+    tuner.start()
+    covered: list = []
+    while tuner.step():
+        clock.advance(0.25)
+        engine.run_until(clock.now())
+        session.tick()
+        job = tuner._job
+        if len(covered) < 2 and job is not None and job.purpose == "candidate" and job not in covered \
+                and math.isfinite(job.end_at):
+            # Stated to have run from before the segment settled to its end: all of it is away.
+            session.put(Event(job.end_at, EventKind.TRACE_CAPTURED,
+                              {"trace_id": f"t{len(covered)}", "seconds": job.end_at - job.settled_at + 1.0}))
+            covered.append(job)
+    session.tick()
+    assert len(covered) == 2
+    said = [e.data.get("message", "") for e in session.store.events("tuning_problem")]
+    assert not any("too few tok/s windows" in m for m in said), said
+    first = session.store.events("tuning_verified")[0].data
+    assert first["windows"][0] >= 2 and tuner.result is not None and tuner.result.best != Setting(1)

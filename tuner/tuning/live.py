@@ -875,20 +875,16 @@ class Tuner:
         i_jobs = [j for j in self._ab_jobs if j.purpose is Purpose.INCUMBENT]
         cw, iw, series = self._windows(c_jobs, i_jobs)
         if len(cw) < 2 or len(iw) < 2:
+            # Time left out (a capture, an outage) can take a whole segment: measure another pair.
+            if self._another_pair_fits(now, c_jobs):
+                return self._another_pair(cand, inc)
             self._rounds += 1
             self._emit(TuningKind.PROBLEM, now, {"message": "A/B had too few tok/s windows to compare"})
             return self._finish(now, "A/B without data")
         ratio, lo, hi = core_windows.ratio_of_medians(iw, cw)
-        if lo <= 1 <= hi and len(c_jobs) < self.opts.ab_max_pairs and self.opts.objective.plain \
-                and now - self._t0 + 2 * (self.opts.settle_s + self.opts.ab_segment_s) \
-                + self._completion_reserve() < self.opts.budget_s:
+        if lo <= 1 <= hi and self.opts.objective.plain and self._another_pair_fits(now, c_jobs):
             # Not decided yet: one more interleaved pair narrows the interval.
-            for s, purpose in ((cand, Purpose.CANDIDATE), (inc, Purpose.INCUMBENT)):
-                job = _Job(s, purpose, self.opts.ab_segment_s, 1)
-                self._ab_jobs.append(job)
-                self._queue.append(job)
-            self._planned += 2
-            return
+            return self._another_pair(cand, inc)
         self._rounds += 1
         self._refit(now)
         pr = self._predicted_ratio
@@ -916,6 +912,18 @@ class Tuner:
         reason = (f"next candidate measured {(ratio - 1) * 100:+.1f} % "
                   f"[{(lo - 1) * 100:+.1f}, {(hi - 1) * 100:+.1f}], within noise")
         return self._next_round(now, None if self._ab_budget_left(now) else reason)
+
+    def _another_pair_fits(self, now: float, c_jobs: Sequence[_Job]) -> bool:
+        return len(c_jobs) < self.opts.ab_max_pairs and now - self._t0 + 2 * (
+            self.opts.settle_s + self.opts.ab_segment_s) + self._completion_reserve() < self.opts.budget_s
+
+    def _another_pair(self, cand: Setting, inc: Setting) -> None:
+        """One more interleaved candidate/incumbent pair for the running A/B."""
+        for s, purpose in ((cand, Purpose.CANDIDATE), (inc, Purpose.INCUMBENT)):
+            job = _Job(s, purpose, self.opts.ab_segment_s, 1)
+            self._ab_jobs.append(job)
+            self._queue.append(job)
+        self._planned += 2
 
     def _unverified_leads(self, best_s: Setting) -> tuple[tuple[Setting, float], ...]:
         base = self.measured.get(best_s)
