@@ -122,3 +122,39 @@ def test_what_a_fleet_recording_does_not_take_is_one_line(recorded, capsys, tmp_
                "1s:speculative_num_steps=2"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.count("\n") == 0 and "record one server" in err and not (tmp_path / "x.db").exists()
+
+
+def test_a_member_that_answers_late_gets_the_load_too(tmp_path):
+    """b is down when the fleet's load starts; once it answers (the poller asks again every 2 s) the
+    recorder starts the same load on it, says so, and b's part of the file has its load_started."""
+    import subprocess
+    import sys
+
+    from harness import ROOT
+
+    a = StandIn().start()
+    b = StandIn().start()
+    port = b.port
+    b.stop()                     # the port b will come back on: nothing answers there at the start
+    out = tmp_path / "late.db"
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", "record", f"a={a.url}", f"b=http://127.0.0.1:{port}",
+                             "--out", str(out), "--duration", "5", "--load", "1", "--max-new-tokens", "4",
+                             "--nvml-hz", "0"], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in proc.stderr:            # the load has started on what answered: then b comes up
+            lines.append(line)
+            if "recording 2 servers" in line:
+                b.start(port)
+                break
+        lines += proc.stderr.readlines()
+        assert proc.wait(60) == 0, "".join(lines)
+    finally:
+        proc.kill()
+        a.stop()
+        b.stop()
+    assert any("b answered: its load of 1 starts now" in line for line in lines), "".join(lines)
+    with open_recording(out, server="b") as r:
+        assert [e.kind for e in r.events() if e.kind == "load_started"] == ["load_started"]
+    with open_recording(out, server="a") as r:
+        assert [e.kind for e in r.events() if e.kind == "load_started"] == ["load_started"]

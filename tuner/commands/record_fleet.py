@@ -58,15 +58,25 @@ def run_fleet_record(args: argparse.Namespace, members: list[Member], key: str |
             end = time.monotonic() + CONNECT_WAIT_S
             while time.monotonic() < end and not poller.first_tries_done() and not stop.is_set():
                 stop.wait(0.1)
-            if args.load > 0:
-                for s in poller.sessions().values():
-                    s.start_load(prompts, args.load, max_new_tokens=args.max_new_tokens)
+            loaded: set[str] = set()
+
+            def load_the_connected(late: bool) -> None:
+                # A member that answers only later (down at the start, slow to connect, a router's
+                # worker that registered since) gets the same load from then on.
+                for name, s in poller.sessions().items():
+                    if args.load > 0 and name not in loaded:
+                        loaded.add(name)
+                        s.start_load(prompts, args.load, max_new_tokens=args.max_new_tokens)
+                        if late:
+                            _say(f"{name} answered: its load of {args.load} starts now")
+            load_the_connected(late=False)
             _say(f"recording {len(members)} servers into {args.out}; "
                  + (f"for {hms(args.duration)}" if args.duration else "Ctrl-C or SIGTERM stops"))
             deadline = None if args.duration is None else t0 + args.duration
             while not stop.is_set() and recorder.error is None:
                 if deadline is not None and time.monotonic() >= deadline:
                     break
+                load_the_connected(late=True)
                 stop.wait(0.1)
             for s in poller.sessions().values():
                 s.stop_load()
