@@ -37,6 +37,11 @@ def test_fleet_screen_rows_sort_change_and_enter():
             await pilot.press("o")                        # sort by state: the worst first
             await wait_for(pilot, lambda: screen.order[0] == "dead", why="sorted by state")
             assert screen.sort_key == "state"
+            # The cursor is on dead: its reason, cut in the state column, is whole under the table.
+            dead = next(r for r in poller.rows() if r.name == "dead")
+            assert len(dead.state_text) > 60
+            await wait_for(pilot, lambda: f"dead: {dead.state_text}" in str(
+                screen.query_one("#fleet-outcome").render()), why="dead's whole reason")
             screen.sort_key = "name"
             screen.refresh_rows()
             await pilot.press("a")                        # select all, then steps +1 on the selection

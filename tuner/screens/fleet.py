@@ -28,6 +28,7 @@ from tuner.fleet.rows import COLUMNS, SORT_KEYS, aggregate, aggregate_cells, row
 from tuner.screens.modal import ModalBox
 
 REFRESH_S = 0.25
+STATE_WIDTH = 60          # the state column's cut; the row under the cursor shows all of it below
 STATE_STYLE = {"connected": "green", "degraded": "yellow", "gone": "red", "refused": "red", "connecting": "dim"}
 
 
@@ -99,7 +100,7 @@ class FleetScreen(Screen[None]):
         self.order = [r.name for r in rows]
         for r in rows:
             cells = list(row_cells(r))
-            cells[1] = Text(cells[1][:60], style=STATE_STYLE.get(r.state, ""))
+            cells[1] = Text(cells[1][:STATE_WIDTH], style=STATE_STYLE.get(r.state, ""))
             table.add_row("*" if r.name in self.selected else " ", *cells, key=r.name)
         table.add_row(" ", *(Text(c, style="bold") for c in aggregate_cells(aggregate(rows))), key="__all__")
         if rows:
@@ -108,6 +109,10 @@ class FleetScreen(Screen[None]):
         picked = f" · {len(self.selected)} selected" if self.selected else ""
         # The overlays' problems (Prometheus down, DCGM series left out) stay in view while they last.
         notes = "".join(f"\n{n}" for n in self.poller.notes()) if hasattr(self.poller, "notes") else ""
+        # The row under the cursor whose state the column cut: all of its reason.
+        here = next((r for r in rows if r.name == self.current()), None)
+        if here is not None and len(here.state_text) > STATE_WIDTH:
+            notes += f"\n{here.name}: {here.state_text}"
         self.query_one("#fleet-outcome", Static).update(Text(f"{order}{picked}{notes}\n{self.outcome}".rstrip()))
 
     # -- keys ------------------------------------------------------------------------------------------
