@@ -101,6 +101,8 @@ def test_an_slo_no_setting_meets_names_the_nearest():
     drive(clock, engine, session, tuner)
     doc = tuner.result.to_json()["objective"]
     assert doc["met"] is False and doc["nearest"]["figures"]["itl_p99"] > 1e-5
+    # The tuning ends on the setting it names as the nearest (not on a faster one that misses by more).
+    assert Setting.from_json(doc["nearest"]) == tuner.result.best
     said = [e.data["message"] for e in session.store.events("tuning_problem")]
     assert any(m.startswith("no setting measured meets the SLO itl_p99<=10µs; nearest: ") for m in said)
 
@@ -161,3 +163,5 @@ def test_the_tuning_ends_on_a_measured_setting_that_meets_the_slo():
     assert Objective().settle_best("s5 rank0", measured, figures) == "s5 rank0"    # no SLO: the verdicts'
     itl.update({"s1 rank0": 0.040, "s2 rank0": 0.040})
     assert obj.settle_best("s5 rank0", measured, figures) == "s5 rank0"       # none meets: the nearest stays
+    itl.update({"s5 rank0": 0.045})
+    assert obj.settle_best("s5 rank0", measured, figures) == "s3 sharded"     # none meets: the nearest ends it

@@ -248,11 +248,16 @@ class Objective:
         """The setting to end on: under an SLO, when the incumbent misses it and a measured setting
         meets it, the fastest that meets it (meeting beats missing, as in the A/B's verdict: a chain
         of "nearer" verdicts can end on a setting that misses while one measured earlier met it);
-        else the incumbent. `measured`: setting -> tok/s; `figures(setting)`: its measured figures."""
+        when none meets, the nearest to meeting it (the verdict between two that miss, and the
+        setting the result names as the nearest); else the incumbent. `measured`: setting -> tok/s;
+        `figures(setting)`: its measured figures."""
         if not self.slo or incumbent is None or self.meets(figures(incumbent)):
             return incumbent
         meeting = [s for s in measured if self.meets(figures(s))]
-        return max(meeting, key=lambda s: measured[s]) if meeting else incumbent
+        if meeting:
+            return max(meeting, key=lambda s: measured[s])
+        nearest = min(measured, key=lambda s: self.miss(figures(s)), default=incumbent)
+        return nearest if self.miss(figures(nearest)) < self.miss(figures(incumbent)) else incumbent
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "slo": [t.text() for t in self.slo], "open_loop": self.open_loop,
