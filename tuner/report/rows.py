@@ -1,8 +1,8 @@
 """The report's rows: one per setting tried, with its figures over the settled part of its segments.
 
 Figures follow "what better means" (docs/ARCHITECTURE.md, "One measurement path") through
-tuner.core.timeline and tuner.core.windows, the rule the TUI's A/B and the tuner use: each segment (tuner.core.segments) drops its settling, the
-rest is cut into 1-s windows and tok/s is the median of the window means (client-side tokens when
+tuner.core.timeline and tuner.core.windows, the rule the TUI's A/B and the tuner use: each segment
+(tuner.core.segments) drops its settling, the rest is cut into 1-s windows and tok/s is the median of the window means (client-side tokens when
 the load driver ran in every setting, else the server's decode rate). Phase times are the mean
 per-iteration readings (inclusive), their collective parts alongside, never added to them; NVML
 readings are averaged per GPU.

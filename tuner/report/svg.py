@@ -225,7 +225,8 @@ def stacked_bars(title: str, categories: list[str], stacks: list[tuple[str, list
                  y_label: str = "", frame: Frame | None = None, css_class: str = "chart",
                  totals: list[float] | None = None) -> str:
     """One bar per category, stacked from `stacks` = [(name, value per category, colour)].
-    Only parts that add up may be stacked (docs/ARCHITECTURE.md "Names and contracts": never a phase with its comm part)."""
+    Only parts that add up may be stacked (docs/ARCHITECTURE.md "Names and contracts": never a phase
+    with its comm part)."""
     f = frame or Frame(height=300, bottom=70)
     sums = [sum(v[i] for _, v, _ in stacks if not math.isnan(v[i])) for i in range(len(categories))]
     top = max(sums + (totals or []) + [0.0])

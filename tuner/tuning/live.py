@@ -965,11 +965,12 @@ class Tuner:
         self.stage = Stage.FINISHING
         settled = self.opts.objective.settle_best(self._incumbent, self.measured, lambda s: self._figures(setting=s))
         if settled != self._incumbent:
-            why = ("it meets the SLO" if self.opts.objective.meets(self._figures(setting=settled))
-                   else "no measured setting meets the SLO and it is the nearest")
-            self._emit(TuningKind.PROBLEM, now, {"message": f"{settled.label()} ends the tuning: {why}, "
-                                                            f"{self._incumbent.label()} (the last verdicts' pick) misses it"
-                                                            + ("" if why.startswith("it meets") else " by more")})
+            why = ("it meets the SLO, {} (the last verdicts' pick) misses it"
+                   if self.opts.objective.meets(self._figures(setting=settled)) else
+                   "no measured setting meets the SLO and it is the nearest, {} (the last verdicts' pick) misses "
+                   "it by more")
+            self._emit(TuningKind.PROBLEM, now, {"message": f"{settled.label()} ends the tuning: "
+                                                            + why.format(self._incumbent.label())})
             self._incumbent = settled
         target = self._incumbent if self.opts.apply_best else self._initial
         if target is not None and target != self._current:

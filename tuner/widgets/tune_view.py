@@ -51,10 +51,6 @@ class TuneView:
     objective: tuple[str, ...] = ()
     """Under --tune-objective latency / --tune-slo: what it judges and, when no setting met the
     SLO, the nearest (tuner.tuning.summary); each row's latency is in the row."""
-    itl_name: str = ""
-    """The ITL figure the rows carry (e.g. "itl_p99"); "" under plain throughput (no latency columns)."""
-    slo: bool = False
-    """An SLO is judged: the rows say whether each setting meets it."""
 
 
 def _f(v: Any) -> float:
@@ -133,7 +129,7 @@ def build_view(doc: Mapping[str, Any], *, state: str, stage: str = "", status: s
         ((f"objective: {doc['objective_text']}",) if doc.get("objective_text") else ())
     return TuneView(state, stage, status, progress, tuple(out), cost_lines,
                     tuple(verification_line(v) for v in doc.get("verifications") or ()), result, bs,
-                    read_only, objective, itl_name, bool(obj.get("slo")))
+                    read_only, objective)
 
 
 def _latency_by_setting(obj: Mapping[str, Any]) -> tuple[str, dict[tuple, dict]]:
